@@ -1,0 +1,19 @@
+"""enginekit: PyTorch vision models to verified TensorRT engines.
+
+The Python API mirrors the CLI verbs. Heavy libraries load on first use, so importing
+enginekit stays cheap.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "export", "build", "verify"]
+
+
+def __getattr__(name: str):
+    if name in ("export", "build", "verify"):
+        from enginekit import api
+
+        return getattr(api, name)
+    raise AttributeError(name)

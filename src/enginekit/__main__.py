@@ -1,0 +1,3 @@
+from enginekit.cli import main
+
+main()

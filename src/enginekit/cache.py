@@ -1,0 +1,758 @@
+"""Content-addressed local store with atomic writes and a lock per key.
+
+Every result enginekit computes (an ONNX file, an engine plan, a parity report) is stored under
+a key made of everything that determines it, so a second run with the same inputs does no work.
+
+Layout under the root (``default_root()``)::
+
+    <kind>/<key>/                 one entry: the producer's files plus manifest.json
+    .locks/<kind>-<key>.lock      one lock per key, held while the key is built or removed
+    .tmp/<kind>-<key>-<pid>-<r>/  an entry being built; renamed into place when complete
+    .trash/                       entries moved aside before deletion
+
+A reader never sees half an entry: an entry folder only appears by ``os.rename`` of a complete
+temp folder that already holds its ``manifest.json``, and only disappears by a rename into
+``.trash``. A corrupt entry (missing file, size or sha256 mismatch, unreadable manifest) is
+reported and moved aside, never served.
+
+Reporting: ``lookup`` returns a ``LookupResult`` with a status of "hit", "miss" or "corrupt"
+and, for "corrupt", the reason. ``get_or_create`` returns ``(entry, status)`` with a status of
+"hit", "miss" (built, nothing was there), "corrupt" (rebuilt over a corrupt entry) or "forced"
+(rebuilt on request). Both also leave the reason of the last corruption they found in
+``Cache.last_corruption`` (None when there was none), so a caller can report it.
+
+Only the standard library and ``filelock``: no torch, onnx or tensorrt here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from enginekit.errors import EnginekitError, UsageError
+
+MANIFEST = "manifest.json"
+# Manifest fields the cache owns; a producer's extra fields may not overwrite them.
+RESERVED_FIELDS = ("kind", "key", "parts", "files", "created", "subject")
+# Waiting for another process's build: an engine build of a large model can take an hour.
+DEFAULT_LOCK_TIMEOUT = 4 * 3600.0
+# A temp folder younger than this may belong to a build on another host sharing the cache.
+STALE_TMP_SECONDS = 3600.0
+MIN_PREFIX = 6
+
+_CHUNK = 1 << 20
+_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+_KIND_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_TMP_RE = re.compile(r"^(?P<kind>.+)-(?P<key>[0-9a-f]{64})-(?P<pid>\d+)-[0-9a-f]+$")
+
+Produce = Callable[[Path], "dict[str, Any] | None"]
+
+
+# --------------------------------------------------------------------------- keys and hashes
+
+
+def default_root() -> Path:
+    """``$ENGINEKIT_CACHE``, else ``$XDG_CACHE_HOME/enginekit``, else ``~/.cache/enginekit``."""
+    if os.environ.get("ENGINEKIT_CACHE"):
+        return Path(os.environ["ENGINEKIT_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "enginekit"
+    return Path.home() / ".cache" / "enginekit"
+
+
+def _canonical(value: Any) -> str:
+    """Canonical JSON: same data, same text, whatever the dict order."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def key_for(parts: dict[str, Any]) -> str:
+    """sha256 hex of the canonical JSON of ``parts``.
+
+    ``parts`` must hold plain JSON data describing everything that determines the result
+    (input hashes, recipe, profiles, backend and target, options) and nothing else: never a
+    file's path or a time, or equal inputs would miss. That is the caller's job; a ``Path``
+    here fails loudly (it is not JSON) rather than keying on a location.
+    """
+    return hashlib.sha256(_canonical(parts).encode("utf-8")).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """sha256 hex of a file's bytes, read in 1 MiB chunks (engines and ONNX files are large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- size and age flags
+
+_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_AGE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$", re.IGNORECASE)
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_size(text: str) -> int:
+    """``"20G"`` -> bytes. Suffixes K, M, G, T are powers of 1024; no suffix means bytes."""
+    match = _SIZE_RE.match(str(text).strip())
+    if not match:
+        raise UsageError(
+            f"malformed size {text!r}: expected a number with an optional K, M, G or T suffix, "
+            "like 20G"
+        )
+    number, unit = match.groups()
+    return int(float(number) * _SIZE_UNITS[unit.upper()])
+
+
+def parse_age(text: str) -> float:
+    """``"30d"`` -> seconds. Units: s, m, h, d, w (a unit is required: "30" is ambiguous)."""
+    match = _AGE_RE.match(str(text).strip())
+    if not match:
+        raise UsageError(
+            f"malformed age {text!r}: expected a number with a unit s, m, h, d or w, like 30d"
+        )
+    number, unit = match.groups()
+    return float(number) * _AGE_UNITS[unit.lower()]
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class Entry:
+    """One complete cache entry: a folder of files described by its manifest."""
+
+    kind: str
+    key: str
+    path: Path
+    manifest: dict[str, Any]
+
+    def file(self, name: str) -> Path:
+        """Path of one of the entry's files, e.g. ``entry.file("engine.plan")``."""
+        return self.path / name
+
+    @property
+    def subject(self) -> str | None:
+        return self.manifest.get("subject")
+
+
+@dataclass
+class LookupResult:
+    """What ``Cache.lookup`` found: status "hit" (with entry), "miss", or "corrupt" (reason)."""
+
+    status: str
+    entry: Entry | None = None
+    reason: str | None = None
+
+    @property
+    def hit(self) -> bool:
+        return self.status == "hit"
+
+
+@dataclass
+class Explanation:
+    """Why a key hits or misses: the closest earlier entry and the parts that changed."""
+
+    status: str  # "hit" or "miss"
+    key: str
+    subject: str | None = None
+    closest_key: str | None = None
+    changed: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        if self.status == "hit":
+            return "hit"
+        if self.closest_key is None:
+            what = "this subject" if self.subject is not None else "this kind"
+            return f"miss: no earlier entry for {what}"
+        return f"miss: differs from entry {self.closest_key[:10]} in: {', '.join(self.changed)}"
+
+
+@dataclass
+class EntryInfo:
+    """One row of ``Cache.ls``."""
+
+    kind: str
+    key: str
+    subject: str | None
+    size: int
+    created: datetime | None
+    last_used: datetime
+    valid: bool
+    reason: str | None = None
+
+
+# --------------------------------------------------------------------------- the store
+
+
+class Cache:
+    """A content-addressed store under ``root`` (``default_root()`` when None)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        *,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    ) -> None:
+        self.root = Path(root).expanduser() if root is not None else default_root()
+        self.lock_timeout = lock_timeout
+        self.last_corruption: str | None = None
+
+    # ----- paths
+
+    def entry_dir(self, kind: str, key: str) -> Path:
+        _check_kind_key(kind, key)
+        return self.root / kind / key
+
+    @property
+    def _tmp_root(self) -> Path:
+        return self.root / ".tmp"
+
+    @property
+    def _trash_root(self) -> Path:
+        return self.root / ".trash"
+
+    def _lock_path(self, kind: str, key: str) -> Path:
+        return self.root / ".locks" / f"{kind}-{key}.lock"
+
+    # ----- locks
+
+    def _filelock(self, kind: str, key: str) -> FileLock:
+        # One lock object per path in this process (singleton), so nested use is reentrant
+        # instead of deadlocking on a second descriptor; timeouts go to acquire() because a
+        # singleton must always be constructed with the same arguments.
+        _check_kind_key(kind, key)
+        path = self._lock_path(kind, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(path, is_singleton=True)
+
+    @contextlib.contextmanager
+    def lock(self, kind: str, key: str) -> Iterator[None]:
+        """Hold the key's lock (blocking, up to ``lock_timeout`` seconds).
+
+        Reentrant within one thread (so ``get_or_create`` may run inside it). While held, no
+        other process builds, replaces or garbage-collects this entry, so its files stay put
+        for the holder; ``gc`` in the holding thread itself is not kept out.
+        """
+        lock = self._filelock(kind, key)
+        try:
+            lock.acquire(timeout=self.lock_timeout)
+        except Timeout:
+            raise EnginekitError(
+                f"timed out after {self.lock_timeout:.0f}s waiting for the cache lock "
+                f"{self._lock_path(kind, key)}"
+            ) from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    @contextlib.contextmanager
+    def _try_lock(self, kind: str, key: str) -> Iterator[bool]:
+        """Take the key's lock only if it is free right now; yield whether we got it."""
+        lock = self._filelock(kind, key)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lock.release()
+
+    # ----- lookup
+
+    def lookup(self, kind: str, key: str, verify: bool = True) -> LookupResult:
+        """Find an entry. With ``verify``, every file's size and sha256 is checked.
+
+        A corrupt entry is moved aside and deleted (under the key's lock, after checking
+        again, since a concurrent rebuild can make a lock-free read look corrupt); the result
+        then has status "corrupt" and the reason, also kept in ``self.last_corruption``.
+        """
+        self.last_corruption = None
+        result = self._inspect(kind, key, verify)
+        if result.status == "corrupt":
+            with self.lock(kind, key):
+                result = self._inspect_and_discard(kind, key, verify)
+        if result.entry is not None:
+            _touch(result.entry.path)
+        return result
+
+    def _inspect(self, kind: str, key: str, verify: bool) -> LookupResult:
+        """Look at an entry without changing anything."""
+        path = self.entry_dir(kind, key)
+        if not os.path.lexists(path):
+            return LookupResult("miss")
+        manifest, reason = _read_manifest(path)
+        if manifest is not None:
+            reason = _check_manifest(manifest, kind, key)
+        if reason is None and verify:
+            reason = _verify_files(path, manifest["files"])
+        if reason is not None:
+            return LookupResult("corrupt", reason=reason)
+        return LookupResult("hit", Entry(kind, key, path, manifest))
+
+    def _inspect_and_discard(self, kind: str, key: str, verify: bool) -> LookupResult:
+        """``_inspect``, and move a corrupt entry aside. Call with the key's lock held."""
+        result = self._inspect(kind, key, verify)
+        if result.status == "corrupt":
+            self._discard(kind, key)
+            self.last_corruption = f"{kind}/{key[:10]}: {result.reason}"
+        return result
+
+    # ----- build
+
+    def get_or_create(
+        self,
+        kind: str,
+        parts: dict[str, Any],
+        produce: Produce,
+        *,
+        force: bool = False,
+        subject: str | None = None,
+    ) -> tuple[Entry, str]:
+        """The entry for ``parts``, built by ``produce(tmpdir)`` if absent.
+
+        ``produce`` writes its files into ``tmpdir`` and returns extra manifest fields (or
+        None). Returns ``(entry, status)``, status one of "hit", "miss", "corrupt", "forced".
+        If ``produce`` raises, nothing is stored and the exception propagates.
+        """
+        key = key_for(parts)
+        self.last_corruption = None
+        if not force:
+            # Fast path: a complete entry needs no lock (entries appear only by rename).
+            found = self._inspect(kind, key, verify=True)
+            if found.entry is not None:
+                _touch(found.entry.path)
+                return found.entry, "hit"
+        with self.lock(kind, key):
+            # Another process may have built it while we waited for the lock.
+            found = self._inspect_and_discard(kind, key, verify=True)
+            if found.entry is not None and not force:
+                _touch(found.entry.path)
+                return found.entry, "hit"
+            status = "forced" if found.entry is not None else found.status
+            return self._build(kind, key, parts, produce, subject), status
+
+    def _build(
+        self, kind: str, key: str, parts: dict[str, Any], produce: Produce, subject: str | None
+    ) -> Entry:
+        """Produce into a temp folder, describe it, and rename it into place. Lock held."""
+        tmp = self._new_tmp(kind, key)
+        try:
+            extra = produce(tmp)
+            manifest = _make_manifest(kind, key, parts, subject, tmp, extra)
+            _write_json(tmp / MANIFEST, manifest)
+            _fsync_tree(tmp)
+            path = self._publish(tmp, kind, key)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return Entry(kind, key, path, manifest)
+
+    def _new_tmp(self, kind: str, key: str) -> Path:
+        # The pid in the name lets gc tell an orphan (its builder died) from a live build.
+        self._tmp_root.mkdir(parents=True, exist_ok=True)
+        tmp = self._tmp_root / f"{kind}-{key}-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        return tmp
+
+    def _publish(self, tmp: Path, kind: str, key: str) -> Path:
+        """Rename a complete temp folder to the entry's place. Lock held."""
+        final = self.entry_dir(kind, key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(final):
+            self._discard(kind, key)  # a stale, corrupt or forced-out entry
+        os.rename(tmp, final)
+        _fsync_dir(final.parent)
+        _touch(final)
+        return final
+
+    def _discard(self, kind: str, key: str) -> None:
+        """Move an entry aside in one rename, then delete it. Lock held."""
+        path = self.entry_dir(kind, key)
+        self._trash_root.mkdir(parents=True, exist_ok=True)
+        aside = self._trash_root / f"{kind}-{key}-{secrets.token_hex(4)}"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return
+        _remove(aside)  # if this fails halfway, gc empties .trash later
+
+    # ----- explain
+
+    def explain(self, kind: str, parts: dict[str, Any], subject: str | None = None) -> Explanation:
+        """Say whether ``parts`` hits, and if not, which top-level parts changed.
+
+        Compares with the earlier entries of ``kind`` (of ``subject`` too, if given) and names
+        the parts that differ from the closest one (fewest differing parts; newest on a tie).
+        Checks the manifest only, not file hashes: this is a report, not a read.
+        """
+        key = key_for(parts)
+        if self._inspect(kind, key, verify=False).status == "hit":
+            return Explanation("hit", key, subject)
+        candidates = [
+            entry
+            for entry in self._entries(kind)
+            if isinstance(entry.manifest.get("parts"), dict)
+            and (subject is None or entry.subject == subject)
+        ]
+        if not candidates:
+            return Explanation("miss", key, subject)
+        # Newest first, so min() breaks ties in favour of the latest entry.
+        candidates.sort(key=lambda e: str(e.manifest.get("created", "")), reverse=True)
+        diffs = [(e.key, _changed_parts(parts, e.manifest["parts"])) for e in candidates]
+        closest, changed = min(diffs, key=lambda d: len(d[1]))
+        return Explanation("miss", key, subject, closest_key=closest, changed=changed)
+
+    # ----- listing and resolving
+
+    def _entry_dirs(self, kind: str | None = None) -> Iterator[tuple[str, str, Path]]:
+        """(kind, key, folder) of every entry folder, without reading anything."""
+        if not self.root.is_dir():
+            return
+        kinds = [kind] if kind is not None else sorted(os.listdir(self.root))
+        for k in kinds:
+            kind_dir = self.root / k
+            if k.startswith(".") or not _KIND_RE.match(k) or not kind_dir.is_dir():
+                continue
+            for key in sorted(os.listdir(kind_dir)):
+                if _KEY_RE.match(key):
+                    yield k, key, kind_dir / key
+
+    def _entries(self, kind: str | None = None) -> Iterator[Entry]:
+        """Entries whose manifest reads and matches its folder (no file hashing)."""
+        for k, key, path in self._entry_dirs(kind):
+            manifest, reason = _read_manifest(path)
+            if manifest is not None and _check_manifest(manifest, k, key) is None:
+                yield Entry(k, key, path, manifest)
+
+    def ls(self, verify: bool = True) -> list[EntryInfo]:
+        """Every entry, most recently used first. With ``verify``, file hashes are checked.
+
+        Listing changes nothing: a corrupt entry shows as ``valid=False`` with its reason.
+        """
+        rows = []
+        for kind, key, path in self._entry_dirs():
+            try:
+                last_used = path.stat().st_mtime
+            except FileNotFoundError:
+                continue  # removed while we listed
+            manifest, _ = _read_manifest(path)
+            result = self._inspect(kind, key, verify)
+            manifest = manifest or {}
+            rows.append(
+                EntryInfo(
+                    kind=kind,
+                    key=key,
+                    subject=manifest.get("subject"),
+                    size=_tree_size(path),
+                    created=_parse_time(manifest.get("created")),
+                    last_used=datetime.fromtimestamp(last_used, timezone.utc),
+                    valid=result.status == "hit",
+                    reason=result.reason,
+                )
+            )
+        rows.sort(key=lambda row: row.last_used, reverse=True)
+        return rows
+
+    def resolve(self, key_prefix: str) -> Entry:
+        """The verified entry whose key starts with ``key_prefix`` (at least 6 hex digits).
+
+        Raises ``UsageError`` for a short, malformed, unknown or ambiguous prefix, and for an
+        entry found corrupt (which is then removed, as ``lookup`` does).
+        """
+        prefix = key_prefix.strip().lower()
+        if not re.fullmatch(r"[0-9a-f]+", prefix) or len(prefix) > 64:
+            raise UsageError(f"malformed cache key {key_prefix!r}: expected hex digits")
+        if len(prefix) < MIN_PREFIX:
+            raise UsageError(
+                f"cache key prefix {key_prefix!r} is too short: "
+                f"give at least {MIN_PREFIX} characters"
+            )
+        matches = [(k, key) for k, key, _ in self._entry_dirs() if key.startswith(prefix)]
+        if not matches:
+            raise UsageError(f"no cache entry has a key starting with {prefix!r}")
+        if len(matches) > 1:
+            listed = ", ".join(f"{k}/{key[:12]}" for k, key in matches[:5])
+            raise UsageError(f"cache key prefix {prefix!r} is ambiguous: matches {listed}")
+        kind, key = matches[0]
+        result = self.lookup(kind, key)
+        if result.status == "corrupt":
+            raise UsageError(
+                f"cache entry {kind}/{key[:12]} was corrupt ({result.reason}); removed it"
+            )
+        if result.entry is None:
+            raise UsageError(f"no cache entry has a key starting with {prefix!r}")
+        return result.entry
+
+    # ----- removal
+
+    def gc(
+        self,
+        max_size_bytes: int | None = None,
+        max_age_seconds: float | None = None,
+        *,
+        stale_tmp_seconds: float = STALE_TMP_SECONDS,
+    ) -> list[str]:
+        """Remove entries unused for longer than ``max_age_seconds``, then least recently used
+        ones until the total is at most ``max_size_bytes``. Returns the removed keys.
+
+        An entry whose lock another process holds is never removed (it still counts toward
+        the size). Also removes orphaned temp folders (older than ``stale_tmp_seconds``,
+        builder gone, lock free) and leftovers in ``.trash``.
+        """
+        self._clean_tmp(stale_tmp_seconds)
+        _remove_children(self._trash_root)
+        rows = []
+        for kind, key, path in self._entry_dirs():
+            try:
+                rows.append((path.stat().st_mtime, kind, key, _tree_size(path)))
+            except FileNotFoundError:
+                continue
+        rows.sort()  # least recently used first
+        total = sum(row[3] for row in rows)
+        now = time.time()
+        removed = []
+        for last_used, kind, key, size in rows:
+            too_old = max_age_seconds is not None and now - last_used > max_age_seconds
+            too_big = max_size_bytes is not None and total > max_size_bytes
+            if (too_old or too_big) and self._remove_if_free(kind, key):
+                removed.append(key)
+                total -= size
+        return removed
+
+    def purge(self) -> list[str]:
+        """Remove every entry whose lock is free, orphaned temp folders, and ``.trash``."""
+        entries = list(self._entry_dirs())  # listed first: removal changes the folders
+        removed = [key for kind, key, _ in entries if self._remove_if_free(kind, key)]
+        self._clean_tmp(0)
+        _remove_children(self._trash_root)
+        return removed
+
+    def _remove_if_free(self, kind: str, key: str) -> bool:
+        """Remove an entry unless someone holds its lock; say whether it went."""
+        with self._try_lock(kind, key) as got:
+            if not got or not os.path.lexists(self.entry_dir(kind, key)):
+                return False
+            self._discard(kind, key)
+            return True
+
+    def _clean_tmp(self, stale_seconds: float) -> None:
+        """Remove temp folders whose builder died (old enough, pid gone, lock free)."""
+        if not self._tmp_root.is_dir():
+            return
+        now = time.time()
+        for name in os.listdir(self._tmp_root):
+            path = self._tmp_root / name
+            try:
+                age = now - path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if age < stale_seconds:
+                continue
+            match = _TMP_RE.match(name)
+            if match is None:
+                _remove(path)  # not ours to keep: nothing builds under such a name
+                continue
+            if _pid_alive(int(match["pid"])) or not _KIND_RE.match(match["kind"]):
+                continue
+            with self._try_lock(match["kind"], match["key"]) as got:
+                if got:
+                    _remove(path)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_kind_key(kind: str, key: str) -> None:
+    # Both become path components: refuse anything that could leave the root.
+    if not _KIND_RE.match(kind):
+        raise ValueError(f"bad cache kind {kind!r}")
+    if not _KEY_RE.match(key):
+        raise ValueError(f"bad cache key {key!r}: expected 64 hex digits")
+
+
+def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(manifest, None) or (None, reason)."""
+    try:
+        text = (path / MANIFEST).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, f"{MANIFEST} is missing"
+    except OSError as exc:
+        return None, f"{MANIFEST} is unreadable: {exc.strerror or exc}"
+    try:
+        manifest = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, f"{MANIFEST} is not valid JSON"
+    if not isinstance(manifest, dict):
+        return None, f"{MANIFEST} is not a JSON object"
+    return manifest, None
+
+
+def _check_manifest(manifest: dict[str, Any], kind: str, key: str) -> str | None:
+    """Reason the manifest does not belong to this folder, or None."""
+    if manifest.get("key") != key:
+        return f"{MANIFEST} names key {str(manifest.get('key'))[:10]!r}, not the folder's"
+    if manifest.get("kind") != kind:
+        return f"{MANIFEST} names kind {manifest.get('kind')!r}, not {kind!r}"
+    if not isinstance(manifest.get("files"), dict):
+        return f"{MANIFEST} has no file list"
+    return None
+
+
+def _verify_files(path: Path, files: dict[str, Any]) -> str | None:
+    """Reason the first listed file fails its recorded size or sha256, or None."""
+    for name, record in files.items():
+        if not isinstance(record, dict) or Path(name).is_absolute() or ".." in Path(name).parts:
+            return f"{MANIFEST} has a bad record for {name!r}"
+        file = path / name
+        try:
+            size = file.stat().st_size
+        except FileNotFoundError:
+            return f"{name} is missing"
+        if size != record.get("size"):
+            return f"{name} has {size} bytes, {record.get('size')} recorded"
+        if sha256_file(file) != record.get("sha256"):
+            return f"{name} does not match its recorded sha256"
+    return None
+
+
+def _make_manifest(
+    kind: str, key: str, parts: dict[str, Any], subject: str | None, folder: Path, extra: Any
+) -> dict[str, Any]:
+    """The cache's own fields, then the producer's extra fields (which may not replace them)."""
+    extra = {} if extra is None else extra
+    if not isinstance(extra, dict):
+        raise TypeError(f"produce must return a dict or None, not {type(extra).__name__}")
+    clash = sorted(set(extra) & set(RESERVED_FIELDS))
+    if clash:
+        raise ValueError(f"produce returned reserved manifest fields: {', '.join(clash)}")
+    if (folder / MANIFEST).exists():
+        raise ValueError(f"produce must not write {MANIFEST}: the cache writes it")
+    files = {}
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        name = file.relative_to(folder).as_posix()
+        files[name] = {"sha256": sha256_file(file), "size": file.stat().st_size}
+    manifest = {
+        "kind": kind,
+        "key": key,
+        "subject": subject,
+        "parts": parts,
+        "files": files,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    manifest.update(extra)
+    return manifest
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file and folder to disk, so the rename never publishes unwritten data."""
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes a rename durable; some filesystems refuse fsync on folders, which is harmless.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _touch(path: Path) -> None:
+    """Record a use: the entry folder's mtime is its last-used time (gc evicts by it)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # a read-only cache still serves hits
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _remove_children(folder: Path) -> None:
+    if folder.is_dir():
+        for name in os.listdir(folder):
+            _remove(folder / name)
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for dirpath, _, filenames in os.walk(path):
+        for name in filenames:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _changed_parts(new: dict[str, Any], old: dict[str, Any]) -> list[str]:
+    """Top-level keys whose values differ (compared as canonical JSON: tuple == list)."""
+    missing = object()
+
+    def same(k: str) -> bool:
+        a, b = new.get(k, missing), old.get(k, missing)
+        if a is missing or b is missing:
+            return False
+        return _canonical(a) == _canonical(b)
+
+    return [k for k in new if not same(k)] + [k for k in old if k not in new]
+
+
+def _parse_time(text: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,36 @@
+"""Errors that map to enginekit's documented exit codes.
+
+0 ok; 1 a parity gate failed; 2 bad usage or input; 3 a capability is missing
+(no GPU, no TensorRT) that the user asked for explicitly.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_PARITY = 1
+EXIT_USAGE = 2
+EXIT_CAPABILITY = 3
+
+
+class EnginekitError(Exception):
+    """An expected failure: printed as one line, never as a traceback."""
+
+    exit_code = EXIT_USAGE
+
+
+class UsageError(EnginekitError):
+    """Bad usage or input: a malformed flag, a missing or corrupt file."""
+
+    exit_code = EXIT_USAGE
+
+
+class CapabilityError(EnginekitError):
+    """Something explicitly asked for cannot be done on this machine."""
+
+    exit_code = EXIT_CAPABILITY
+
+
+class ParityError(EnginekitError):
+    """A candidate does not compute what its reference computes."""
+
+    exit_code = EXIT_PARITY

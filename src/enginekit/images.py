@@ -1,0 +1,88 @@
+"""Real photographs for parity checks and calibration.
+
+The embedded default uses photographs that ship inside installed packages (Ultralytics'
+assets, scikit-image's data), so nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from enginekit.errors import UsageError
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
+
+# (package, relative path) of colour photographs
+_EMBEDDED = [
+    ("ultralytics", "assets/bus.jpg"),
+    ("ultralytics", "assets/zidane.jpg"),
+    ("skimage", "data/astronaut.png"),
+    ("skimage", "data/coffee.png"),
+    ("skimage", "data/chelsea.png"),
+    ("skimage", "data/rocket.jpg"),
+    ("skimage", "data/motorcycle_left.png"),
+    ("skimage", "data/retina.jpg"),
+]
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def embedded_image_paths() -> list[Path]:
+    paths = []
+    for package, rel in _EMBEDDED:
+        root = _package_dir(package)
+        if root is not None and (root / rel).is_file():
+            paths.append(root / rel)
+    return paths
+
+
+@dataclass
+class ImageSet:
+    images: list[np.ndarray]  # HxWx3 uint8 RGB
+    paths: list[Path]
+    skipped: list[str] = field(default_factory=list)  # "path: reason"
+
+
+def read_rgb(path: Path) -> np.ndarray | None:
+    import cv2
+
+    img = cv2.imread(str(path), cv2.IMREAD_COLOR)  # grayscale files come back as 3 channels
+    if img is None:
+        return None
+    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+
+
+def load_images(source: Path | None = None, *, limit: int | None = None) -> ImageSet:
+    """Images from a folder (broken files skipped and reported) or the embedded default."""
+    if source is None:
+        paths = embedded_image_paths()
+        if not paths:
+            raise UsageError("no embedded photographs found: install ultralytics or scikit-image, or pass an image folder")
+    else:
+        if not source.is_dir():
+            raise UsageError(f"image folder not found: {source}")
+        paths = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not paths:
+            raise UsageError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) in {source}")
+    result = ImageSet([], [])
+    for p in paths:
+        if limit is not None and len(result.images) >= limit:
+            break
+        img = read_rgb(p)
+        if img is None:
+            result.skipped.append(f"{p.name}: not a readable image")
+            continue
+        result.images.append(img)
+        result.paths.append(p)
+    if not result.images:
+        raise UsageError(f"no readable images in {source} ({len(result.skipped)} broken)")
+    return result

@@ -1,0 +1,167 @@
+"""What every model family offers the pipeline.
+
+The export, verify and build stages never branch on a family: they ask its adapter for
+the module to export, the example inputs, the dynamic axes, preprocessing and tolerances.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from enginekit.errors import UsageError
+from enginekit.shapes import InputConstraint, Shape
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Parity limits of one precision against the FP32 PyTorch reference."""
+
+    rel_l2: float
+    cosine: float  # minimum cosine similarity
+
+    def to_json(self) -> dict[str, float]:
+        return {"rel_l2": self.rel_l2, "cosine": self.cosine}
+
+
+@dataclass(frozen=True)
+class WeightsSource:
+    """Where a model's weights come from; its ``identity`` enters every cache key."""
+
+    kind: str  # "file" | "hub" | "random"
+    ref: str  # path, hub name, or "architecture@seed"
+    sha256: str | None = None  # file contents; None for hub (filled after load) and random
+
+    @property
+    def identity(self) -> str:
+        if self.kind == "random":
+            return f"random:{self.ref}"
+        if self.sha256:
+            return f"sha256:{self.sha256}"
+        return f"hub:{self.ref}"
+
+
+@dataclass
+class LoadedModel:
+    """An export-ready module (eval mode, FP32, CPU) and what it is."""
+
+    module: "torch.nn.Module"
+    name: str  # canonical variant name, e.g. "yolo12n"
+    weights: WeightsSource
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_weights_file(path: Path) -> WeightsSource:
+    if not path.exists():
+        raise UsageError(f"weights file not found: {path}")
+    if not path.is_file():
+        raise UsageError(f"weights path is not a file: {path}")
+    return WeightsSource("file", str(path), file_sha256(path))
+
+
+class ModelAdapter:
+    """Base class of a model family. Subclasses fill in the class attributes and methods."""
+
+    family: str = ""
+    input_name: str = ""
+    output_names: tuple[str, ...] = ()
+    default_input: Shape = ()
+    #: axes of each input/output that stay symbolic in the exported graph
+    dynamic_axes: dict[str, dict[int, str]] = {}
+    #: input layout and normalisation, written into the ONNX metadata
+    input_description: str = ""
+    #: node-name patterns (regex) that FP16 conversion keeps in FP32 for this family
+    fp16_keep_fp32: tuple[str, ...] = ()
+
+    def __init__(self, variant: str):
+        self.variant = variant
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def constraint(self) -> InputConstraint:
+        raise NotImplementedError
+
+    def tolerance(self, precision: str) -> Tolerance:
+        raise NotImplementedError
+
+    # -- loading ------------------------------------------------------------------------
+    def load(self, weights: Path | None, *, random_init: bool, seed: int) -> LoadedModel:
+        raise NotImplementedError
+
+    # -- inputs -------------------------------------------------------------------------
+    def example_input(self, shape: Shape) -> "torch.Tensor":
+        """The tracing example. Batch 2 so no exporter mistakes batch for a constant."""
+        import torch
+
+        n, c, h, w = shape
+        g = torch.Generator().manual_seed(0)
+        return torch.rand((max(n, 2), c, h, w), generator=g)
+
+    def random_inputs(self, shape: Shape, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        return rng.random(shape, dtype=np.float32)
+
+    def preprocess(self, image_rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        """HxWx3 uint8 RGB -> 1x3xHxW float32, exactly as the reference pipeline does it."""
+        raise NotImplementedError
+
+    # -- reference ------------------------------------------------------------------------
+    def reference(self, loaded: LoadedModel, batch: np.ndarray) -> dict[str, np.ndarray]:
+        """The PyTorch forward on a batch, as numpy outputs keyed by output name."""
+        import torch
+
+        with torch.inference_mode():
+            out = loaded.module(torch.from_numpy(batch))
+        if not isinstance(out, (tuple, list)):
+            out = (out,)
+        return {n: o.float().numpy() for n, o in zip(self.output_names, out)}
+
+    def onnx_metadata(self, loaded: LoadedModel) -> dict[str, str]:
+        from enginekit import __version__
+
+        meta = {
+            "enginekit_version": __version__,
+            "model": loaded.name,
+            "family": self.family,
+            "weights": loaded.weights.identity,
+            "input_layout": self.input_description,
+        }
+        meta.update(loaded.metadata)
+        return meta
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def describe_load_error(exc: BaseException, what: str) -> str:
+    """One line from a loader exception, for messages that must not be tracebacks."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"{what}: {text[:300]}"
+
+
+def dict_to_text(d: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(d, sort_keys=True)

@@ -1,0 +1,173 @@
+"""Ultralytics YOLO detectors (yolov8*, yolov9*, yolov10*, yolo11*, yolo12*, yolo26*...).
+
+Ultralytics builds, loads and preprocesses; this adapter only prepares its model for export
+(fuse, export-mode Detect head) the way Ultralytics' own ONNX export does, and describes it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import numpy as np
+
+from enginekit.errors import UsageError
+from enginekit.models.base import (
+    LoadedModel,
+    ModelAdapter,
+    Tolerance,
+    WeightsSource,
+    check_weights_file,
+    describe_load_error,
+    file_sha256,
+    seed_everything,
+)
+from enginekit.shapes import InputConstraint, Shape
+
+# "yolo12n", "yolov8s", "yolo11x": family token + scale letter. Task variants (-seg, -pose...)
+# are not detectors and are refused by the pattern.
+NAME_RE = re.compile(r"^(yolov\d+|yolo\d+)([nsmlxtbce])$")
+
+_TOLERANCES = {
+    "fp32": Tolerance(rel_l2=1e-5, cosine=0.999999),
+    "fp16": Tolerance(rel_l2=2e-2, cosine=0.999),
+    "int8": Tolerance(rel_l2=0.25, cosine=0.95),
+}
+
+
+def ultralytics_model_dir() -> Path | None:
+    """Ultralytics' model YAML folder, found without importing ultralytics (slow)."""
+    spec = importlib.util.find_spec("ultralytics")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "cfg" / "models"
+
+
+def architecture_yaml(name: str) -> Path | None:
+    """The YAML Ultralytics builds ``name`` from: ``yolo12.yaml`` serves every scale of
+    yolo12, while some families (yolov9, yolov10) have one file per scale."""
+    root = ultralytics_model_dir()
+    match = NAME_RE.match(name)
+    if root is None or match is None:
+        return None
+    for stem in (match.group(1), name):
+        for path in root.rglob(f"{stem}.yaml"):
+            return path
+    return None
+
+
+def known_variants() -> list[str]:
+    root = ultralytics_model_dir()
+    if root is None:
+        return []
+    names = set()
+    for path in root.rglob("yolo*.yaml"):
+        if NAME_RE.match(path.stem):  # one file per scale
+            names.add(path.stem)
+        elif NAME_RE.match(path.stem + "n"):  # one file for every scale
+            names.add(path.stem + "{n,s,m,l,x}")
+    return sorted(names)
+
+
+class YoloAdapter(ModelAdapter):
+    family = "yolo"
+    input_name = "images"
+    output_names = ("output0",)
+    default_input = (1, 3, 640, 640)
+    # Only batch is dynamic: a fixed H/W keeps the anchor count, and so the graph, static.
+    dynamic_axes = {"images": {0: "batch"}, "output0": {0: "batch"}}
+    input_description = "NCHW RGB float32 in [0,1], letterboxed with gray 114 (Ultralytics LetterBox)"
+
+    @classmethod
+    def matches(cls, name: str) -> bool:
+        return architecture_yaml(name) is not None
+
+    @property
+    def constraint(self) -> InputConstraint:
+        return InputConstraint(self.input_name, 3, 32, self.variant)
+
+    def tolerance(self, precision: str) -> Tolerance:
+        return _TOLERANCES[precision]
+
+    # -- loading ------------------------------------------------------------------------
+    def load(self, weights: Path | None, *, random_init: bool, seed: int) -> LoadedModel:
+        from ultralytics import YOLO
+
+        if random_init:
+            seed_everything(seed)
+            source = WeightsSource("random", f"{self.variant}.yaml@{seed}")
+            try:
+                model = YOLO(f"{self.variant}.yaml", task="detect").model
+            except Exception as exc:  # noqa: BLE001 - one line for the user
+                raise UsageError(describe_load_error(exc, f"cannot build {self.variant}")) from None
+        elif weights is not None:
+            source = check_weights_file(weights)
+            try:
+                # Ultralytics checkpoints are pickles: loading one runs code from the file.
+                model = YOLO(str(weights), task="detect").model
+            except Exception as exc:  # noqa: BLE001
+                raise UsageError(
+                    describe_load_error(exc, f"cannot load YOLO checkpoint {weights}")
+                ) from None
+        else:
+            hub = f"{self.variant}.pt"
+            try:
+                model = YOLO(hub, task="detect").model
+            except Exception:  # noqa: BLE001
+                raise UsageError(
+                    f"cannot download {hub} (offline?): pass --weights PATH to a local checkpoint, "
+                    "or --random-init for structure-only work"
+                ) from None
+            downloaded = Path(getattr(model, "pt_path", None) or hub)
+            source = WeightsSource("hub", hub, file_sha256(downloaded) if downloaded.is_file() else None)
+        if getattr(model, "task", "detect") != "detect":
+            raise UsageError(f"{weights or self.variant} is a {model.task} model; enginekit exports detectors")
+        return LoadedModel(self._prepare(model), self.variant, source, self._metadata(model))
+
+    def _prepare(self, model):
+        """Fuse and switch the Detect head to export mode, as Ultralytics' exporter does."""
+        from ultralytics.nn.modules import C2f, Detect
+
+        model = model.float().eval()
+        for p in model.parameters():
+            p.requires_grad = False
+        model = model.fuse()
+        for m in model.modules():
+            if isinstance(m, Detect):
+                m.dynamic = True
+                m.export = True
+                m.format = "onnx"
+                m.shape = None
+            elif isinstance(m, C2f):
+                # split() exports to one Split node instead of chunk()'s slices
+                m.forward = m.forward_split
+        return model
+
+    def _metadata(self, model) -> dict[str, str]:
+        head = model.model[-1]
+        return {
+            "task": "detect",
+            "stride": str(int(max(model.stride.tolist()))),
+            "names": str(dict(model.names)),
+            "end2end": str(bool(getattr(head, "end2end", False))),
+        }
+
+    def save_checkpoint(self, loaded: LoadedModel, path: Path) -> None:
+        """Write an Ultralytics-format checkpoint (``{"model": ...}`` pickle)."""
+        import copy
+
+        import torch
+
+        torch.save({"model": copy.deepcopy(loaded.module), "train_args": {}}, path)
+
+    # -- inputs -------------------------------------------------------------------------
+    def preprocess(self, image_rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        from ultralytics.data.augment import LetterBox
+
+        boxed = LetterBox(new_shape=hw, auto=False, scaleup=True, center=True)(image=image_rgb)
+        chw = np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0
+        return chw[None]
+
+    def random_inputs(self, shape: Shape, seed: int) -> np.ndarray:
+        return np.random.default_rng(seed).random(shape, dtype=np.float32)

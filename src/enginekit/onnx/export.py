@@ -1,0 +1,53 @@
+"""torch -> ONNX.
+
+Exporter: TorchScript tracing (``dynamo=False``), as Ultralytics does. Measured on yolo12n and
+Depth-Anything-V2-small it exports 4x faster than the dynamo exporter, keeps H/W symbolic
+through DINOv2's position-embedding resize, and gives the same numbers; the dynamo exporter
+also fixes batch to 1 when traced with a batch-1 example. Examples here are batch 2 anyway.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+from enginekit.models.base import LoadedModel, ModelAdapter
+from enginekit.onnx.graph import save_model, set_metadata
+from enginekit.shapes import Shape, format_shape
+
+# Opset 18: ONNX Runtime (1.24, CPU) refuses a cubic Resize that downsamples under opset 19,
+# which DINOv2's position-embedding resize does below 518 px. TensorRT 10.x, 11.x and RTX parse 18.
+DEFAULT_OPSET = 18
+
+
+def export_onnx(
+    adapter: ModelAdapter, loaded: LoadedModel, shape: Shape, out: Path, *, opset: int = DEFAULT_OPSET
+) -> Path:
+    """Trace ``loaded`` at ``shape`` and write the ONNX graph, with metadata, to ``out``."""
+    import onnx
+    import torch
+
+    example = adapter.example_input(shape)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        # Tracer warnings about Python ints in shape arithmetic are expected and harmless here.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            loaded.module,
+            (example,),
+            buffer,
+            opset_version=opset,
+            input_names=[adapter.input_name],
+            output_names=list(adapter.output_names),
+            dynamic_axes=adapter.dynamic_axes,
+            do_constant_folding=True,
+            dynamo=False,
+        )
+    model = onnx.load_from_string(buffer.getvalue())
+    model.producer_name = "enginekit"
+    meta = adapter.onnx_metadata(loaded)
+    meta["export_shape"] = format_shape(shape)
+    meta["opset"] = str(opset)
+    set_metadata(model, meta)
+    return save_model(model, out)

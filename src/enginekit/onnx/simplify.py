@@ -1,0 +1,87 @@
+"""Graph simplification (onnxsim by default, onnxslim selectable), proven equal on ONNX Runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from enginekit.errors import ParityError, UsageError
+from enginekit.onnx import runtime
+from enginekit.onnx.graph import input_dims, load_model, save_model
+from enginekit.shapes import Shape, format_shape
+
+TOOLS = ("onnxsim", "onnxslim")
+
+
+@dataclass
+class SimplifyReport:
+    tool: str
+    nodes_before: int
+    nodes_after: int
+    checked_shapes: list[Shape]
+    max_rel_l2: float
+
+
+def simplify_onnx(src: Path, out: Path, *, tool: str = "onnxsim", check_shapes: list[Shape] | None = None,
+                  rel_l2_limit: float = 1e-5) -> SimplifyReport:
+    """Simplify ``src`` into ``out`` and check both compute the same on random inputs."""
+    if tool not in TOOLS:
+        raise UsageError(f"unknown simplifier {tool!r}: choose {' or '.join(TOOLS)}")
+    model = load_model(src)
+    shapes = check_shapes or default_check_shapes(model)
+    before = len(model.graph.node)
+    if tool == "onnxsim":
+        import onnxsim
+
+        simplified, ok = onnxsim.simplify(model, check_n=0)
+        if not ok:
+            raise UsageError(f"onnxsim could not simplify {src}")
+    else:
+        import onnxslim
+
+        simplified = onnxslim.slim(model)
+    # Metadata is ours; keep it whatever the tool does with it.
+    del simplified.metadata_props[:]
+    simplified.metadata_props.extend(model.metadata_props)
+    tmp = out.with_name(f".{out.name}.check")
+    save_model(simplified, tmp)
+    try:
+        worst = compare_graphs(src, tmp, shapes)
+        if worst > rel_l2_limit:
+            raise ParityError(f"simplified graph differs from the original: rel L2 {worst:.2e} > {rel_l2_limit:.0e}")
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return SimplifyReport(tool, before, len(simplified.graph.node), shapes, worst)
+
+
+def default_check_shapes(model) -> list[Shape]:
+    """Two shapes per the single image input: batch 1 and batch 2 of its declared dims."""
+    dims = input_dims(model)
+    if len(dims) != 1:
+        raise UsageError("simplify checks single-input graphs; this one has " + ", ".join(dims))
+    (name, d), = dims.items()
+    if any(not isinstance(x, int) or x <= 0 for x in d[1:]):
+        raise UsageError(
+            f"input {name!r} has symbolic dims {d}: pass --input NxCxHxW to say which shape to check"
+        )
+    return [(1, *d[1:]), (2, *d[1:])]
+
+
+def compare_graphs(a: Path, b: Path, shapes: list[Shape], seed: int = 0) -> float:
+    """Worst relative L2 difference between two graphs over random inputs at ``shapes``."""
+    sa, sb = runtime.session(a), runtime.session(b)
+    (name,) = [i.name for i in sa.get_inputs()]
+    worst = 0.0
+    for i, shape in enumerate(shapes):
+        x = np.random.default_rng(seed + i).random(shape, dtype=np.float32)
+        try:
+            oa, ob = runtime.run(sa, {name: x}), runtime.run(sb, {name: x})
+        except Exception as exc:  # noqa: BLE001
+            raise UsageError(f"cannot run the graph at {format_shape(shape)}: {str(exc).splitlines()[0][:200]}") from None
+        for key in oa:
+            ref, got = oa[key].astype(np.float64), ob[key].astype(np.float64)
+            worst = max(worst, float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-12)))
+    return worst

@@ -1,0 +1,196 @@
+"""Shape and optimization-profile strings -> validated shapes.
+
+Grammar (one ``--profile`` value is one TensorRT optimization profile):
+
+    1x3x640x640                          static: min = opt = max
+    1x3x640x640:8x3x640x640:16x3x640x640 min:opt:max
+    images=1x3x640x640:...,mask=1x1x..   several named inputs, comma separated
+
+Nothing here imports onnx or torch: the CLI validates flags before any heavy work.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from enginekit.errors import UsageError
+
+Shape = tuple[int, ...]
+
+_SHAPE_RE = re.compile(r"^\d+(x\d+)*$")
+
+
+def parse_shape(text: str, *, what: str = "shape") -> Shape:
+    """``"1x3x640x640"`` -> ``(1, 3, 640, 640)``; every dim a positive integer."""
+    text = text.strip()
+    if not _SHAPE_RE.match(text):
+        raise UsageError(
+            f"malformed {what} {text!r}: expected positive integers joined by 'x', like 1x3x640x640"
+        )
+    dims = tuple(int(d) for d in text.split("x"))
+    if any(d <= 0 for d in dims):
+        raise UsageError(f"malformed {what} {text!r}: every dimension must be positive")
+    return dims
+
+
+def format_shape(shape: Shape) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+@dataclass(frozen=True)
+class InputRange:
+    """min/opt/max shapes of one input within one optimization profile."""
+
+    min: Shape
+    opt: Shape
+    max: Shape
+
+    @property
+    def is_static(self) -> bool:
+        return self.min == self.opt == self.max
+
+    def shapes(self) -> dict[str, Shape]:
+        return {"min": self.min, "opt": self.opt, "max": self.max}
+
+    def __str__(self) -> str:
+        if self.is_static:
+            return format_shape(self.opt)
+        return ":".join(format_shape(s) for s in (self.min, self.opt, self.max))
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One optimization profile: an input name (None = the model's only input) -> range."""
+
+    inputs: dict[str | None, InputRange] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, dict[str, list[int]]]:
+        return {
+            str(name): {k: list(v) for k, v in rng.shapes().items()}
+            for name, rng in self.inputs.items()
+        }
+
+    def __str__(self) -> str:
+        return ",".join(
+            (f"{name}={rng}" if name is not None else str(rng)) for name, rng in self.inputs.items()
+        )
+
+    def bind(self, input_names: list[str]) -> "Profile":
+        """Give an unnamed range the model's single input name; refuse unknown names."""
+        bound: dict[str | None, InputRange] = {}
+        for name, rng in self.inputs.items():
+            if name is None:
+                if len(input_names) != 1:
+                    raise UsageError(
+                        f"profile {self} names no input, but the model has {len(input_names)} inputs "
+                        f"({', '.join(input_names)}): write name=min:opt:max for each"
+                    )
+                name = input_names[0]
+            if name not in input_names:
+                raise UsageError(
+                    f"profile names input {name!r}, but the model's inputs are {', '.join(input_names)}"
+                )
+            bound[name] = rng
+        missing = [n for n in input_names if n not in bound]
+        if missing:
+            raise UsageError(f"profile {self} gives no shape for input(s) {', '.join(missing)}")
+        return Profile(bound)
+
+
+def parse_range(text: str) -> InputRange:
+    parts = text.strip().split(":")
+    if len(parts) == 1:
+        s = parse_shape(parts[0], what="profile shape")
+        return InputRange(s, s, s)
+    if len(parts) != 3:
+        raise UsageError(
+            f"malformed profile {text!r}: expected one shape (1x3x640x640) or min:opt:max"
+        )
+    mn, opt, mx = (parse_shape(p, what="profile shape") for p in parts)
+    if not (len(mn) == len(opt) == len(mx)):
+        raise UsageError(f"malformed profile {text!r}: min, opt and max have different ranks")
+    for i, (a, b, c) in enumerate(zip(mn, opt, mx)):
+        if not (a <= b <= c):
+            raise UsageError(
+                f"malformed profile {text!r}: dimension {i} must satisfy min <= opt <= max ({a}, {b}, {c})"
+            )
+    return InputRange(mn, opt, mx)
+
+
+def parse_profile(text: str) -> Profile:
+    """Parse one ``--profile`` value."""
+    text = text.strip()
+    if not text:
+        raise UsageError("empty profile: expected a shape like 1x3x640x640 or min:opt:max")
+    inputs: dict[str | None, InputRange] = {}
+    for chunk in text.split(","):
+        name: str | None = None
+        if "=" in chunk:
+            name, chunk = chunk.split("=", 1)
+            name = name.strip()
+            if not name:
+                raise UsageError(f"malformed profile {text!r}: empty input name before '='")
+        if name in inputs:
+            raise UsageError(f"malformed profile {text!r}: input {name or '(unnamed)'} given twice")
+        inputs[name] = parse_range(chunk)
+    if None in inputs and len(inputs) > 1:
+        raise UsageError(f"malformed profile {text!r}: with several inputs, name each one (name=shape)")
+    return Profile(inputs)
+
+
+def nearest_multiples(value: int, multiple: int) -> tuple[int, int]:
+    lower = max(multiple, (value // multiple) * multiple)
+    upper = lower if value % multiple == 0 else lower + multiple
+    if lower == value:
+        return value, value
+    return lower, upper
+
+
+@dataclass(frozen=True)
+class InputConstraint:
+    """What a model family requires of its image input (NCHW)."""
+
+    name: str
+    channels: int
+    spatial_multiple: int  # every H/W must be a multiple of this (14 for DINOv2 patches)
+    model_label: str  # for messages
+
+    def check(self, shape: Shape, *, what: str = "input") -> None:
+        if len(shape) != 4:
+            raise UsageError(
+                f"{what} {format_shape(shape)} has rank {len(shape)}; {self.model_label} takes NxCxHxW"
+            )
+        if shape[1] != self.channels:
+            raise UsageError(
+                f"{what} {format_shape(shape)} has {shape[1]} channels; {self.model_label} takes {self.channels}"
+            )
+        for side in shape[2:]:
+            if side % self.spatial_multiple:
+                lo, hi = nearest_multiples(side, self.spatial_multiple)
+                raise UsageError(
+                    f"{what} {format_shape(shape)}: {side} is not a multiple of {self.spatial_multiple} "
+                    f"for {self.model_label} (nearest: {lo} or {hi})"
+                )
+
+    def check_range(self, rng: InputRange, *, what: str = "profile") -> None:
+        for s in (rng.min, rng.opt, rng.max):
+            self.check(s, what=what)
+
+
+def check_against_onnx_input(
+    name: str, rng: InputRange, onnx_dims: list[int | str | None]
+) -> None:
+    """Rank and fixed dims of a profile must agree with the ONNX input declaration."""
+    if len(rng.opt) != len(onnx_dims):
+        raise UsageError(
+            f"profile {rng} for input {name!r} has rank {len(rng.opt)}, the ONNX input has rank {len(onnx_dims)}"
+        )
+    for i, dim in enumerate(onnx_dims):
+        if isinstance(dim, int) and dim > 0:
+            for label, s in rng.shapes().items():
+                if s[i] != dim:
+                    raise UsageError(
+                        f"profile {rng} for input {name!r}: {label} dimension {i} is {s[i]}, "
+                        f"but the ONNX fixes it at {dim}"
+                    )

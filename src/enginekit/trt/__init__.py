@@ -1,0 +1,44 @@
+"""The only code in enginekit that imports tensorrt or tensorrt_rtx (and only on demand).
+
+``backends``: which TensorRT is installed and what it can do; the GPU of this machine;
+compute-capability targets. ``builder``: ONNX -> raw engine plan, and whether a built
+engine can run here.
+"""
+
+from __future__ import annotations
+
+from enginekit.trt.backends import (
+    PORTABLE_RTX_TARGETS,
+    TRAITS,
+    Backend,
+    BackendTraits,
+    GpuInfo,
+    default_targets,
+    fp8_supported,
+    gpu_info,
+    require_fp8,
+    resolve_backend,
+    resolve_targets,
+    validate_targets,
+)
+from enginekit.trt.builder import BuildOptions, BuildResult, BuiltFor, build_engine, can_run_here
+
+__all__ = [
+    "PORTABLE_RTX_TARGETS",
+    "TRAITS",
+    "Backend",
+    "BackendTraits",
+    "BuildOptions",
+    "BuildResult",
+    "BuiltFor",
+    "GpuInfo",
+    "build_engine",
+    "can_run_here",
+    "default_targets",
+    "fp8_supported",
+    "gpu_info",
+    "require_fp8",
+    "resolve_backend",
+    "resolve_targets",
+    "validate_targets",
+]

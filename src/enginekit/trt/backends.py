@@ -1,0 +1,411 @@
+"""Which TensorRT is installed, what it can do, and which GPUs an engine is for.
+
+The differences between TensorRT 10, TensorRT 11 and TensorRT-RTX live in one table of
+data (``TRAITS``), so the build code asks questions ("does this backend keep a timing
+cache?") instead of comparing version numbers. Nothing here imports tensorrt or
+tensorrt_rtx at import time: ``resolve_backend`` imports the chosen module on demand.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+
+from enginekit.errors import CapabilityError, UsageError
+
+PIP_TENSORRT = "pip install tensorrt-cu13"
+PIP_TENSORRT_RTX = "pip install tensorrt-rtx tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings"
+
+# TensorRT-RTX 1.7 targets (its ComputeCapability enum). Hopper (9.0) is not among them.
+RTX_COMPUTE_CAPABILITIES = ("7.5", "8.0", "8.6", "8.9", "12.0", "12.1")
+# Built when no target is given and no supported GPU is present: one engine that runs on
+# every consumer generation from Turing to Blackwell (12.1 is the GB10 only, so opt-in).
+PORTABLE_RTX_TARGETS = ("7.5", "8.0", "8.6", "8.9", "12.0")
+# FP8 tensor cores arrived with Ada (8.9); every later architecture has them.
+FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
+
+REQUESTABLE = ("auto", "tensorrt", "tensorrt-rtx")
+
+
+@dataclass(frozen=True)
+class BackendTraits:
+    """What one backend (a module at some major versions) can and cannot do."""
+
+    name: str  # row name, recorded in manifests and cache keys: "tensorrt-10"
+    family: str  # what --backend names: "tensorrt" or "tensorrt-rtx"
+    label: str  # for messages: "TensorRT", "TensorRT-RTX"
+    module: str  # import name
+    majors: tuple[int, ...]  # module major versions this row describes
+    pip_install: str
+    strongly_typed_flag_needed: bool  # create_network must pass STRONGLY_TYPED
+    strongly_typed_is_default: bool  # create_network(0) already gives a strongly typed network
+    has_weak_typing_flags: bool  # BuilderFlag.FP16/INT8/BF16/FP8 exist (enginekit never sets them)
+    has_timing_cache: bool  # a timing cache changes (speeds up) later builds
+    needs_gpu_to_build: bool  # the builder times kernels on the GPU it runs on
+    supports_compute_capability_targets: bool  # IBuilderConfig.set_compute_capability
+    compute_capabilities: tuple[str, ...]  # targets it accepts; empty: builds for the local GPU
+    supports_hardware_compatibility: bool  # hardware_compatibility_level (AMPERE_PLUS) is honoured
+    supports_version_compatibility: bool  # BuilderFlag.VERSION_COMPATIBLE builds
+    workspace_via_memory_pool_limit: bool  # set_memory_pool_limit(WORKSPACE), not max_workspace_size
+    can_deserialize_without_gpu: bool  # Runtime.deserialize_cuda_engine works with no GPU
+
+
+TRAITS: dict[str, BackendTraits] = {
+    t.name: t
+    for t in (
+        BackendTraits(
+            name="tensorrt-10",
+            family="tensorrt",
+            label="TensorRT",
+            module="tensorrt",
+            majors=(10,),
+            pip_install=PIP_TENSORRT,
+            strongly_typed_flag_needed=True,  # weak typing is still the default in 10.x
+            strongly_typed_is_default=False,
+            has_weak_typing_flags=True,  # deprecated since 10.12, still present
+            has_timing_cache=True,
+            needs_gpu_to_build=True,
+            supports_compute_capability_targets=False,
+            compute_capabilities=(),
+            supports_hardware_compatibility=True,
+            supports_version_compatibility=True,
+            workspace_via_memory_pool_limit=True,
+            can_deserialize_without_gpu=False,
+        ),
+        BackendTraits(
+            name="tensorrt-11",
+            family="tensorrt",
+            label="TensorRT",
+            module="tensorrt",
+            majors=(11,),
+            pip_install=PIP_TENSORRT,
+            strongly_typed_flag_needed=False,  # always strongly typed; the flag is accepted and ignored
+            strongly_typed_is_default=True,
+            has_weak_typing_flags=False,  # removed in 11.0: precision lives in the ONNX graph
+            has_timing_cache=True,
+            needs_gpu_to_build=True,
+            supports_compute_capability_targets=False,
+            compute_capabilities=(),
+            supports_hardware_compatibility=True,
+            supports_version_compatibility=True,
+            workspace_via_memory_pool_limit=True,
+            can_deserialize_without_gpu=False,
+        ),
+        BackendTraits(
+            name="tensorrt-rtx",
+            family="tensorrt-rtx",
+            label="TensorRT-RTX",
+            module="tensorrt_rtx",
+            majors=(1,),
+            pip_install=PIP_TENSORRT_RTX,
+            strongly_typed_flag_needed=False,  # the flag exists, but create_network(0) is strongly typed
+            strongly_typed_is_default=True,
+            has_weak_typing_flags=False,
+            has_timing_cache=False,  # its timing-cache calls are deprecated no-ops
+            needs_gpu_to_build=False,  # builds ahead of time for chosen compute capabilities
+            supports_compute_capability_targets=True,
+            compute_capabilities=RTX_COMPUTE_CAPABILITIES,
+            supports_hardware_compatibility=False,  # setting it only logs "unsupported"
+            supports_version_compatibility=False,  # the flag exists; the build needs a lean runtime it lacks
+            workspace_via_memory_pool_limit=True,
+            can_deserialize_without_gpu=False,  # deserializing creates a CUDA stream
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An installed, imported backend: its row in the table and its module."""
+
+    name: str
+    version: str
+    traits: BackendTraits
+    module: ModuleType = field(repr=False, compare=False)
+
+    @property
+    def label(self) -> str:
+        """``"TensorRT-RTX 1.7.1.116"``: for messages."""
+        return f"{self.traits.label} {self.version}"
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "version": self.version}
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """The GPU CUDA would use: marketing name and compute capability ("8.9")."""
+
+    name: str
+    compute_capability: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "compute_capability": self.compute_capability}
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.compute_capability})"
+
+
+# --- backend selection ---------------------------------------------------------------
+
+
+def _import(module_name: str) -> ModuleType:
+    """Import a backend module; a broken install counts as not installed."""
+    try:
+        return importlib.import_module(module_name)
+    except (ImportError, OSError) as exc:  # OSError: the wheel is there, its libraries are not
+        raise ModuleNotFoundError(str(exc)) from exc
+
+
+def _family_traits(family: str) -> list[BackendTraits]:
+    return [t for t in TRAITS.values() if t.family == family]
+
+
+def _row_for(family: str, version: str) -> BackendTraits:
+    """Pick the row of ``family`` that describes this module version."""
+    rows = _family_traits(family)
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        major = -1
+    for row in rows:
+        if major in row.majors:
+            return row
+    newest = max(rows, key=lambda r: max(r.majors))
+    if major > max(newest.majors):
+        # A newer major than the table knows: assume it keeps the newest known behaviour.
+        return newest
+    oldest = min(min(r.majors) for r in rows)
+    raise CapabilityError(
+        f"{rows[0].label} {version} is installed, but enginekit needs {rows[0].label} "
+        f"{oldest} or newer: {rows[0].pip_install}"
+    )
+
+
+def _load(family: str) -> Backend:
+    """Import one family's module and wrap it; ModuleNotFoundError when absent."""
+    module_name = _family_traits(family)[0].module
+    module = _import(module_name)
+    version = str(getattr(module, "__version__", "0"))
+    row = _row_for(family, version)
+    return Backend(name=row.name, version=version, traits=row, module=module)
+
+
+def resolve_backend(requested: str = "auto") -> Backend:
+    """``"auto" | "tensorrt" | "tensorrt-rtx"`` -> the installed backend.
+
+    ``auto`` takes TensorRT when it is installed and can build here (a GPU is present),
+    else TensorRT-RTX, else TensorRT all the same (its build then says a GPU is missing).
+    """
+    if requested not in REQUESTABLE:
+        raise UsageError(f"unknown backend {requested!r}: choose one of {', '.join(REQUESTABLE)}")
+    if requested != "auto":
+        try:
+            return _load(requested)
+        except ModuleNotFoundError as exc:
+            row = _family_traits(requested)[0]
+            raise CapabilityError(
+                f"backend {requested} is not installed ({row.module}: {_first_line(exc)}); "
+                f"install it with: {row.pip_install}"
+            ) from None
+    found: dict[str, Backend] = {}
+    for family in ("tensorrt", "tensorrt-rtx"):
+        try:
+            found[family] = _load(family)
+        except ModuleNotFoundError:
+            continue
+        # TensorRT proper cannot build without a GPU; TensorRT-RTX can.
+        if family == "tensorrt" and gpu_info() is not None:
+            return found[family]
+    if "tensorrt-rtx" in found:
+        return found["tensorrt-rtx"]
+    if "tensorrt" in found:
+        return found["tensorrt"]
+    raise CapabilityError(
+        "no TensorRT backend is installed: install TensorRT-RTX (builds without a GPU) with: "
+        f"{PIP_TENSORRT_RTX}; or TensorRT with: {PIP_TENSORRT}"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# --- the GPU of this machine ---------------------------------------------------------
+
+
+def _visible_index() -> int | None:
+    """Index of the first GPU CUDA_VISIBLE_DEVICES exposes; None when it hides them all."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return 0
+    first = value.split(",")[0].strip()
+    if not first or first.startswith("-"):
+        return None
+    return int(first) if first.isdigit() else 0  # a UUID: nvidia-smi order is unknown, take 0
+
+
+def parse_nvidia_smi(text: str, index: int = 0) -> GpuInfo | None:
+    """``"NVIDIA GeForce RTX 4090, 8.9"`` lines -> the GPU at ``index``."""
+    rows = [line.rsplit(",", 1) for line in text.strip().splitlines() if "," in line]
+    if index >= len(rows):
+        return None
+    name, cc = (part.strip() for part in rows[index])
+    if not re.fullmatch(r"\d+\.\d+", cc):
+        return None
+    return GpuInfo(name=name, compute_capability=cc)
+
+
+def _gpu_from_nvidia_smi(index: int) -> GpuInfo | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run(
+            [smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:  # a driver that is not loaded, or too old for compute_cap
+        return None
+    return parse_nvidia_smi(done.stdout, index)
+
+
+def _gpu_from_libcuda() -> GpuInfo | None:
+    """Ask the CUDA driver directly (it applies CUDA_VISIBLE_DEVICES itself)."""
+    names = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
+    for lib_name in names:
+        try:
+            cuda = ctypes.CDLL(lib_name)
+            break
+        except OSError:
+            continue
+    else:
+        return None
+    try:
+        count, device = ctypes.c_int(), ctypes.c_int()
+        if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
+            return None
+        if cuda.cuDeviceGet(ctypes.byref(device), 0) != 0:
+            return None
+        name = ctypes.create_string_buffer(256)
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        cuda.cuDeviceGetName(name, 256, device)
+        # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76
+        if cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, device) != 0:
+            return None
+        if cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, device) != 0:
+            return None
+    except AttributeError:  # a library named libcuda that is not the driver
+        return None
+    cc = f"{major.value}.{minor.value}"
+    return GpuInfo(name=name.value.decode(errors="replace"), compute_capability=cc)
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_info() -> GpuInfo | None:
+    """This machine's GPU (the first one CUDA sees), without importing torch; None if none."""
+    index = _visible_index()
+    if index is None:
+        return None
+    return _gpu_from_nvidia_smi(index) or _gpu_from_libcuda()
+
+
+# --- compute-capability targets ------------------------------------------------------
+
+
+def cc_tuple(cc: str) -> tuple[int, int]:
+    major, minor = cc.split(".")
+    return int(major), int(minor)
+
+
+def normalize_cc(text: str) -> str:
+    """``"8.6"``, ``"sm86"``, ``"sm_86"`` -> ``"8.6"``; UsageError for anything else."""
+    value = text.strip().lower()
+    match = re.fullmatch(r"(\d+)\.(\d)", value) or re.fullmatch(r"sm_?(\d+)(\d)", value)
+    if not match:
+        raise UsageError(f"malformed compute capability {text!r}: write it like 8.6 (or sm86)")
+    return f"{int(match.group(1))}.{match.group(2)}"
+
+
+def default_targets(backend: Backend, gpu: GpuInfo | None) -> tuple[str, ...]:
+    """Targets when the user names none: this GPU if the backend can target it, else portable.
+
+    TensorRT proper always builds for the GPU it runs on, so its "targets" only record it.
+    """
+    if not backend.traits.supports_compute_capability_targets:
+        return (gpu.compute_capability,) if gpu else ()
+    if gpu is not None and gpu.compute_capability in backend.traits.compute_capabilities:
+        return (gpu.compute_capability,)
+    return PORTABLE_RTX_TARGETS
+
+
+def validate_targets(
+    backend: Backend, requested: str | Sequence[str], gpu: GpuInfo | None = None
+) -> tuple[str, ...]:
+    """``--target-cc 8.6,8.9,12.0`` -> sorted, de-duplicated targets the backend supports."""
+    items = requested.split(",") if isinstance(requested, str) else list(requested)
+    targets = sorted({normalize_cc(item) for item in items if item.strip()}, key=cc_tuple)
+    if not targets:
+        raise UsageError("--target-cc names no compute capability: write it like 8.6,8.9,12.0")
+    traits = backend.traits
+    if not traits.supports_compute_capability_targets:
+        if gpu is not None and targets == [gpu.compute_capability]:
+            return tuple(targets)
+        here = f"this GPU ({gpu})" if gpu else "the GPU it runs on"
+        raise UsageError(
+            f"{traits.label} builds only for {here}; --target-cc {','.join(targets)} "
+            "needs --backend tensorrt-rtx"
+        )
+    unsupported = [t for t in targets if t not in traits.compute_capabilities]
+    if unsupported:
+        raise UsageError(
+            f"{backend.label} cannot target compute capability {', '.join(unsupported)}; "
+            f"supported: {', '.join(traits.compute_capabilities)}"
+        )
+    return tuple(targets)
+
+
+def resolve_targets(
+    backend: Backend, requested: str | Sequence[str] | None, gpu: GpuInfo | None
+) -> tuple[str, ...]:
+    """The targets a build uses: the validated request, or the defaults."""
+    if requested is None or (not isinstance(requested, str) and len(requested) == 0):
+        return default_targets(backend, gpu)
+    return validate_targets(backend, requested, gpu)
+
+
+def fp8_unsupported(targets: Sequence[str]) -> list[str]:
+    """The targets among ``targets`` that have no FP8 (compute capability below 8.9)."""
+    return [t for t in targets if cc_tuple(t) < FP8_MIN_COMPUTE_CAPABILITY]
+
+
+def fp8_supported(targets: Sequence[str]) -> bool:
+    """True when every target runs FP8 (an empty list knows no GPU: False)."""
+    return bool(targets) and not fp8_unsupported(targets)
+
+
+def require_fp8(targets: Sequence[str]) -> None:
+    """UsageError naming the targets that cannot run an FP8 engine."""
+    if not targets:
+        raise UsageError("fp8 needs a GPU of compute capability 8.9 or newer; none is targeted")
+    missing = fp8_unsupported(targets)
+    if missing:
+        raise UsageError(
+            f"fp8 needs compute capability 8.9 or newer; target(s) {', '.join(missing)} lack it: "
+            "drop them (--target-cc 8.9,12.0) or choose fp16/int8"
+        )
+

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +39,8 @@ def simplify_onnx(src: Path, out: Path, *, tool: str = "onnxsim", check_shapes: 
     if tool == "onnxsim":
         import onnxsim
 
-        simplified, ok = onnxsim.simplify(model, check_n=0)
+        with native_output_silenced():  # onnxsim's C++ core prints a warning per skipped node
+            simplified, ok = onnxsim.simplify(model, check_n=0)
         if not ok:
             raise UsageError(f"onnxsim could not simplify {src}")
     else:
@@ -55,6 +60,24 @@ def simplify_onnx(src: Path, out: Path, *, tool: str = "onnxsim", check_shapes: 
     finally:
         tmp.unlink(missing_ok=True)
     return SimplifyReport(tool, before, len(simplified.graph.node), shapes, worst)
+
+
+@contextmanager
+def native_output_silenced() -> Iterator[None]:
+    """Send what native code writes to stdout/stderr to /dev/null for the duration."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
 
 
 def default_check_shapes(model) -> list[Shape]:

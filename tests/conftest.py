@@ -1,0 +1,80 @@
+"""Shared fixtures. Tests run offline: no model hub, random weights saved and loaded back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Set before any test imports ultralytics or transformers.
+_ENV_ROOT = Path(os.environ.get("PYTEST_ENGINEKIT_TMP", "/tmp")) / f"enginekit-tests-{os.getpid()}"
+os.environ["YOLO_OFFLINE"] = "1"
+os.environ["YOLO_VERBOSE"] = "False"
+os.environ.setdefault("YOLO_CONFIG_DIR", str(_ENV_ROOT / "ultralytics"))
+os.environ["HF_HUB_OFFLINE"] = "1"  # fail fast instead of retrying an unreachable hub
+os.environ["ENGINEKIT_CACHE"] = str(_ENV_ROOT / "cache")
+
+
+@pytest.fixture(scope="session")
+def cache():
+    from enginekit.cache import Cache
+
+    return Cache(os.environ["ENGINEKIT_CACHE"])
+
+
+@pytest.fixture(scope="session")
+def yolo_export(tmp_path_factory, cache):
+    """yolo12n, random weights, exported at 640 (FP32 and FP16)."""
+    from enginekit import api
+
+    out = tmp_path_factory.mktemp("yolo")
+    return api.export("yolo12n", random_init=True, fp16=True, output=out / "yolo12n.fp16.onnx", cache=cache,
+                      quiet=True)
+
+
+@pytest.fixture(scope="session")
+def depth_export(tmp_path_factory, cache):
+    """Depth-Anything-V2-small, random weights, exported at 518 (dynamic batch and H/W)."""
+    from enginekit import api
+
+    out = tmp_path_factory.mktemp("depth")
+    return api.export("depth", random_init=True, input="1x3x518x518", output=out / "depth.onnx", cache=cache,
+                      quiet=True)
+
+
+class CliResult:
+    def __init__(self, proc: subprocess.CompletedProcess):
+        self.code = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def run_cli(tmp_path):
+    """Run ``enginekit ARGS`` as a user would, in a fresh process, from tmp_path."""
+
+    def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600) -> CliResult:
+        full_env = dict(os.environ, COLUMNS="200")
+        full_env.update(env or {})
+        proc = subprocess.run([sys.executable, "-m", "enginekit", *args], cwd=cwd or tmp_path, env=full_env,
+                              capture_output=True, text=True, timeout=timeout)
+        return CliResult(proc)
+
+    return run
+
+
+def assert_one_line_error(result: CliResult, code: int, *needles: str) -> str:
+    assert result.code == code, (result.code, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.error_lines if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]

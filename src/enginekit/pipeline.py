@@ -9,7 +9,7 @@ first stages need only names, hashes and versions.
 
 from __future__ import annotations
 
-import hashlib
+import json
 import shutil
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from enginekit import __version__
-from enginekit.images import ImageSet, load_images
+from enginekit.calibration import CalibrationData
 from enginekit.cache import Cache, Entry, key_for, sha256_file
 from enginekit.errors import UsageError
 from enginekit.models import ModelAdapter, resolve
@@ -28,6 +28,8 @@ from enginekit.shapes import Shape, format_shape
 from enginekit.ui import step
 
 ONNX_FILE = "model.onnx"
+CALIB_FILE = "calibration.cache"
+PLAN_FILE = "engine.plan"
 
 
 def package_version(name: str) -> str:
@@ -39,19 +41,33 @@ def package_version(name: str) -> str:
 
 @dataclass
 class Artifact:
-    """A stage's output: the file inside its cache entry, and how it was obtained."""
+    """A stage's output: the file inside its cache entry (or a user's file), and how it was obtained."""
 
     stage: str
-    entry: Entry
-    status: str  # hit | miss | corrupt | forced
+    entry: Entry | None
+    status: str  # hit | miss | corrupt | forced | given
+    external: Path | None = None
+
+    @classmethod
+    def given(cls, path: Path) -> "Artifact":
+        """A user's ONNX file entering the pipeline as is."""
+        if not path.is_file():
+            raise UsageError(f"ONNX file not found: {path}")
+        return cls("input", None, "given", path)
 
     @property
     def path(self) -> Path:
-        return self.entry.file(ONNX_FILE)
+        return self.external if self.external is not None else self.entry.file(ONNX_FILE)
+
+    @cached_property
+    def sha256(self) -> str:
+        if self.entry is None:
+            return sha256_file(self.path)
+        return self.entry.manifest["files"][ONNX_FILE]["sha256"]
 
     @property
-    def sha256(self) -> str:
-        return self.entry.manifest["files"][ONNX_FILE]["sha256"]
+    def manifest(self) -> dict:
+        return self.entry.manifest if self.entry is not None else {}
 
 
 @dataclass
@@ -89,12 +105,17 @@ class ModelRequest:
 
 
 class Pipeline:
-    """Runs the stages for one model request, loading the model only when a stage misses."""
+    """Runs the stages for one model request, loading the model only when a stage misses.
 
-    def __init__(self, request: ModelRequest, cache: Cache | None = None, *, force: bool = False,
-                 quiet: bool = False):
+    ``request`` may be None for a user's ONNX file: then only the precision and engine stages
+    run, with ``adapter`` (from the file's metadata, when enginekit wrote it) or none.
+    """
+
+    def __init__(self, request: ModelRequest | None, cache: Cache | None = None, *, force: bool = False,
+                 quiet: bool = False, adapter: ModelAdapter | None = None, subject: str | None = None):
         self.request = request
-        self.adapter = request.adapter
+        self.adapter = request.adapter if request is not None else adapter
+        self.subject = request.subject if request is not None else subject
         self.cache = cache or Cache()
         self.force = force
         self.quiet = quiet
@@ -111,7 +132,7 @@ class Pipeline:
     def _stage(self, stage: str, parts: dict, produce, label: str) -> Artifact:
         with step(label, quiet=self.quiet) as s:
             entry, status = self.cache.get_or_create(f"onnx-{stage}", parts, produce, force=self.force,
-                                                     subject=self.request.subject)
+                                                     subject=self.subject)
             s.status = status if status != "forced" else "rebuilt"
         return Artifact(stage, entry, status)
 
@@ -152,24 +173,138 @@ class Pipeline:
 
         return self._stage("simplify", parts, produce, f"simplify ({tool})")
 
-    def fp16(self, source: Artifact, shape: Shape, images: ImageSet | None = None,
+    def fp16(self, source: Artifact, shape: Shape, data: CalibrationData | None = None,
              keep_fp32_nodes: list[str] | None = None) -> Artifact:
         """AutoCast to FP16; its reference run sees real photographs at ``shape``."""
         from enginekit.onnx.precision import convert_fp16
 
+        data = data or CalibrationData(None, count=2)
         keep = sorted(set(self.adapter.fp16_keep_fp32) | set(keep_fp32_nodes or []))
-        batch = image_batch(self.adapter, images or load_images(None, limit=2), shape, count=2)
         parts = {"stage": "fp16", "input": source.sha256, "modelopt": package_version("nvidia-modelopt"),
-                 "keep_fp32": keep, "reference_data": array_digest(batch)}
+                 "keep_fp32": keep, "reference_data": data.digest(self.adapter, shape)}
 
         def produce(tmp: Path) -> dict:
             calib = tmp / "autocast_inputs.npz"
-            np.savez(calib, **{self.adapter.input_name: batch})
+            np.savez(calib, **{self.adapter.input_name: data.batch(self.adapter, shape)})
             share = convert_fp16(source.path, tmp / ONNX_FILE, keep_fp32_nodes=keep, calibration=calib)
             calib.unlink()
             return {"initializer_dtype_share": share, "keep_fp32": keep}
 
         return self._stage("fp16", parts, produce, "fp16 (ModelOpt AutoCast)")
+
+    def int8(self, source: Artifact, shape: Shape, data: CalibrationData, *, method: str,
+             exclude: list[str] | None = None, calibration_cache: Path | None = None) -> Artifact:
+        """Explicit Q/DQ INT8 through ModelOpt, calibrated at ``shape`` (the profile's opt).
+
+        Calibration ranges are kept as a TensorRT-style calibration cache, itself a cache entry
+        keyed by (ONNX, calibration set, method): a later INT8 build of the same graph and data
+        (other excludes, say) quantizes from it without calibrating. ``calibration_cache`` is a
+        user's file: read when it exists, else written after calibrating.
+        """
+        from enginekit.onnx.int8 import CALIBRATION_METHODS, quantize_int8
+
+        if method not in CALIBRATION_METHODS:
+            raise UsageError(f"unknown calibration method {method!r}: choose {', '.join(CALIBRATION_METHODS)}")
+        excludes = sorted(set(self.adapter.int8_exclude if self.adapter else ()) | set(exclude or []))
+        user_cache = calibration_cache if calibration_cache is not None and calibration_cache.is_file() else None
+        if user_cache is not None:
+            calibration = {"cache": sha256_file(user_cache)}
+        else:
+            calibration = {"data": self._data_digest(data, shape)}
+        calib_parts = {"stage": "calibration", "input": source.sha256, "method": method, **calibration,
+                       "modelopt": package_version("nvidia-modelopt")}
+        parts = {"stage": "int8", "input": source.sha256, "method": method, "exclude": excludes,
+                 "calibration": calibration, "modelopt": package_version("nvidia-modelopt")}
+        input_name = self.adapter.input_name if self.adapter else None
+
+        def produce(tmp: Path) -> dict:
+            found = user_cache or self._calibration_entry(calib_parts)
+            report = quantize_int8(
+                source.path, tmp / ONNX_FILE,
+                None if found is not None else self._calibration_batch(data, shape),
+                input_name or _single_input(source.path),
+                method=method, exclude_nodes=excludes, calibration_cache=found,
+                write_cache=tmp / CALIB_FILE if found is None else None,
+            )
+            if found is None:
+                self._store_calibration(calib_parts, tmp / CALIB_FILE)
+            elif calibration_cache is None:
+                shutil.copyfile(found, tmp / CALIB_FILE)
+            if calibration_cache is not None and user_cache is None:
+                copy_file_atomic(tmp / CALIB_FILE, calibration_cache)
+            return {"calibrated": report.calibrated, "qdq_nodes": report.n_qdq_nodes, "exclude": excludes,
+                    "method": method, "calibration_seconds": round(report.seconds, 3),
+                    "calibration_source": "user cache" if user_cache else ("calibration cache" if found else data.describe())}
+
+        artifact = self._stage("int8", parts, produce, f"int8 ({method})")
+        if not self.quiet and artifact.status != "hit":
+            how = "calibrated" if artifact.manifest.get("calibrated") else "from calibration cache (no calibration)"
+            from enginekit.ui import console
+
+            console.print(f"    calibration: {how}; {artifact.manifest.get('qdq_nodes')} Q/DQ pairs")
+        return artifact
+
+    def _data_digest(self, data: CalibrationData, shape: Shape) -> str:
+        if self.adapter is None and not data.is_array:
+            raise UsageError("this ONNX file names no model family enginekit knows: pass --calib-data as a .npy/.npz "
+                             "of preprocessed inputs")
+        return data.digest(self.adapter, shape) if self.adapter else sha256_file(data.source)
+
+    def _calibration_batch(self, data: CalibrationData, shape: Shape) -> np.ndarray:
+        with step(f"calibration data {format_shape(shape[1:])}", quiet=self.quiet) as s:
+            batch = data.batch(self.adapter, shape)
+            s.detail = f"{batch.shape[0]} inputs" + (f", {len(data.skipped)} skipped" if data.skipped else "")
+        return batch
+
+    def _calibration_entry(self, parts: dict) -> Path | None:
+        found = self.cache.lookup("calibration", key_for(parts))
+        return found.entry.file(CALIB_FILE) if found.entry is not None else None
+
+    def _store_calibration(self, parts: dict, cache_file: Path) -> None:
+        def produce(tmp: Path) -> dict:
+            shutil.copyfile(cache_file, tmp / CALIB_FILE)
+            return {}
+
+        self.cache.get_or_create("calibration", parts, produce, subject=self.subject)
+
+    def engine(self, source: Artifact, profiles: list, backend, options, precision: dict,
+               verify=None) -> tuple[Entry, str]:
+        """Build (or find) the engine of ``source``: cache entry with engine.plan, manifest, parity.json.
+
+        ``verify(onnx_path) -> dict`` computes the parity summary of the exact graph the engine
+        is built from; it runs only when the engine is built.
+        """
+        from enginekit.trt.backends import gpu_info, resolve_targets
+        from enginekit.trt.builder import build_engine
+
+        gpu = gpu_info()
+        targets = resolve_targets(backend, options.target_cc, gpu)
+        parts = engine_key_parts(source.sha256, precision, profiles, backend, targets, gpu, options)
+        timing_cache = None
+        if backend.traits.has_timing_cache and gpu is not None:
+            timing_cache = self.cache.root / "timing" / f"{backend.name}-{backend.version}-{gpu.compute_capability}.cache"
+            timing_cache.parent.mkdir(parents=True, exist_ok=True)
+
+        def produce(tmp: Path) -> dict:
+            with step(f"build ({backend.label})", quiet=self.quiet) as s:
+                result = build_engine(source.path, profiles, backend, options, timing_cache=timing_cache)
+                (tmp / PLAN_FILE).write_bytes(result.plan)
+                s.detail = f"{len(result.plan) / 2**20:.1f} MiB for {', '.join(result.targets) or result.gpu}"
+            parity = verify(source.path) if verify is not None else {"checked": False, "reason": "no reference model"}
+            (tmp / "parity.json").write_text(json.dumps(parity, indent=2, sort_keys=True))
+            return {
+                **result.to_json(),
+                "source_onnx": {"sha256": source.sha256, "stage": source.stage},
+                "precision": precision,
+                "versions": {name: package_version(name) for name in
+                             ("enginekit", "torch", "onnx", "onnxruntime-gpu", "nvidia-modelopt", "tensorrt", "tensorrt-rtx")},
+                "parity": {"passed": parity.get("passed"), "summary": parity.get("summary")},
+            }
+
+        with step("engine", quiet=self.quiet) as s:
+            entry, status = self.cache.get_or_create("engine", parts, produce, force=self.force, subject=self.subject)
+            s.status = status if status != "forced" else "rebuilt"
+        return entry, status
 
     def check_shapes(self, shape: Shape) -> list[Shape]:
         """Shapes a simplified graph is proven equal at: batch 1 and 2, and for dynamic H/W
@@ -182,38 +317,53 @@ class Pipeline:
         return shapes
 
     def onnx_chain(self, shape: Shape, *, opset: int, fp16: bool = False, simplifier: str = "onnxsim",
-                   images: ImageSet | None = None) -> list[Artifact]:
+                   reference_data: CalibrationData | None = None) -> list[Artifact]:
         """export -> simplify (-> fp16): every artifact, last one the result."""
         chain = [self.export(shape, opset)]
         chain.append(self.simplify(chain[-1], shape, simplifier))
         if fp16:
-            chain.append(self.fp16(chain[-1], shape, images))
+            chain.append(self.fp16(chain[-1], shape, reference_data))
         return chain
 
 
-def image_batch(adapter: ModelAdapter, images: ImageSet, shape: Shape, count: int) -> np.ndarray:
-    """Up to ``count`` photographs preprocessed as the reference does, stacked at ``shape``'s H/W."""
-    hw = (shape[2], shape[3])
-    arrays = [adapter.preprocess(img, hw) for img in images.images[:count]]
-    return np.concatenate(arrays, axis=0).astype(np.float32)
+def engine_key_parts(onnx_sha: str, precision: dict, profiles: list, backend, targets, gpu, options) -> dict:
+    """The engine cache key (DESIGN.md contract): everything that determines the plan."""
+    target = {"compute_capabilities": list(targets)} if backend.traits.supports_compute_capability_targets else {
+        "gpu": gpu.name if gpu else None, "compute_capability": gpu.compute_capability if gpu else None}
+    return {
+        "onnx": onnx_sha,
+        "precision": precision,
+        "profiles": [p.to_json() for p in profiles],
+        "backend": {"name": backend.name, "version": backend.version},
+        "target": target,
+        "options": options.to_json(),
+    }
 
 
-def array_digest(array: np.ndarray) -> str:
-    h = hashlib.sha256(str((array.shape, str(array.dtype))).encode())
-    h.update(np.ascontiguousarray(array).tobytes())
-    return h.hexdigest()
-
-
-def copy_out(artifact: Artifact, dest: Path) -> Path:
-    """Copy an artifact out of the cache atomically (temp file + rename)."""
+def copy_file_atomic(src: Path, dest: Path) -> Path:
+    """Copy with a temp file and a rename: a reader never sees half a file."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp")
     try:
-        shutil.copyfile(artifact.path, tmp)
+        shutil.copyfile(src, tmp)
         tmp.replace(dest)
     finally:
         tmp.unlink(missing_ok=True)
     return dest
+
+
+def copy_out(artifact: Artifact, dest: Path) -> Path:
+    """Copy an artifact out of the cache atomically."""
+    return copy_file_atomic(artifact.path, dest)
+
+
+def _single_input(onnx_path: Path) -> str:
+    from enginekit.onnx.graph import input_dims, load_model
+
+    names = list(input_dims(load_model(onnx_path)))
+    if len(names) != 1:
+        raise UsageError(f"INT8 calibration feeds one input; {onnx_path.name} has {len(names)}")
+    return names[0]
 
 
 __all__ = ["Artifact", "ModelRequest", "Pipeline", "WeightsSource", "copy_out", "key_for", "sha256_file"]

@@ -34,9 +34,9 @@ def _root(
 
 
 def _register() -> None:
-    from enginekit.cli import export, models, simplify
+    from enginekit.cli import build, cache, export, models, simplify
 
-    for module in (models, export, simplify):
+    for module in (models, export, simplify, build, cache):
         module.register(app)
 
 

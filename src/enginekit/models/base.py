@@ -87,6 +87,8 @@ class ModelAdapter:
     input_description: str = ""
     #: node-name patterns (regex) that FP16 conversion keeps in FP32 for this family
     fp16_keep_fp32: tuple[str, ...] = ()
+    #: node-name patterns (regex) kept out of INT8 quantization by default
+    int8_exclude: tuple[str, ...] = ()
 
     def __init__(self, variant: str):
         self.variant = variant

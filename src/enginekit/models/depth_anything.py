@@ -211,6 +211,9 @@ class DepthAnythingAdapter(ModelAdapter):
     # Position-embedding resize: bicubic in FP16 shifts the embeddings (transformers keeps it
     # FP32 for that reason), and ONNX Runtime's CPU Resize refuses FP16 cubic downsampling.
     fp16_keep_fp32 = (r"/backbone/embeddings/.*",)
+    # The depth head's three convolutions (exported at the top scope as /conv1../conv3) and the
+    # patch embedding stay out of INT8.
+    int8_exclude = (r"/conv[123]/.*", r"/backbone/embeddings/.*")
     input_description = (
         "NCHW RGB float32, bicubic resize to HxW (multiples of 14), /255, "
         "normalised with ImageNet mean (0.485,0.456,0.406) and std (0.229,0.224,0.225)"

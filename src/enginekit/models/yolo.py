@@ -78,6 +78,10 @@ class YoloAdapter(ModelAdapter):
     # Only batch is dynamic: a fixed H/W keeps the anchor count, and so the graph, static.
     dynamic_axes = {"images": {0: "batch"}, "output0": {0: "batch"}}
     input_description = "NCHW RGB float32 in [0,1], letterboxed with gray 114 (Ultralytics LetterBox)"
+    # The Detect head (box/DFL and class branches, their final convolutions) stays out of INT8:
+    # quantizing it collapses confidence scores. Detect's branches are ModuleLists (cv2.0,
+    # cv3.1, ...), which tells them from the cv1/cv2 convolutions of C2f blocks.
+    int8_exclude = (r"/model\.\d+/(one2one_)?cv[23]\.\d+/.*", r"/model\.\d+/(one2one_)?dfl/.*")
 
     @classmethod
     def matches(cls, name: str) -> bool:

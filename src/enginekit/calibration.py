@@ -1,0 +1,106 @@
+"""Calibration and reference data: photographs (a folder or the embedded default) or arrays.
+
+Its digest keys the FP16 and INT8 stages. It is computed from the files (their hashes, the
+count, the shape, the family's preprocessing), not from decoded pixels, so a cache hit needs
+neither an image decoder nor the model's preprocessing code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from enginekit.errors import UsageError
+from enginekit.images import IMAGE_SUFFIXES, embedded_image_paths, read_rgb
+from enginekit.models.base import ModelAdapter, file_sha256
+from enginekit.shapes import Shape, format_shape
+
+ARRAY_SUFFIXES = {".npy", ".npz"}
+
+
+@dataclass
+class CalibrationData:
+    source: Path | None = None  # image folder, .npy/.npz file, or None: embedded photographs
+    count: int = 8
+    skipped: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.count <= 0:
+            raise UsageError(f"--calib-count must be positive, not {self.count}")
+
+    @property
+    def is_array(self) -> bool:
+        return self.source is not None and self.source.suffix.lower() in ARRAY_SUFFIXES
+
+    def describe(self) -> str:
+        if self.source is None:
+            return f"embedded photographs (up to {self.count})"
+        return f"{self.source} (up to {self.count})"
+
+    @cached_property
+    def image_paths(self) -> list[Path]:
+        if self.source is None:
+            paths = embedded_image_paths()
+            if not paths:
+                raise UsageError("no embedded photographs found: pass --calib-data DIR")
+            return paths[: self.count]
+        if not self.source.exists():
+            raise UsageError(f"calibration data not found: {self.source}")
+        if not self.source.is_dir():
+            raise UsageError(f"--calib-data takes an image folder or a .npy/.npz file, not {self.source}")
+        try:
+            paths = sorted(p for p in self.source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        except OSError as exc:
+            raise UsageError(f"cannot read calibration folder {self.source}: {exc.strerror}") from None
+        if not paths:
+            raise UsageError(f"calibration folder {self.source} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        return paths[: self.count]
+
+    def digest(self, adapter: ModelAdapter, shape: Shape) -> str:
+        """Identity of the calibration batch this would produce at ``shape``."""
+        h = hashlib.sha256()
+        h.update(f"{adapter.family}|{adapter.input_description}|{format_shape(shape[1:])}|{self.count}".encode())
+        if self.is_array:
+            if not self.source.is_file():
+                raise UsageError(f"calibration data not found: {self.source}")
+            h.update(file_sha256(self.source).encode())
+        else:
+            for p in self.image_paths:
+                try:
+                    h.update(file_sha256(p).encode())
+                except OSError as exc:
+                    raise UsageError(f"cannot read {p}: {exc.strerror}") from None
+        return h.hexdigest()
+
+    def batch(self, adapter: ModelAdapter, shape: Shape) -> np.ndarray:
+        """N x C x H x W float32, preprocessed exactly as the PyTorch reference expects."""
+        if self.is_array:
+            return self._array_batch(shape)
+        arrays = []
+        for p in self.image_paths:
+            img = read_rgb(p)
+            if img is None:
+                self.skipped.append(f"{p.name}: not a readable image")
+                continue
+            arrays.append(adapter.preprocess(img, (shape[2], shape[3])))
+        if not arrays:
+            raise UsageError(f"no readable images in {self.source or 'the embedded set'} ({len(self.skipped)} broken)")
+        return np.concatenate(arrays).astype(np.float32)
+
+    def _array_batch(self, shape: Shape) -> np.ndarray:
+        try:
+            loaded = np.load(self.source)
+            array = loaded[loaded.files[0]] if isinstance(loaded, np.lib.npyio.NpzFile) else loaded
+        except Exception as exc:  # noqa: BLE001
+            raise UsageError(f"cannot read calibration array {self.source}: {str(exc).splitlines()[0][:200]}") from None
+        array = np.asarray(array, dtype=np.float32)
+        if array.ndim != 4 or tuple(array.shape[1:]) != tuple(shape[1:]):
+            raise UsageError(
+                f"calibration array {self.source} has shape {format_shape(array.shape)}; "
+                f"expected Nx{format_shape(shape[1:])}"
+            )
+        return array[: self.count]

@@ -1,0 +1,70 @@
+"""enginekit build: a model name or ONNX file -> a cached TensorRT engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from enginekit.cli.common import ForceOpt, RandomInitOpt, SeedOpt, WeightsOpt, handles_errors, quiet_third_party
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("build")
+    @handles_errors
+    def build_cmd(
+        target: Annotated[str, typer.Argument(help="Model name (yolo12n, depth, ...) or an ONNX file.")],
+        profile: Annotated[Optional[list[str]], typer.Option("--profile", "-p", help="NxCxHxW or min:opt:max (name=... for several inputs); repeat for several optimization profiles.")] = None,
+        precision: Annotated[str, typer.Option("--precision", help="fp32, fp16 (ModelOpt AutoCast) or int8 (ModelOpt Q/DQ).")] = "fp32",
+        backend: Annotated[str, typer.Option("--backend", help="auto, tensorrt or tensorrt-rtx.")] = "auto",
+        target_cc: Annotated[Optional[str], typer.Option("--target-cc", help="TensorRT-RTX compute capabilities, e.g. 8.6,8.9,12.0 (default: this GPU, else all portable ones).")] = None,
+        workspace: Annotated[Optional[str], typer.Option("--workspace", help="Builder workspace limit, e.g. 4G.")] = None,
+        opt_level: Annotated[Optional[int], typer.Option("--opt-level", help="Builder optimization level 0..5.")] = None,
+        calib_data: Annotated[Optional[Path], typer.Option("--calib-data", help="INT8: image folder or .npy/.npz (default: embedded photographs).")] = None,
+        calib_count: Annotated[int, typer.Option("--calib-count", help="INT8: number of calibration inputs.")] = 8,
+        calib_method: Annotated[str, typer.Option("--calib-method", help="INT8 calibration method.")] = "entropy",
+        calib_cache: Annotated[Optional[Path], typer.Option("--calib-cache", help="INT8: calibration cache to read (if it exists) or write.")] = None,
+        exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="INT8: node-name regex kept out of quantization (repeatable).")] = None,
+        weights: WeightsOpt = None,
+        random_init: RandomInitOpt = False,
+        seed: SeedOpt = 0,
+        explain: Annotated[bool, typer.Option("--explain", help="Say hit or miss, and which part of the key changed.")] = False,
+        no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the parity check recorded in the manifest.")] = False,
+        output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also copy the plan here.")] = None,
+        force: ForceOpt = False,
+    ) -> None:
+        """Build a TensorRT engine (strongly typed; precision lives in the ONNX graph), cached by content.
+
+        Prints the engine path. A second identical build is a cache hit: no export, no calibration, no build.
+
+        Examples:
+
+          enginekit build yolo12n --random-init --precision fp16 --profile 1x3x640x640:8x3x640x640:16x3x640x640
+
+          enginekit build depth --random-init --profile 1x3x392x392 --precision fp16
+
+          enginekit build model.onnx --precision int8 --calib-data images/ --calib-cache yolo.calib
+
+          enginekit build yolo12n --random-init --backend tensorrt-rtx --target-cc 8.6,8.9,12.0
+        """
+        from enginekit import api
+
+        quiet_third_party()
+        outcome = api.build(
+            target, profiles=profile or [], precision=precision, backend=backend, target_cc=target_cc,
+            workspace=workspace, opt_level=opt_level, calib_data=calib_data, calib_count=calib_count,
+            calib_method=calib_method, calib_cache=calib_cache, exclude=exclude or [], weights=weights,
+            random_init=random_init, seed=seed, explain=explain, verify=not no_verify, force=force,
+        )
+        from enginekit.ui import console, out
+
+        parity = outcome.manifest.get("parity", {})
+        if parity.get("passed") is False:
+            console.print("[yellow]warning:[/] the graph this engine was built from failed its parity check "
+                          "(see parity.json; `enginekit verify` gates on it)")
+        if output is not None:
+            from enginekit.pipeline import copy_file_atomic
+
+            copy_file_atomic(outcome.engine, output)
+        out.print(str(output or outcome.engine))

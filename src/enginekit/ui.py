@@ -36,7 +36,8 @@ def step(label: str, *, quiet: bool = False) -> Iterator[Step]:
     with console.status(f"[bold]{label}[/]…", spinner="dots"):
         yield s
     s.seconds = time.perf_counter() - start
-    tag = {"hit": "[green]cached[/]", "miss": "[yellow]built[/]", "rebuilt": "[yellow]rebuilt[/]"}.get(s.status, s.status)
+    tag = {"hit": "[green]cached[/]", "miss": "[yellow]built[/]", "rebuilt": "[yellow]rebuilt (--force)[/]",
+           "corrupt": "[yellow]rebuilt: the cached entry was corrupt[/]"}.get(s.status, s.status)
     detail = f"  {s.detail}" if s.detail else ""
     console.print(f"  [green]✓[/] {label:<28} {s.seconds:6.2f}s  {tag}{detail}")
 
@@ -49,3 +50,8 @@ def progress_bar(description: str, total: int):
                    TimeElapsedColumn(), console=console, transient=True)
     task = bar.add_task(description, total=total)
     return bar, task
+
+
+def emit(text: str) -> None:
+    """A result on stdout (an engine or file path), never wrapped: scripts capture it."""
+    print(text, flush=True)

@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
             calib_method=calib_method, calib_cache=calib_cache, exclude=exclude or [], weights=weights,
             random_init=random_init, seed=seed, explain=explain, verify=not no_verify, force=force,
         )
-        from enginekit.ui import console, out
+        from enginekit.ui import console, emit
 
         parity = outcome.manifest.get("parity", {})
         if parity.get("passed") is False:
@@ -67,4 +67,4 @@ def register(app: typer.Typer) -> None:
             from enginekit.pipeline import copy_file_atomic
 
             copy_file_atomic(outcome.engine, output)
-        out.print(str(output or outcome.engine))
+        emit(str(output or outcome.engine))

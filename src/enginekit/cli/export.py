@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
                             seed=seed, opset=opset, simplifier=simplifier, images=images, rel_l2=rel_l2,
                             force=force)
         from enginekit.cli.render import parity_table
-        from enginekit.ui import console, out
+        from enginekit.ui import console, emit
 
         parity_table(result.parity)
         if result.fp16_share is not None:
@@ -61,4 +61,4 @@ def register(app: typer.Typer) -> None:
             from enginekit.errors import ParityError
 
             raise ParityError("parity gate failed: " + "; ".join(result.failures()) + " (nothing written)")
-        out.print(str(result.output))
+        emit(str(result.output))

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         """
         from enginekit.onnx.simplify import simplify_onnx
         from enginekit.shapes import format_shape, parse_shape
-        from enginekit.ui import console, out
+        from enginekit.ui import console, emit
 
         quiet_third_party()
         shapes = None
@@ -38,4 +38,4 @@ def register(app: typer.Typer) -> None:
             f"  {report.tool}: {report.nodes_before} -> {report.nodes_after} nodes; equal at "
             f"{', '.join(format_shape(s) for s in report.checked_shapes)} (rel L2 {report.max_rel_l2:.1e})"
         )
-        out.print(str(dest))
+        emit(str(dest))

@@ -122,6 +122,7 @@ class BuildResult:
     options: BuildOptions
     profiles: list[Profile]
     timing_cache_used: bool
+    dropped_targets: tuple[str, ...] = ()  # default targets the backend could not compile for
 
     def built_for(self) -> BuiltFor:
         return BuiltFor(self.backend, self.backend_version, self.targets, self.gpu)
@@ -139,6 +140,7 @@ class BuildResult:
             "build_seconds": round(self.build_seconds, 3),
             "plan_bytes": len(self.plan),
             "timing_cache_used": self.timing_cache_used,
+            "dropped_targets": list(self.dropped_targets),
         }
 
 
@@ -363,6 +365,15 @@ def _save_timing_cache(config: Any, path: Path) -> None:
         raise
 
 
+def _refused_target(errors: Sequence[str]) -> str | None:
+    """"Cannot compile ... for Turing (SM75)" -> "7.5"."""
+    for message in errors:
+        match = re.search(r"\(SM(\d+)(\d)\)", message)
+        if match:
+            return f"{int(match.group(1))}.{match.group(2)}"
+    return None
+
+
 def _build_failure(backend: Backend, logger: Any) -> UsageError:
     errors = [e for e in logger.errors if e.strip()]
     reason = _one_line(errors[0]) if errors else "no message from the builder"
@@ -404,20 +415,32 @@ def build_engine(
             f"{onnx_path.name} has FP8 tensors, which need compute capability 8.9 or newer; "
             f"target(s) {', '.join(fp8_unsupported(targets))} lack it: choose --target-cc 8.9,12.0"
         )
-    config = builder.create_builder_config()
-    bound = _add_profiles(builder, config, network, profiles, logger)
-    _apply_options(config, backend, options, targets)
-    cache_used = _load_timing_cache(config, backend, timing_cache, say)
-    monitor = _progress_monitor(trt, say)
-    if monitor is not None:
-        config.progress_monitor = monitor  # kept referenced by `monitor` until the build ends
-    where = f"compute capability {', '.join(targets)}" if targets else "this GPU"
-    _safe_say(say, f"building with {backend.label} for {where}")
-    logger.errors.clear()
-    started = time.perf_counter()
-    plan = builder.build_serialized_network(network, config)
-    seconds = time.perf_counter() - started
-    if plan is None:
+    dropped: list[str] = []
+    while True:
+        config = builder.create_builder_config()
+        bound = _add_profiles(builder, config, network, profiles, logger)
+        _apply_options(config, backend, options, targets)
+        cache_used = _load_timing_cache(config, backend, timing_cache, say)
+        monitor = _progress_monitor(trt, say)
+        if monitor is not None:
+            config.progress_monitor = monitor  # kept referenced by `monitor` until the build ends
+        where = f"compute capability {', '.join(targets)}" if targets else "this GPU"
+        _safe_say(say, f"building with {backend.label} for {where}")
+        logger.errors.clear()
+        started = time.perf_counter()
+        plan = builder.build_serialized_network(network, config)
+        seconds = time.perf_counter() - started
+        if plan is not None:
+            break
+        # TensorRT-RTX cannot compile some layers for some architectures (FP32 GEMM on Turing).
+        # Where the user named no targets, drop the one it names and build for the rest.
+        refused = _refused_target(logger.errors)
+        if options.target_cc is None and refused in targets and len(targets) > 1:
+            _log.warning("dropping compute capability %s: %s", refused, _one_line(logger.errors[0]))
+            _safe_say(say, f"compute capability {refused} dropped: {_one_line(logger.errors[0])}")
+            dropped.append(refused)
+            targets = tuple(t for t in targets if t != refused)
+            continue
         raise _build_failure(backend, logger)
     if cache_used and timing_cache is not None:
         _save_timing_cache(config, timing_cache)
@@ -434,6 +457,7 @@ def build_engine(
         options=options,
         profiles=bound,
         timing_cache_used=cache_used,
+        dropped_targets=tuple(dropped),
     )
 
 

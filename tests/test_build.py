@@ -1,0 +1,211 @@
+"""Engines through TensorRT-RTX on a machine with no GPU, and the engine cache contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import assert_one_line_error
+
+YOLO_PROFILE = "1x3x320x320:2x3x320x320:4x3x320x320"
+DEPTH_PROFILE = "1x3x224x224:1x3x280x280:2x3x392x392"
+
+
+def build(cache, target, **kw):
+    from enginekit import api
+
+    kw.setdefault("random_init", True)
+    return api.build(target, cache=cache, quiet=True, **kw)
+
+
+def assert_manifest(outcome, *, precision, input_name, profile_min, profile_max, out_dtype="float32"):
+    m = outcome.manifest
+    assert outcome.engine.is_file() and outcome.engine.stat().st_size > 100_000
+    # the plan is raw: no JSON header in front (trtexec and C++ loaders read it as is)
+    assert not outcome.engine.read_bytes()[:1] == b"{"
+    assert m["backend"] == "tensorrt-rtx" and m["backend_version"].startswith("1.")
+    # portable set (no GPU here), less what RTX cannot compile (FP32 GEMM on Turing)
+    assert set(m["targets"]) | set(m["dropped_targets"]) == {"7.5", "8.0", "8.6", "8.9", "12.0"}
+    (prof,) = m["profiles"]
+    assert prof[input_name]["min"] == profile_min and prof[input_name]["max"] == profile_max
+    io = {t["name"]: t for t in m["io"]}
+    assert io[input_name]["mode"] == "input" and io[input_name]["dtype"] == "float32"
+    assert io[input_name]["shape"][0] == -1
+    outputs = [t for t in m["io"] if t["mode"] == "output"]
+    assert outputs and all(t["dtype"] == out_dtype for t in outputs)
+    assert m["precision"]["mode"] == precision
+    assert m["parts"]["backend"] == {"name": "tensorrt-rtx", "version": m["backend_version"]}
+    parity = json.loads((outcome.engine.parent / "parity.json").read_text())
+    assert parity["checked"] and parity["passed"], parity.get("failures")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_yolo_engine_with_dynamic_profile(cache, precision):
+    outcome = build(cache, "yolo12n", profiles=[YOLO_PROFILE], precision=precision)
+    assert_manifest(outcome, precision=precision, input_name="images", profile_min=[1, 3, 320, 320],
+                    profile_max=[4, 3, 320, 320])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_depth_engine_with_dynamic_hw_profile(cache, precision):
+    outcome = build(cache, "depth", profiles=[DEPTH_PROFILE], precision=precision)
+    assert_manifest(outcome, precision=precision, input_name="pixel_values", profile_min=[1, 3, 224, 224],
+                    profile_max=[2, 3, 392, 392])
+    # one dynamic-H/W ONNX serves every profile: the export entry is shared with other profiles
+    other = build(cache, "depth", profiles=["1x3x518x518"], precision=precision)
+    assert other.artifacts[0].entry.key == outcome.artifacts[0].entry.key
+
+
+def test_several_profiles_and_target_list(cache):
+    outcome = build(cache, "yolo12n", profiles=["1x3x320x320", "2x3x320x320:4x3x320x320:8x3x320x320"],
+                    target_cc="8.9,8.6")
+    assert len(outcome.manifest["profiles"]) == 2
+    assert outcome.manifest["targets"] == ["8.6", "8.9"]
+
+
+def test_onnx_file_input_and_profile_checks(cache, tmp_path, yolo_export):
+    from enginekit.errors import UsageError
+
+    onnx_file = yolo_export.output  # the fp16 graph, fixed 640x640, dynamic batch
+    outcome = build(cache, str(onnx_file), profiles=["1x3x640x640:2x3x640x640:4x3x640x640"], random_init=False)
+    assert outcome.manifest["io"][0]["name"] == "images"
+    with pytest.raises(UsageError, match="ONNX fixes it at 640"):
+        build(cache, str(onnx_file), profiles=["1x3x320x320"], random_init=False)
+    with pytest.raises(UsageError, match="rank"):
+        build(cache, str(onnx_file), profiles=["1x640x640"], random_init=False)
+    with pytest.raises(UsageError, match="dynamic inputs"):
+        build(cache, str(onnx_file), random_init=False)
+
+
+def test_engine_reports_it_cannot_run_here(cache):
+    from enginekit.trt.backends import resolve_backend
+    from enginekit.trt.builder import can_run_here
+
+    outcome = build(cache, "yolo12n", profiles=["1x3x320x320"])
+    ok, reason = can_run_here(resolve_backend("tensorrt-rtx"), outcome.manifest, gpu=None)
+    assert not ok and "no GPU" in reason and "1.7" in reason
+    other_version = dict(outcome.manifest, backend_version="1.6.0.1")
+    from enginekit.trt.backends import GpuInfo
+
+    ok, reason = can_run_here(resolve_backend("tensorrt-rtx"), other_version, gpu=GpuInfo("RTX 4090", "8.9"))
+    assert not ok and "1.6.0.1" in reason and "rebuild" in reason
+
+
+# -- the CLI: cache hits, concurrency, kills, corruption --------------------------------
+
+def cli_env(root):
+    return {"ENGINEKIT_CACHE": str(root)}
+
+
+def test_second_build_is_a_cache_hit_without_loading_anything(run_cli, tmp_path):
+    env = cli_env(tmp_path / "cache")
+    args = ["build", "yolo12n", "--random-init", "--precision", "fp16", "--profile", "1x3x256x256:2x3x256x256:4x3x256x256"]
+    first = run_cli(*args, env=env)
+    assert first.code == 0, first.stderr
+    second = run_cli(*args, env=env)
+    assert second.code == 0, second.stderr
+    assert second.stdout.strip() == first.stdout.strip()
+    assert second.stdout.strip().endswith("engine.plan")
+    assert "built" not in second.stderr and "load yolo12n" not in second.stderr
+    assert second.stderr.count("cached") == 4  # export, simplify, fp16, engine
+
+
+def test_explain_names_the_changed_part(run_cli, tmp_path):
+    env = cli_env(tmp_path / "cache")
+    base = ["build", "yolo12n", "--random-init", "--profile", "1x3x256x256", "--no-verify"]
+    assert run_cli(*base, env=env).code == 0
+    r = run_cli(*base[:-3], "--profile", "2x3x256x256", "--no-verify", "--explain", env=env)
+    assert r.code == 0
+    assert "explain onnx-export: hit" in r.stderr
+    assert "explain engine: miss: differs from entry" in r.stderr and "profiles" in r.stderr
+
+
+def test_two_concurrent_builds_build_once(tmp_path):
+    env = dict(os.environ, ENGINEKIT_CACHE=str(tmp_path / "cache"), COLUMNS="200")
+    args = [sys.executable, "-m", "enginekit", "build", "yolo12n", "--random-init", "--profile", "1x3x256x256",
+            "--no-verify"]
+    procs = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    paths = {out.strip() for out, _ in results}
+    assert len(paths) == 1
+    engine_lines = [line for _, err in results for line in err.splitlines() if "✓ engine" in line]
+    assert sorted("built" in line for line in engine_lines) == [False, True], engine_lines
+
+
+@pytest.mark.parametrize("delay", [0.5, 3.0, 6.0])
+def test_sigkill_leaves_no_valid_half_entry(tmp_path, delay):
+    from enginekit.cache import Cache
+
+    root = tmp_path / "cache"
+    env = dict(os.environ, ENGINEKIT_CACHE=str(root))
+    args = [sys.executable, "-m", "enginekit", "build", "yolo12n", "--random-init", "--profile", "1x3x256x256",
+            "--no-verify"]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    time.sleep(delay)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    cache = Cache(root)
+    for info in cache.ls():
+        assert info.valid, info  # complete entries only: half-built ones were never published
+        assert (root / info.kind / info.key / "manifest.json").is_file()
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert all(info.valid for info in cache.ls())
+
+
+def test_corrupt_engine_is_reported_and_rebuilt(run_cli, tmp_path):
+    env = cli_env(tmp_path / "cache")
+    args = ["build", "yolo12n", "--random-init", "--profile", "1x3x256x256", "--no-verify"]
+    first = run_cli(*args, env=env)
+    plan = first.stdout.strip()
+    with open(plan, "r+b") as f:
+        f.truncate(1000)
+    second = run_cli(*args, env=env)
+    assert second.code == 0
+    assert "corrupt" in second.stderr
+    assert os.path.getsize(plan) > 1000
+    ls = run_cli("cache", "ls", env=env)
+    assert "corrupt (" not in ls.stdout and "valid" in ls.stdout
+
+
+def test_cache_verbs(run_cli, tmp_path):
+    env = cli_env(tmp_path / "cache")
+    plan = run_cli("build", "yolo12n", "--random-init", "--profile", "1x3x256x256", "--no-verify", env=env).stdout.strip()
+    key = plan.split("/")[-2]
+    assert run_cli("cache", "path", key[:10], env=env).stdout.strip() == plan
+    shown = json.loads(run_cli("cache", "show", key[:10], env=env).stdout)
+    assert shown["key"] == key and shown["kind"] == "engine"
+    assert_one_line_error(run_cli("cache", "show", "abcdef123", env=env), 2, "abcdef123")
+    gc = run_cli("cache", "gc", "--max-size", "1K", env=env)
+    assert gc.code == 0 and "removed 3 entries" in gc.stderr
+    assert_one_line_error(run_cli("cache", "gc", "--max-size", "lots", env=env), 2, "lots")
+    assert run_cli("cache", "purge", env=env).code == 0
+
+
+@pytest.mark.parametrize(
+    "args,code,needles",
+    [
+        (["build", "yolo12n", "--random-init", "--profile", "1x3x384"], 2, ["rank 3"]),
+        (["build", "yolo12n", "--random-init", "--profile", "8x3x640x640:4x3x640x640:1x3x640x640"], 2, ["min <= opt <= max"]),
+        (["build", "yolo12n", "--random-init", "--profile", "1x3xHxW"], 2, ["malformed"]),
+        (["build", "depth", "--random-init", "--profile", "1x3x384x384"], 2, ["not a multiple of 14", "378", "392"]),
+        (["build", "yolo12n", "--random-init", "--profile", "1x3x320x320:1x3x640x640:1x3x640x640"], 2, ["fixed H/W"]),
+        (["build", "yolo12n", "--random-init", "--backend", "trt"], 2, ["unknown backend"]),
+        (["build", "yolo12n", "--random-init", "--backend", "tensorrt"], 3, ["pip install"]),
+        (["build", "yolo12n", "--random-init", "--target-cc", "9.0"], 2, ["9.0"]),
+        (["build", "yolo12n", "--random-init", "--precision", "int4"], 2, ["unknown precision"]),
+        (["build", "missing.onnx"], 2, ["not found"]),
+    ],
+)
+def test_build_bad_inputs(run_cli, tmp_path, args, code, needles):
+    r = run_cli(*args, env=cli_env(tmp_path / "cache"))
+    assert_one_line_error(r, code, *needles)
+    assert not (tmp_path / "cache" / "engine").exists()

@@ -33,3 +33,34 @@ test: setup
 
 clean:
 	rm -rf $(OUT) .pytest_cache
+
+# --- recipes: every recipe built and verified; incremental through the engine cache ----------
+# One build and one verify job per recipe, so `make -j` spreads recipes over cores; the cache
+# locks each entry it writes, so jobs never build the same thing twice.
+# Narrow it: make nightly RECIPE_NAMES="yolo12n depth-anything-v2-small"
+RECIPE_DIR   ?= recipes
+RECIPE_NAMES ?= $(basename $(notdir $(wildcard $(RECIPE_DIR)/*.yaml)))
+REPORTS      ?= reports
+ENGINE_JOBS  := $(addprefix engine-,$(RECIPE_NAMES))
+VERIFY_JOBS  := $(addprefix verify-,$(RECIPE_NAMES))
+
+.PHONY: nightly engines verify clean-cache $(ENGINE_JOBS) $(VERIFY_JOBS)
+
+# Build and verify every recipe, reports under $(REPORTS)/<recipe>/. -k: every recipe gets its
+# report even when another fails its gate; the exit status still says one did.
+nightly: setup
+	$(MAKE) --no-print-directory -k verify; status=$$?; echo "reports: $(REPORTS)/<recipe>/"; exit $$status
+
+engines: $(ENGINE_JOBS)
+
+verify: $(VERIFY_JOBS)
+
+$(ENGINE_JOBS): engine-%: setup
+	$(BIN)/enginekit build $(RECIPE_DIR)/$*.yaml
+
+$(VERIFY_JOBS): verify-%: engine-%
+	$(BIN)/enginekit verify $(RECIPE_DIR)/$*.yaml --report $(REPORTS)/$*/
+
+# Empty the engine cache (entries another process is writing are kept).
+clean-cache:
+	@if [ -x $(BIN)/enginekit ]; then $(BIN)/enginekit cache purge; else echo "no $(BIN)/enginekit: nothing to purge"; fi

@@ -209,7 +209,7 @@ def build(
         parts = engine_key_parts(source.sha256, recipe, bound, be, resolve_targets(be, options.target_cc, gpu),
                                  gpu, options)
         _explain_stage(pipe, "engine", parts)
-    entry, status = pipe.engine(source, bound, be, options, recipe, verify_fn)
+    entry, status = pipe.engine(source, bound, be, options, recipe, verify_fn, chain)
     return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
 
 
@@ -298,3 +298,230 @@ def _engine_source_parity(pipe, precision: str, shape):
                 "failures": result.failures(), "summary": summary, "report": result.to_json()}
 
     return check
+
+
+@dataclass
+class VerifyOutcome:
+    reports: list  # verify.gate.VerifyReport
+    files: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.reports) and all(r.passed for r in self.reports)
+
+    @property
+    def engine_ran(self) -> bool:
+        return all(r.engine_ran for r in self.reports)
+
+
+def verify(
+    target: str | None = None,
+    *,
+    precision: str | None = None,
+    images: Path | None = None,
+    image_count: int = 4,
+    report_dir: Path | None = None,
+    junit: Path | None = None,
+    tolerances: list[str] | tuple[str, ...] = (),
+    reference: Path | None = None,
+    model: str | None = None,
+    require_engine: bool = False,
+    build_options: dict | None = None,
+    cache=None,
+    quiet: bool = False,
+) -> VerifyOutcome:
+    """Check engines and their ONNX artifacts against the PyTorch reference.
+
+    ``target``: None (every engine in the cache), a cache key (prefix), a model name (built or
+    found with ``build_options``), or an ONNX file with ``reference`` (its PyTorch checkpoint).
+    """
+    from enginekit.cache import Cache
+    from enginekit.calibration import CalibrationData
+    from enginekit.verify.gate import parse_overrides
+
+    cache = cache or Cache()
+    overrides = parse_overrides(list(tolerances))
+    data = CalibrationData(Path(images) if images else None, count=image_count)
+    data.image_paths  # noqa: B018 - refuse a missing or empty folder before any work
+
+    if target is not None and (target.endswith(".onnx") or reference is not None):
+        reports = [_verify_onnx_file(Path(target), reference, model, data, overrides, cache, quiet)]
+    else:
+        entries = _entries_to_verify(target, precision, build_options or {}, cache, quiet)
+        reports = [_verify_entry(e, data, overrides, cache, quiet, report_dir) for e in entries]
+    outcome = VerifyOutcome(reports)
+    _write_reports(outcome, report_dir, junit)
+    if require_engine and not outcome.engine_ran:
+        from enginekit.errors import CapabilityError
+
+        reasons = {a.reason for r in reports for a in r.artifacts if a.kind == "engine" and not a.ran}
+        raise CapabilityError("--require-engine: the engine could not run here: " + "; ".join(sorted(reasons)))
+    return outcome
+
+
+def _entries_to_verify(target, precision, build_options, cache, quiet) -> list:
+    import re
+
+    if target is None:
+        entries = [cache.lookup(i.kind, i.key).entry for i in cache.ls() if i.kind == "engine" and i.valid]
+        entries = [e for e in entries if e is not None and e.manifest.get("model_request")]
+        if not entries:
+            raise UsageError("no engines in the cache to verify: build one first (enginekit build MODEL)")
+        return entries
+    if re.fullmatch(r"[0-9a-f]{6,64}", target):
+        entry = cache.resolve(target)
+        if entry.kind != "engine":
+            raise UsageError(f"cache entry {target} is a {entry.kind}, not an engine")
+        return [entry]
+    outcome = build(target, precision=precision or "fp32", cache=cache, quiet=quiet, **build_options)
+    return [outcome.entry]
+
+
+def _verify_entry(entry, data, overrides, cache, quiet, report_dir):
+    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.verify.gate import STAGE_PRECISION, Gates, VerifyReport, check_candidate, onnx_runner, skipped
+    from enginekit.verify.references import get_references
+
+    m = entry.manifest
+    if not m.get("model_request"):
+        raise UsageError(f"engine {entry.key[:12]} was built from an ONNX file with no PyTorch model to compare "
+                         "against: verify that file with --reference CHECKPOINT")
+    request = ModelRequest.from_json(m["model_request"])
+    pipe = Pipeline(request, cache, quiet=quiet)
+    precision = m["precision"]["mode"]
+    refs = get_references(pipe, m["profiles"], data)
+    gates = Gates(pipe.adapter, overrides)
+    report = VerifyReport(pipe.subject, entry.key, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
+    metadata: dict[str, str] = {}
+    for link in m.get("chain", []):
+        name = f"onnx-{link['stage']}"
+        found = cache.lookup(link["kind"], link["key"]) if "kind" in link else None
+        stage_precision = STAGE_PRECISION.get(link["stage"]) or precision
+        if found is None or found.entry is None:
+            report.artifacts.append(skipped(name, "onnx", stage_precision, "not in the cache any more (removed by gc?)"))
+            continue
+        path = found.entry.file("model.onnx")
+        if not metadata:
+            metadata = _onnx_metadata(path)
+        with _step(f"verify {name}", quiet) as s:
+            art = check_candidate(name, "onnx", stage_precision, onnx_runner(path), refs, gates, pipe.adapter, metadata)
+            s.status = "[green]pass[/]" if art.passed else "[red]FAIL[/]"
+        report.artifacts.append(art)
+    report.artifacts.append(_verify_engine(entry, pipe, refs, gates, metadata, precision, quiet))
+    if report_dir is not None:
+        _pictures(report, refs, entry, cache, pipe.adapter, metadata, Path(report_dir))
+    return report
+
+
+def _verify_engine(entry, pipe, refs, gates, metadata, precision, quiet):
+    from enginekit.trt.backends import resolve_backend
+    from enginekit.trt.builder import can_run_here
+    from enginekit.verify.gate import check_candidate, skipped
+
+    m = entry.manifest
+    family = "tensorrt-rtx" if m["backend"] == "tensorrt-rtx" else "tensorrt"
+    try:
+        backend = resolve_backend(family)
+    except Exception:  # noqa: BLE001 - not installed: can_run_here says so
+        backend = None
+    ok, reason = can_run_here(backend, m)
+    if not ok:
+        return skipped("engine", "engine", precision, f"{reason}; its source graph was checked instead")
+    from enginekit.trt.runner import engine_runner
+
+    with engine_runner(entry.file("engine.plan"), backend, m["profiles"], pipe.adapter.input_name) as run:
+        with _step("verify engine", quiet) as s:
+            art = check_candidate("engine", "engine", precision, run, refs, gates, pipe.adapter, metadata)
+            s.status = "[green]pass[/]" if art.passed else "[red]FAIL[/]"
+    return art
+
+
+def _verify_onnx_file(path, reference, model, data, overrides, cache, quiet):
+    """Any ONNX against its PyTorch checkpoint (enginekit-written ONNX names its family)."""
+    from enginekit.onnx.graph import input_dims, load_model, output_names
+    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.verify.gate import Gates, VerifyReport, check_candidate, onnx_runner
+    from enginekit.verify.references import get_references
+
+    if reference is None:
+        raise UsageError("verify of an ONNX file needs --reference CHECKPOINT (its PyTorch weights)")
+    onnx_model = load_model(path)
+    metadata = _onnx_metadata(path)
+    name = model or metadata.get("model")
+    if not name:
+        raise UsageError(f"{path.name} does not say which model it is: pass --model NAME (yolo12n, depth, ...)")
+    request = ModelRequest(name, Path(reference), False, 0)
+    adapter = request.adapter
+    dims = input_dims(onnx_model)
+    outs = output_names(onnx_model)
+    if list(dims) != [adapter.input_name] or list(outs) != list(adapter.output_names):
+        raise UsageError(
+            f"{path.name} (inputs {', '.join(dims)}; outputs {', '.join(outs)}) does not match {adapter.variant} "
+            f"(input {adapter.input_name}; outputs {', '.join(adapter.output_names)})"
+        )
+    shape = [d if isinstance(d, int) and d > 0 else None for d in dims[adapter.input_name]]
+    default = adapter.default_input
+    opt = tuple(s if s is not None else default[i] for i, s in enumerate(shape))
+    opt = (1, *opt[1:])
+    profile = {adapter.input_name: {"min": list(opt), "opt": list(opt), "max": list(opt)}}
+    pipe = Pipeline(request, cache, quiet=quiet)
+    refs = get_references(pipe, [profile], data)
+    precision = metadata.get("precision", "fp32")
+    report = VerifyReport(adapter.variant, None, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
+    try:
+        art = check_candidate(path.name, "onnx", precision, onnx_runner(path), refs, Gates(adapter, overrides),
+                              adapter, metadata)
+    except (KeyError, ValueError) as exc:
+        raise UsageError(f"{path.name} does not compute {adapter.variant}'s outputs: {exc}") from None
+    report.artifacts.append(art)
+    return report
+
+
+def _onnx_metadata(path: Path) -> dict[str, str]:
+    import onnx
+
+    from enginekit.onnx.graph import get_metadata
+
+    return get_metadata(onnx.load(str(path), load_external_data=False))
+
+
+def _step(label: str, quiet: bool):
+    from enginekit.ui import step
+
+    return step(label, quiet=quiet)
+
+
+def _pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -> None:
+    """One picture per checked artifact on the first photograph."""
+    from enginekit.verify.gate import onnx_runner
+    from enginekit.verify.pictures import depth_error_heatmap, detection_overlay
+
+    photo = next((c for c in refs.cases if c.kind == "photo"), None)
+    if photo is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    by_name = {f"onnx-{link['stage']}": link for link in entry.manifest.get("chain", []) if "kind" in link}
+    for art in report.artifacts:
+        if not art.ran or art.kind != "onnx" or art.name not in by_name:
+            continue
+        link = by_name[art.name]
+        got = onnx_runner(cache.lookup(link["kind"], link["key"]).entry.file("model.onnx"))(photo.feed)
+        stem = f"{report.subject}-{report.precision}-{art.name}"
+        if adapter.family == "yolo":
+            path = detection_overlay(photo.feed[adapter.input_name][0], photo.outputs["output0"], got["output0"],
+                                     folder / f"{stem}-detections.png", end2end=metadata.get("end2end") == "True")
+        else:
+            path = depth_error_heatmap(photo.outputs["depth"], got["depth"], folder / f"{stem}-depth-error.png")
+        art.pictures.append(str(path))
+
+
+def _write_reports(outcome: VerifyOutcome, report_dir: Path | None, junit: Path | None) -> None:
+    from enginekit.verify.report import write_json, write_junit, write_markdown
+
+    if report_dir is not None:
+        folder = Path(report_dir)
+        outcome.files["json"] = write_json(outcome.reports, folder / "report.json")
+        outcome.files["markdown"] = write_markdown(outcome.reports, folder / "summary.md")
+        outcome.files["junit"] = write_junit(outcome.reports, Path(junit) if junit else folder / "junit.xml")
+    elif junit is not None:
+        outcome.files["junit"] = write_junit(outcome.reports, Path(junit))

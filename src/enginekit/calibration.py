@@ -26,7 +26,8 @@ ARRAY_SUFFIXES = {".npy", ".npz"}
 class CalibrationData:
     source: Path | None = None  # image folder, .npy/.npz file, or None: embedded photographs
     count: int = 8
-    skipped: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "name: reason" of unreadable files
+    used_paths: list[Path] = field(default_factory=list)  # images in the last batch, in order
 
     def __post_init__(self) -> None:
         if self.count <= 0:
@@ -81,12 +82,14 @@ class CalibrationData:
         if self.is_array:
             return self._array_batch(shape)
         arrays = []
+        self.skipped, self.used_paths = [], []
         for p in self.image_paths:
             img = read_rgb(p)
             if img is None:
                 self.skipped.append(f"{p.name}: not a readable image")
                 continue
             arrays.append(adapter.preprocess(img, (shape[2], shape[3])))
+            self.used_paths.append(p)
         if not arrays:
             raise UsageError(f"no readable images in {self.source or 'the embedded set'} ({len(self.skipped)} broken)")
         return np.concatenate(arrays).astype(np.float32)

@@ -69,6 +69,11 @@ class Artifact:
     def manifest(self) -> dict:
         return self.entry.manifest if self.entry is not None else {}
 
+    def to_json(self) -> dict:
+        if self.entry is None:
+            return {"stage": self.stage, "path": str(self.path), "sha256": self.sha256}
+        return {"stage": self.stage, "kind": self.entry.kind, "key": self.entry.key, "sha256": self.sha256}
+
 
 @dataclass
 class ModelRequest:
@@ -102,6 +107,16 @@ class ModelRequest:
     @property
     def subject(self) -> str:
         return self.adapter.variant
+
+    def to_json(self) -> dict:
+        """How to load this model again (paths are fine here: this is no cache key)."""
+        return {"name": self.name, "weights": str(self.weights.resolve()) if self.weights else None,
+                "random_init": self.random_init, "seed": self.seed, "identity": self.weights_identity}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ModelRequest":
+        weights = Path(data["weights"]) if data.get("weights") else None
+        return cls(data["name"], weights, bool(data.get("random_init")), int(data.get("seed", 0)))
 
 
 class Pipeline:
@@ -223,7 +238,7 @@ class Pipeline:
                 source.path, tmp / ONNX_FILE,
                 None if found is not None else self._calibration_batch(data, shape),
                 input_name or _single_input(source.path),
-                method=method, exclude_nodes=excludes, calibration_cache=found,
+                method=method, exclude_nodes=excludes, calibration_cache=found, input_shape=shape,
                 write_cache=tmp / CALIB_FILE if found is None else None,
             )
             if found is None:
@@ -268,7 +283,7 @@ class Pipeline:
         self.cache.get_or_create("calibration", parts, produce, subject=self.subject)
 
     def engine(self, source: Artifact, profiles: list, backend, options, precision: dict,
-               verify=None) -> tuple[Entry, str]:
+               verify=None, chain: list[Artifact] | None = None) -> tuple[Entry, str]:
         """Build (or find) the engine of ``source``: cache entry with engine.plan, manifest, parity.json.
 
         ``verify(onnx_path) -> dict`` computes the parity summary of the exact graph the engine
@@ -299,6 +314,9 @@ class Pipeline:
                 "versions": {name: package_version(name) for name in
                              ("enginekit", "torch", "onnx", "onnxruntime-gpu", "nvidia-modelopt", "tensorrt", "tensorrt-rtx")},
                 "parity": {"passed": parity.get("passed"), "summary": parity.get("summary")},
+                # what verify needs to rebuild the reference and find every ONNX artifact
+                "model_request": self.request.to_json() if self.request is not None else None,
+                "chain": [a.to_json() for a in (chain or [source])],
             }
 
         with step("engine", quiet=self.quiet) as s:

@@ -34,9 +34,9 @@ def _root(
 
 
 def _register() -> None:
-    from enginekit.cli import build, cache, export, models, simplify
+    from enginekit.cli import bench, build, cache, doctor, export, models, recipes, simplify, verify
 
-    for module in (models, export, simplify, build, cache):
+    for module in (models, export, simplify, build, cache, verify, bench, doctor, recipes):
         module.register(app)
 
 

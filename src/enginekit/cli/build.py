@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
     @app.command("build")
     @handles_errors
     def build_cmd(
-        target: Annotated[str, typer.Argument(help="Model name (yolo12n, depth, ...) or an ONNX file.")],
+        target: Annotated[str, typer.Argument(help="Model name (yolo12n, depth, ...), an ONNX file, or a recipe .yaml (flags override it).")],
         profile: Annotated[Optional[list[str]], typer.Option("--profile", "-p", help="NxCxHxW or min:opt:max (name=... for several inputs); repeat for several optimization profiles.")] = None,
         precision: Annotated[str, typer.Option("--precision", help="fp32, fp16 (ModelOpt AutoCast) or int8 (ModelOpt Q/DQ).")] = "fp32",
         backend: Annotated[str, typer.Option("--backend", help="auto, tensorrt or tensorrt-rtx.")] = "auto",
@@ -48,6 +48,10 @@ def register(app: typer.Typer) -> None:
 
           enginekit build yolo12n --random-init --backend tensorrt-rtx --target-cc 8.6,8.9,12.0
         """
+        if target.endswith((".yaml", ".yml")):  # a recipe: every precision x target set in it
+            from enginekit.cli.recipes import build_recipe_cmd
+
+            return build_recipe_cmd(target, locals())
         from enginekit import api
 
         quiet_third_party()

@@ -101,6 +101,14 @@ class ModelAdapter:
     def tolerance(self, precision: str) -> Tolerance:
         raise NotImplementedError
 
+    #: per precision: task metric -> (">=" or "<=", limit); the reference's predictions are truth
+    task_gates: dict[str, dict[str, tuple[str, float]]] = {}
+
+    def task_metrics(self, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
+                     metadata: dict[str, str]) -> dict[str, float]:
+        """Task metrics of a candidate's outputs against the reference's, on real photographs."""
+        raise NotImplementedError
+
     # -- loading ------------------------------------------------------------------------
     def load(self, weights: Path | None, *, random_init: bool, seed: int) -> LoadedModel:
         raise NotImplementedError

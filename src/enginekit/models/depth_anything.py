@@ -219,6 +219,17 @@ class DepthAnythingAdapter(ModelAdapter):
         "normalised with ImageNet mean (0.485,0.456,0.406) and std (0.229,0.224,0.225)"
     )
 
+    task_gates = {
+        "fp32": {"abs_rel": ("<=", 1e-3), "delta1": (">=", 0.999)},
+        "fp16": {"abs_rel": ("<=", 0.02), "delta1": (">=", 0.98)},
+        "int8": {"abs_rel": ("<=", 0.15), "delta1": (">=", 0.8)},
+    }
+
+    def task_metrics(self, reference, candidate, metadata):
+        from enginekit.verify.tasks import depth_metrics
+
+        return depth_metrics(reference["depth"], candidate["depth"])
+
     @property
     def size(self) -> str:
         return self.variant.rsplit("-", 1)[-1]

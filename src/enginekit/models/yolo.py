@@ -83,6 +83,18 @@ class YoloAdapter(ModelAdapter):
     # cv3.1, ...), which tells them from the cv1/cv2 convolutions of C2f blocks.
     int8_exclude = (r"/model\.\d+/(one2one_)?cv[23]\.\d+/.*", r"/model\.\d+/(one2one_)?dfl/.*")
 
+    task_gates = {
+        "fp32": {"recall": (">=", 0.99), "precision": (">=", 0.99), "map50": (">=", 0.98)},
+        "fp16": {"recall": (">=", 0.9), "precision": (">=", 0.9), "map50": (">=", 0.85)},
+        "int8": {"recall": (">=", 0.5), "precision": (">=", 0.5), "map50": (">=", 0.4)},
+    }
+
+    def task_metrics(self, reference, candidate, metadata):
+        from enginekit.verify.tasks import detection_metrics
+
+        end2end = metadata.get("end2end") == "True"
+        return detection_metrics(reference["output0"], candidate["output0"], end2end=end2end)
+
     @classmethod
     def matches(cls, name: str) -> bool:
         return architecture_yaml(name) is not None

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginekit.errors import UsageError
+from enginekit.errors import CapabilityError, UsageError
 from enginekit.onnx.graph import get_metadata, input_dims, load_model, save_model, set_metadata
 
 # What ModelOpt calibrates INT8 with: histogram entropy (TensorRT's EntropyCalibration2 idea)
@@ -85,7 +85,7 @@ def write_calibration_cache(path: Path, scales: dict[str, float], header: str) -
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="ascii", newline="\n") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write("\n".join(lines) + "\n")
         os.replace(tmp, path)
     except BaseException:
@@ -104,13 +104,14 @@ def _read_cache(path: Path) -> tuple[str, dict[str, float]]:
     if not path.is_file():
         raise UsageError(f"calibration cache not found: {path}")
     try:
-        lines = path.read_text(encoding="ascii").splitlines()
+        lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not a text file"
         raise UsageError(f"cannot read calibration cache {path}: {reason}") from None
     header = _HEADER.match(lines[0].strip()) if lines else None
     if header is None:
-        raise UsageError(f"{path} is not a calibration cache: the first line should read like {cache_header('entropy')}")
+        example = cache_header("entropy")
+        raise UsageError(f"{path} is not a calibration cache: its first line should read like {example}")
     scales = {}
     for number, line in enumerate(lines[1:], start=2):
         if line.strip():
@@ -124,10 +125,11 @@ def _read_cache(path: Path) -> tuple[str, dict[str, float]]:
 def _parse_entry(line: str, path: Path, number: int) -> tuple[str, float]:
     entry = _ENTRY.match(line)
     if entry is None:
-        raise UsageError(f"calibration cache {path}, line {number}: expected 'tensor: <8 hex digits>', got {line[:60]!r}")
+        raise UsageError(f"calibration cache {path}, line {number}: expected 'tensor: <8 hex digits>', "
+                         f"got {line[:60]!r}")
     scale = struct.unpack(">f", bytes.fromhex(entry["hex"]))[0]
     if not (math.isfinite(scale) and scale > 0):
-        raise UsageError(f"calibration cache {path}, line {number}: scale of {entry['name']!r} is {scale}, not positive")
+        raise UsageError(f"calibration cache {path}, line {number}: the scale of {entry['name']!r} is {scale}")
     return entry["name"], scale
 
 
@@ -211,8 +213,9 @@ class _FromCache:
         self.cache, self.path = cache, path
         self.scales: dict[str, float] = {}
 
-    def calibrator(self, make_real: Callable, model_path, nodes_to_calibrate, *args, **kwargs):
-        needed = _tensors_to_calibrate(Path(model_path), nodes_to_calibrate)
+    def calibrator(self, make_real: Callable, model, op_types_to_calibrate=None, **kwargs):
+        # ModelOpt passes the nodes to quantize where ORT's factory takes op types.
+        needed = _tensors_to_calibrate(Path(model), op_types_to_calibrate or [])
         missing = sorted(needed - self.cache.keys())
         if missing:
             raise UsageError(
@@ -256,7 +259,9 @@ def _calibrator_from(source) -> Iterator[None]:
     from modelopt.onnx.quantization import int8 as modelopt_int8
     from onnxruntime.quantization import calibrate as ort_calibrate
 
-    original = modelopt_int8.quantize_static
+    original = getattr(modelopt_int8, "quantize_static", None)
+    if original is None or not hasattr(ort_calibrate, "create_calibrator"):
+        raise CapabilityError("this nvidia-modelopt quantizes INT8 in a way enginekit does not know")
 
     def quantize_static(*args, **kwargs):
         make_real = ort_calibrate.create_calibrator
@@ -392,7 +397,7 @@ def quantize_int8(
     quantized = _run_modelopt(src, feed, input_name, method, list(exclude_nodes), high_precision, source)
     n_qdq = sum(n.op_type == "QuantizeLinear" for n in quantized.graph.node)
     if n_qdq == 0 or not source.scales:
-        raise UsageError(f"nothing in {src} was quantized: the exclude patterns or ModelOpt's rules leave no INT8 node")
+        raise UsageError(f"nothing in {src} was quantized: the exclude patterns and ModelOpt's rules leave no node")
     _finish(quantized, model, method, exclude_nodes, probe, out)
     if write_cache is not None:
         write_calibration_cache(Path(write_cache), source.scales, cache_header(method))

@@ -1,0 +1,165 @@
+"""enginekit recipes ls|show, enginekit matrix, and `enginekit build RECIPE.yaml`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from enginekit.cli.common import handles_errors, quiet_third_party
+from enginekit.errors import UsageError
+
+# build's CLI parameter -> api.build keyword, for flags that override a recipe
+_FLAG_TO_KWARG = {"profile": "profiles"}
+_NOT_OVERRIDES = ("target",)
+
+
+def register(app: typer.Typer) -> None:
+    recipes_app = typer.Typer(help="Recipe files: a model configuration (shapes, precisions, targets) to build.",
+                              no_args_is_help=True)
+    app.add_typer(recipes_app, name="recipes")
+
+    @recipes_app.command("ls")
+    @handles_errors
+    def ls_cmd() -> None:
+        """List shipped recipes (enginekit's recipes/) and local ones (./recipes/).
+
+        Example: [bold]enginekit recipes ls[/]
+        """
+        list_recipes_table()
+
+    @recipes_app.command("show")
+    @handles_errors
+    def show_cmd(
+        recipe: Annotated[str, typer.Argument(help="A recipe name (yolo12n) or a .yaml path.")],
+    ) -> None:
+        """Print the resolved recipe as YAML, every default filled in (itself a valid recipe).
+
+        Example: [bold]enginekit recipes show yolo12n[/]
+        """
+        from enginekit.ui import emit
+
+        emit(resolved_yaml(recipe))
+
+    @app.command("matrix")
+    @handles_errors
+    def matrix_cmd(
+        paths: Annotated[Optional[list[str]], typer.Argument(help="Recipe files, folders or names (default: every recipe `recipes ls` lists).")] = None,
+        fmt: Annotated[str, typer.Option("--format", help="github: {\"include\": [...]} for strategy.matrix; json: a plain list.")] = "json",
+    ) -> None:
+        """Print the CI job matrix: one job per (recipe, precision, target set), as one line of JSON.
+
+        Each job has recipe, name, precision and targets; run it with
+        enginekit build RECIPE --precision P --target-cc TARGETS, then enginekit verify RECIPE --precision P.
+
+        Example: [bold]echo "matrix=$(enginekit matrix recipes/ --format github)" >> $GITHUB_OUTPUT[/]
+        """
+        from enginekit.recipes import matrix_jobs
+        from enginekit.ui import emit
+
+        if fmt not in ("github", "json"):
+            raise UsageError(f"unknown --format {fmt!r}: choose github or json")
+        jobs = matrix_jobs(paths or [])
+        if not jobs:
+            raise UsageError("no recipes found: give recipe files or folders")
+        emit(json.dumps({"include": jobs} if fmt == "github" else jobs, separators=(",", ":")))
+
+
+def list_recipes_table() -> None:
+    """One row per recipe; an invalid one shows its one-line error instead of its contents."""
+    from rich.table import Table
+
+    from enginekit.recipes import display_path, list_recipes, load_recipe
+    from enginekit.ui import out
+
+    table = Table(title="recipes", title_justify="left")
+    for col in ("recipe", "from", "model", "profiles", "precisions", "targets", "file"):
+        table.add_column(col, overflow="fold")
+    for ref in list_recipes():
+        try:
+            r = load_recipe(ref.path)
+        except UsageError as exc:
+            table.add_row(ref.name, ref.origin, "[red]invalid[/]", str(exc), "", "", display_path(ref.path))
+            continue
+        resolved = r.resolved()
+        table.add_row(r.name, ref.origin, r.model.variant, "\n".join(resolved["profiles"]), ", ".join(r.precisions),
+                      "\n".join(resolved["targets"]), display_path(ref.path))
+    out.print(table)
+
+
+def resolved_yaml(name_or_path: str) -> str:
+    """The recipe as YAML with defaults filled in, under a comment naming its file."""
+    import yaml
+
+    from enginekit.recipes import display_path, load_recipe
+
+    r = load_recipe(name_or_path)
+    body = yaml.safe_dump(r.resolved(), sort_keys=False, default_flow_style=None, width=1000)
+    header = [f"# {r.name}: {display_path(r.path)}"]
+    excludes = r.adapter().int8_exclude
+    if "int8" in r.precisions and excludes:
+        header.append(f"# int8 also keeps the {r.adapter().family} family's defaults out of INT8: "
+                      + ", ".join(excludes))
+    return "\n".join(header) + "\n" + body.rstrip("\n")
+
+
+def given_flags(params: dict) -> dict:
+    """The build flags the user typed (not their defaults), as api.build keyword arguments."""
+    ctx = _click_context()
+    given = {}
+    for name, value in params.items():
+        if name in _NOT_OVERRIDES:
+            continue
+        source = ctx.get_parameter_source(name) if ctx is not None else None
+        if source is None or source.name == "DEFAULT":
+            continue
+        if name == "no_verify":
+            given["verify"] = not value
+        else:
+            given[_FLAG_TO_KWARG.get(name, name)] = value
+    return given
+
+
+def _click_context():
+    """The running command's context (Typer vendors its own click in recent versions)."""
+    import importlib
+
+    for module in ("typer._click.globals", "click.globals"):
+        try:
+            ctx = importlib.import_module(module).get_current_context(silent=True)
+        except ImportError:
+            continue
+        if ctx is not None:
+            return ctx
+    return None
+
+
+def build_recipe_cmd(target: str, params: dict) -> None:
+    """``enginekit build RECIPE.yaml``: every (precision, target set) of the recipe, one engine
+    path per line on stdout; flags given on the command line override the file."""
+    from enginekit.pipeline import copy_file_atomic
+    from enginekit.recipes import build_recipe, load_recipe
+    from enginekit.ui import console, emit
+
+    quiet_third_party()
+    overrides = given_flags(params)
+    output: Optional[Path] = overrides.pop("output", None)
+    recipe = load_recipe(target)
+    cells = recipe.cells(overrides)
+    if output is not None and len(cells) > 1:
+        raise UsageError(f"--output takes one engine, but {target} makes {len(cells)}: "
+                         "pick one with --precision (and --target-cc)")
+
+    def announce(r, cell, index, total):
+        console.print(f"[bold]{r.name}[/] {cell.precision} for {cell.targets_label}  [dim]({index}/{total})[/]")
+
+    outcomes = build_recipe(recipe, overrides, on_cell=announce)
+    for cell, outcome in zip(cells, outcomes):
+        if outcome.manifest.get("parity", {}).get("passed") is False:
+            console.print(f"[yellow]warning:[/] {recipe.name} {cell.precision}: the graph of this engine failed "
+                          "its parity check (see parity.json; `enginekit verify` gates on it)")
+        if output is not None:
+            copy_file_atomic(outcome.engine, output)
+        emit(str(output or outcome.engine))

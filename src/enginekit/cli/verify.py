@@ -1,0 +1,66 @@
+"""enginekit verify: the parity gate against the PyTorch reference (CI gate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from enginekit.cli.common import RandomInitOpt, SeedOpt, WeightsOpt, handles_errors, quiet_third_party
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("verify")
+    @handles_errors
+    def verify_cmd(
+        target: Annotated[Optional[str], typer.Argument(help="Nothing (every cached engine), a cache key, a model name, or an ONNX file.")] = None,
+        precision: Annotated[Optional[str], typer.Option("--precision", help="With a model name: fp32, fp16 or int8.")] = None,
+        profile: Annotated[Optional[list[str]], typer.Option("--profile", "-p", help="With a model name: the engine's profiles.")] = None,
+        images: Annotated[Optional[Path], typer.Option("--images", help="Folder of photographs (default: embedded).")] = None,
+        image_count: Annotated[int, typer.Option("--image-count", help="Photographs to use.")] = 4,
+        report: Annotated[Optional[Path], typer.Option("--report", help="Folder for report.json, summary.md, junit.xml and PNGs.")] = None,
+        junit: Annotated[Optional[Path], typer.Option("--junit", help="JUnit XML path (one test case per artifact x check).")] = None,
+        tol: Annotated[Optional[list[str]], typer.Option("--tol", help="Override a tolerance: rel_l2=1e-3, fp16.map50=0.9 (repeatable).")] = None,
+        reference: Annotated[Optional[Path], typer.Option("--reference", help="With an ONNX file: its PyTorch checkpoint.")] = None,
+        model: Annotated[Optional[str], typer.Option("--model", help="With an ONNX file that does not name its model.")] = None,
+        require_engine: Annotated[bool, typer.Option("--require-engine", help="Fail (exit 3) if the engine cannot run here (GPU CI).")] = False,
+        weights: WeightsOpt = None,
+        random_init: RandomInitOpt = False,
+        seed: SeedOpt = 0,
+    ) -> None:
+        """Check engines and every ONNX artifact they came from against the PyTorch model.
+
+        Per output: max/median/p99 abs and rel error, cosine, PSNR; per task: detections (precision,
+        recall, mAP50 against the reference) or depth (AbsRel, delta<1.25). Exit 0 pass, 1 a gate
+        failed, 2 bad input, 3 --require-engine and no engine could run.
+
+        Examples:
+
+          enginekit verify
+
+          enginekit verify yolo12n --random-init --precision int8
+
+          enginekit verify KEY --images data/val --report out/ --junit out/verify.xml
+
+          enginekit verify model.onnx --reference model.pt
+        """
+        from enginekit import api
+        from enginekit.cli.render import verify_table
+        from enginekit.errors import ParityError
+        from enginekit.ui import console
+
+        quiet_third_party()
+        build_options = {"profiles": profile or [], "weights": weights, "random_init": random_init, "seed": seed}
+        outcome = api.verify(target, precision=precision, images=images, image_count=image_count, report_dir=report,
+                             junit=junit, tolerances=tol or [], reference=reference, model=model,
+                             require_engine=require_engine, build_options=build_options)
+        for r in outcome.reports:
+            verify_table(r)
+            if r.skipped_images:
+                console.print(f"  [yellow]skipped images:[/] {'; '.join(r.skipped_images)}")
+        for kind, path in outcome.files.items():
+            console.print(f"  {kind}: {path}")
+        if not outcome.passed:
+            failed = [str(c) for r in outcome.reports for c in r.failures()]
+            raise ParityError(f"{len(failed)} check(s) failed: " + "; ".join(failed[:3]) + (" ..." if len(failed) > 3 else ""))

@@ -1,0 +1,663 @@
+"""Recipe files -> validated objects: which model, which shapes, precisions and targets to build.
+
+A recipe is a YAML file (schema: ``Recipe`` below). Loading it validates everything a build
+would refuse later, before any work starts, and names the file, line and key of the first
+problem in one line::
+
+    recipes/x.yaml:7: unknown key 'precisons' (did you mean precisions?)
+
+Every ``enginekit build`` flag has a recipe key; flags given on the command line override the
+file. Nothing here imports torch, onnx or tensorrt: validating a recipe is cheap.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from enginekit.errors import UsageError
+
+RECIPE_SUFFIXES = (".yaml", ".yml")
+RECIPE_PRECISIONS = ("fp32", "fp16", "int8")
+DEFAULT_TARGETS = "default"  # a target set meaning: this GPU, else the backend's portable set
+
+Precision = Literal["fp32", "fp16", "int8"]
+Loc = tuple[Union[str, int], ...]
+
+
+# --- schema ----------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    """Unknown keys are refused (a typo must never be silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Strict):
+    """Which network, with which weights."""
+
+    variant: str  # yolo12n, yolo11n, depth-anything-v2-small|base|large, depth
+    family: Optional[str] = None  # yolo | depth-anything-v2: checked against the variant, filled in
+    weights: Optional[str] = None  # local checkpoint, relative to the recipe file (--weights)
+    random_init: bool = False  # seeded random weights, no download: CI and offline use (--random-init)
+    seed: int = 0  # --seed
+    opset: int = Field(18, ge=7)  # ONNX opset of the export
+
+
+class Calibration(_Strict):
+    """INT8 post-training calibration (ignored by fp32 and fp16)."""
+
+    data: Optional[str] = None  # image folder or .npy/.npz; default: photographs in installed packages
+    count: int = Field(8, gt=0)  # --calib-count
+    method: str = "entropy"  # --calib-method
+    cache: Optional[str] = None  # --calib-cache: read if it exists, else written
+    exclude: list[str] = []  # --exclude: node-name regexes kept out of INT8 (on top of the family's)
+
+
+class ToleranceSpec(_Strict):
+    """Parity limits of one precision against the FP32 PyTorch reference."""
+
+    rel_l2: Optional[float] = Field(None, gt=0)
+    cosine: Optional[float] = Field(None, gt=0, le=1)  # minimum cosine similarity
+    task: dict[str, float] = {}  # task-metric limits (map50, recall, ... / abs_rel, delta1)
+
+
+class Verification(_Strict):
+    """How built engines are checked."""
+
+    images: Optional[str] = None  # photographs to verify on (verify --images); default: packaged ones
+    on_build: bool = True  # record a parity check in the manifest at build time (build --no-verify)
+    require_engine: bool = False  # fail when the engine cannot run here (verify --require-engine)
+    tolerances: dict[Precision, ToleranceSpec] = {}  # missing values take the family's defaults
+
+
+class Builder(_Strict):
+    """TensorRT builder options."""
+
+    workspace: Optional[str] = None  # --workspace, e.g. 4G
+    opt_level: Optional[int] = Field(None, ge=0, le=5)  # --opt-level
+
+
+class Recipe(_Strict):
+    """One model configuration: every (precision, target set) of it is one engine."""
+
+    description: str = ""
+    model: ModelSpec
+    input: Optional[str] = None  # the model's input tensor; filled in (and checked) from the family
+    # One TensorRT optimization profile each (--profile): NxCxHxW or min:opt:max.
+    profiles: list[str] = []
+    precisions: list[Precision] = ["fp32"]  # --precision
+    calibration: Calibration = Calibration()
+    verification: Verification = Verification()
+    backend: Literal["auto", "tensorrt", "tensorrt-rtx"] = "auto"  # --backend
+    # One engine (and one CI job) per entry: "8.6,8.9,12.0" is ONE engine that runs on all three.
+    targets: list[str] = [DEFAULT_TARGETS]  # --target-cc
+    builder: Builder = Builder()
+
+    _path: Path = PrivateAttr(default=Path("recipe.yaml"))
+    _lines: dict = PrivateAttr(default_factory=dict)
+
+    @field_validator("profiles", "precisions", "targets", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        """A single value stands for a list of one (``precisions: fp16``)."""
+        return [value] if isinstance(value, (str, int, float)) and not isinstance(value, bool) else value
+
+    @field_validator("targets", mode="before")
+    @classmethod
+    def _targets_as_text(cls, value: Any) -> Any:
+        """YAML reads 8.6 as a number and [8.6, 8.9] as a list: both mean a target set."""
+        if not isinstance(value, list):
+            return value
+        return [_target_text(item) for item in value]
+
+    # -- identity ---------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def name(self) -> str:
+        return self._path.stem
+
+    def adapter(self):
+        from enginekit.models import resolve
+
+        return resolve(self.model.variant)
+
+    # -- what to build ----------------------------------------------------------------
+    def target_sets(self) -> list[Optional[tuple[str, ...]]]:
+        """Each ``targets`` entry as sorted compute capabilities; None: the default set."""
+        return [parse_target_set(text) for text in self.targets]
+
+    def cells(self, overrides: Optional[dict] = None) -> list["Cell"]:
+        """One job per (precision, target set); ``--precision``/``--target-cc`` narrow it to theirs."""
+        overrides = overrides or {}
+        precisions = [overrides["precision"]] if overrides.get("precision") else self.precisions
+        if overrides.get("target_cc") is not None:
+            target_sets = [parse_target_set(overrides["target_cc"])]
+        else:
+            target_sets = self.target_sets()
+        return [Cell(p, t) for p in precisions for t in target_sets]
+
+    def build_kwargs(self, cell: Union["Cell", str], overrides: Optional[dict] = None) -> dict:
+        """Keyword arguments of ``enginekit.api.build`` for one cell; ``overrides`` (api.build
+        names, from command-line flags) win over the file.
+
+        All profiles of the recipe go into ONE engine per cell, as several optimization
+        profiles: that is what repeating ``--profile`` does on the command line, a deployment
+        ships one plan per precision and picks the profile by input size, and the export and
+        calibration are shared anyway. A profile that needs its own plan gets its own recipe.
+        """
+        if isinstance(cell, str):
+            cell = Cell(cell, self.target_sets()[0])
+        m, c = self.model, self.calibration
+        kwargs = {
+            "target": m.variant,
+            "profiles": list(self.profiles),
+            "precision": cell.precision,
+            "backend": self.backend,
+            "target_cc": cell.target_cc,
+            "workspace": self.builder.workspace,
+            "opt_level": self.builder.opt_level,
+            "calib_data": self._file(c.data),
+            "calib_count": c.count,
+            "calib_method": c.method,
+            "calib_cache": self._file(c.cache),
+            "exclude": list(c.exclude),
+            "weights": self._file(m.weights),
+            "random_init": m.random_init,
+            "seed": m.seed,
+            "opset": m.opset,
+            "verify": self.verification.on_build,
+        }
+        extra = {k: v for k, v in (overrides or {}).items() if k not in ("precision", "target_cc")}
+        if extra.get("weights") is not None:  # real weights on the command line beat random init
+            kwargs["random_init"] = False
+        if extra.get("random_init"):
+            kwargs["weights"] = None
+        kwargs.update(extra)
+        return kwargs
+
+    # -- how to verify ----------------------------------------------------------------
+    def tolerance(self, precision: str):
+        """The parity limits of ``precision``: the recipe's, else the family's defaults."""
+        from dataclasses import replace
+
+        base = self.adapter().tolerance(precision)
+        spec = self.verification.tolerances.get(precision)
+        if spec is None:
+            return base
+        changes = {k: v for k, v in (("rel_l2", spec.rel_l2), ("cosine", spec.cosine)) if v is not None}
+        return replace(base, **changes)
+
+    def task_gates(self, precision: str) -> dict[str, tuple[str, float]]:
+        """Task metric -> (">=" or "<=", limit): the family's gates with the recipe's limits."""
+        family_gates = getattr(self.adapter(), "task_gates", {})
+        direction = {metric: op for per in family_gates.values() for metric, (op, _) in per.items()}
+        gates = dict(family_gates.get(precision, {}))
+        spec = self.verification.tolerances.get(precision)
+        for metric, limit in (spec.task.items() if spec else ()):
+            gates[metric] = (direction[metric], limit)
+        return gates
+
+    def images(self) -> Optional[Path]:
+        return self._file(self.verification.images)
+
+    def tolerance_overrides(self) -> list[str]:
+        """The recipe's own tolerances in ``verify --tol`` syntax (``fp16.rel_l2=0.02``)."""
+        items = []
+        for precision, spec in self.verification.tolerances.items():
+            values = {"rel_l2": spec.rel_l2, "cosine": spec.cosine, **spec.task}
+            items += [f"{precision}.{name}={value}" for name, value in values.items() if value is not None]
+        return items
+
+    def verify_kwargs(self, cell: Union["Cell", str], overrides: Optional[dict] = None) -> dict:
+        """Keyword arguments of ``enginekit.api.verify`` for one cell: the engine that
+        ``build_kwargs`` makes, checked on the recipe's images against its tolerances."""
+        build = self.build_kwargs(cell, overrides)
+        for run_option in ("force", "explain", "quiet", "cache"):
+            build.pop(run_option, None)
+        return {"target": build.pop("target"), "precision": build.pop("precision"), "images": self.images(),
+                "require_engine": self.verification.require_engine, "tolerances": self.tolerance_overrides(),
+                "build_options": build}
+
+    # -- rendering --------------------------------------------------------------------
+    def resolved(self) -> dict:
+        """The recipe with every default filled in; itself a valid recipe."""
+        adapter = self.adapter()
+        data = self.model_dump(mode="json")
+        data["model"]["family"] = adapter.family
+        data["input"] = adapter.input_name
+        if not data["profiles"]:
+            from enginekit.shapes import format_shape
+
+            data["profiles"] = [format_shape(adapter.default_input)]
+        data["targets"] = [",".join(t) if t else DEFAULT_TARGETS for t in self.target_sets()]
+        precisions = list(self.precisions) + [p for p in self.verification.tolerances if p not in self.precisions]
+        data["verification"]["tolerances"] = {p: self._tolerance_dict(p) for p in precisions}
+        return data
+
+    def _tolerance_dict(self, precision: str) -> dict:
+        tol = self.tolerance(precision)
+        gates = self.task_gates(precision)
+        return {"rel_l2": tol.rel_l2, "cosine": tol.cosine, "task": {k: v[1] for k, v in gates.items()}}
+
+    def _file(self, value: Optional[str]) -> Optional[Path]:
+        """A path written in the recipe is relative to the recipe's folder."""
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else self._path.parent / path
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One engine of a recipe: a precision and a target set (None: the default set)."""
+
+    precision: str
+    targets: Optional[tuple[str, ...]]
+
+    @property
+    def target_cc(self) -> Optional[str]:
+        """The ``--target-cc`` value of this cell (None: the backend's default)."""
+        return ",".join(self.targets) if self.targets else None
+
+    @property
+    def targets_label(self) -> str:
+        return self.target_cc or DEFAULT_TARGETS
+
+
+def _target_text(item: Any) -> Any:
+    if isinstance(item, (int, float)) and not isinstance(item, bool):
+        return str(item)
+    if isinstance(item, list):
+        return ",".join(str(x) for x in item)
+    return item
+
+
+def parse_target_set(text: str) -> Optional[tuple[str, ...]]:
+    """``"8.9,8.6"`` -> ``("8.6", "8.9")``; ``"default"`` (or empty) -> None."""
+    from enginekit.trt.backends import cc_tuple, normalize_cc
+
+    text = str(text).strip()
+    if text in ("", DEFAULT_TARGETS):
+        return None
+    items = {normalize_cc(item) for item in text.split(",") if item.strip()}
+    return tuple(sorted(items, key=cc_tuple))
+
+
+# --- loading YAML with line numbers -----------------------------------------------------
+
+
+def _compose(text: str, file: str) -> tuple[Any, dict[Loc, int]]:
+    """Parse YAML into Python values and a map from each key path to its line (1-based)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 1
+        raise UsageError(f"{file}:{line}: malformed YAML: {exc.problem or exc.context}") from None
+    finally:
+        loader.dispose()
+    lines: dict[Loc, int] = {(): 1}
+    if node is not None:
+        _record_lines(node, (), lines, file)
+    return data, lines
+
+
+def _record_lines(node: yaml.Node, path: Loc, lines: dict[Loc, int], file: str) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = path + (key_node.value,)
+            if key in lines:  # YAML keeps the last of two equal keys: almost always a mistake
+                raise UsageError(f"{file}:{key_node.start_mark.line + 1}: key '{_dotted(key)}' is given twice")
+            lines[key] = key_node.start_mark.line + 1
+            _record_lines(value_node, key, lines, file)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines[path + (i,)] = item.start_mark.line + 1
+            _record_lines(item, path + (i,), lines, file)
+
+
+def _line_of(loc: Loc, lines: dict[Loc, int]) -> int:
+    """The line of ``loc``, else of its nearest enclosing key."""
+    for n in range(len(loc), -1, -1):
+        if tuple(loc[:n]) in lines:
+            return lines[tuple(loc[:n])]
+    return 1
+
+
+def _dotted(loc: Loc) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+# --- error messages ---------------------------------------------------------------------
+
+
+def _schema_levels(model: type[BaseModel] = Recipe, path: Loc = ()) -> dict[Loc, list[str]]:
+    """Each mapping level of the schema ('*' for free keys) -> the keys it accepts."""
+    levels = {path: list(model.model_fields)}
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if typing.get_origin(annotation) is dict:
+            annotation, sub = typing.get_args(annotation)[1], path + (name, "*")
+        else:
+            sub = path + (name,)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            levels.update(_schema_levels(annotation, sub))
+    return levels
+
+
+def _level_matches(pattern: Loc, loc: Loc) -> bool:
+    return len(pattern) == len(loc) and all(p == "*" or p == x for p, x in zip(pattern, loc))
+
+
+def _suggest(loc: Loc) -> Optional[str]:
+    """A known key close to the unknown one at ``loc``: same level first, then anywhere."""
+    parent, key = tuple(loc[:-1]), str(loc[-1])
+    levels = _schema_levels()
+    for pattern, keys in levels.items():
+        if _level_matches(pattern, parent):
+            close = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
+            if close:
+                return _dotted(parent + (close[0],))
+    anywhere = {name: pattern + (name,) for pattern, keys in levels.items() for name in keys if "*" not in pattern}
+    close = difflib.get_close_matches(key, list(anywhere), n=1, cutoff=0.75)
+    return _dotted(anywhere[close[0]]) if close else None
+
+
+def _describe(error: dict) -> str:
+    """One pydantic error -> 'key: what is wrong', in the recipe's words."""
+    loc = tuple(p for p in error["loc"] if p != "[key]")
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        hint = _suggest(loc)
+        return f"unknown key '{_dotted(loc)}'" + (f" (did you mean {hint}?)" if hint else "")
+    if kind == "missing":
+        return f"missing key '{_dotted(loc)}'"
+    message = error["msg"][0].lower() + error["msg"][1:]
+    if kind.startswith(("literal_error", "enum")) or "[key]" in error["loc"]:
+        message += f" (got {error['input']!r})"
+    return f"{_dotted(loc)}: {message}"
+
+
+def _validation_error(exc: ValidationError, file: str, lines: dict[Loc, int]) -> UsageError:
+    """The first problem in file order, as one line naming file, line and key. Unknown keys
+    come first: a typo'd key also makes its intended key look missing."""
+    errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", _line_of(tuple(e["loc"]), lines)))
+    first = errors[0]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return UsageError(f"{file}:{_line_of(tuple(first['loc']), lines)}: {_describe(first)}{more}")
+
+
+# --- checks a schema cannot express -----------------------------------------------------
+
+
+class _Problem(Exception):
+    def __init__(self, loc: Loc, message: str):
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
+def _check(recipe: Recipe) -> None:
+    """Everything a build would refuse later: model, shapes, targets, files, tolerances."""
+    adapter = _check_model(recipe)
+    _check_profiles(recipe, adapter)
+    _check_lists(recipe)
+    _check_calibration(recipe)
+    _check_targets(recipe)
+    _check_verification(recipe, adapter)
+    if recipe.builder.workspace is not None:
+        from enginekit.cache import parse_size
+
+        _expect(("builder", "workspace"), parse_size, recipe.builder.workspace)
+
+
+def _expect(loc: Loc, fn, *args):
+    """Run a validator from elsewhere in enginekit; its UsageError becomes a problem at ``loc``."""
+    try:
+        return fn(*args)
+    except UsageError as exc:
+        raise _Problem(loc, str(exc)) from None
+
+
+def _check_model(recipe: Recipe):
+    from enginekit.models import resolve
+
+    m = recipe.model
+    adapter = _expect(("model", "variant"), resolve, m.variant)
+    if m.family is not None and m.family != adapter.family:
+        raise _Problem(("model", "family"), f"{m.variant} is a {adapter.family} model, not {m.family}")
+    if m.weights is not None and m.random_init:
+        raise _Problem(("model", "weights"), "weights and random_init: true exclude each other: keep one")
+    if m.weights is not None and not recipe._file(m.weights).exists():
+        raise _Problem(("model", "weights"), f"weights file not found: {recipe._file(m.weights)}")
+    if recipe.input is not None and recipe.input != adapter.input_name:
+        raise _Problem(("input",), f"{adapter.variant}'s input is '{adapter.input_name}', not '{recipe.input}'")
+    return adapter
+
+
+def _check_profiles(recipe: Recipe, adapter) -> None:
+    from enginekit.api import _bind_profiles_to_model
+    from enginekit.shapes import parse_profile
+
+    parsed = []
+    for i, text in enumerate(recipe.profiles):
+        profile = _expect(("profiles", i), parse_profile, text)
+        bound = _expect(("profiles", i), profile.bind, [adapter.input_name])
+        rng = bound.inputs[adapter.input_name]
+        _expect(("profiles", i), lambda: adapter.constraint.check_range(rng, what="profile"))
+        parsed.append(profile)
+    _expect(("profiles",), _bind_profiles_to_model, parsed, adapter)  # e.g. one H x W for YOLO
+
+
+def _check_lists(recipe: Recipe) -> None:
+    if not recipe.precisions:
+        raise _Problem(("precisions",), f"names no precision: choose from {', '.join(RECIPE_PRECISIONS)}")
+    for name in ("precisions", "targets"):
+        values = getattr(recipe, name)
+        for i, value in enumerate(values):
+            if value in values[:i]:
+                raise _Problem((name, i), f"{value} is listed twice")
+
+
+def _check_calibration(recipe: Recipe) -> None:
+    from enginekit.onnx.int8 import CALIBRATION_METHODS
+
+    c = recipe.calibration
+    if c.method not in CALIBRATION_METHODS:
+        raise _Problem(("calibration", "method"),
+                       f"unknown calibration method {c.method!r}: choose {', '.join(CALIBRATION_METHODS)}")
+    if c.data is not None and not recipe._file(c.data).exists():
+        raise _Problem(("calibration", "data"), f"calibration data not found: {recipe._file(c.data)}")
+    for i, pattern in enumerate(c.exclude):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise _Problem(("calibration", "exclude", i), f"bad regex {pattern!r}: {exc}") from None
+
+
+def _check_targets(recipe: Recipe) -> None:
+    from enginekit.trt.backends import TRAITS
+
+    rtx = TRAITS["tensorrt-rtx"]
+    if not recipe.targets:
+        raise _Problem(("targets",), f"names no target set: write '{DEFAULT_TARGETS}' or like 8.6,8.9,12.0")
+    for i, text in enumerate(recipe.targets):
+        targets = _expect(("targets", i), parse_target_set, text)
+        if targets is None:
+            continue
+        if recipe.backend != "tensorrt-rtx":
+            raise _Problem(("targets", i), f"compute capability targets ({text}) need backend: tensorrt-rtx; "
+                                           f"TensorRT builds only for the GPU it runs on ('{DEFAULT_TARGETS}')")
+        unsupported = [t for t in targets if t not in rtx.compute_capabilities]
+        if unsupported:
+            raise _Problem(("targets", i), f"{rtx.label} cannot target compute capability "
+                                           f"{', '.join(unsupported)}; supported: {', '.join(rtx.compute_capabilities)}")
+
+
+def _check_verification(recipe: Recipe, adapter) -> None:
+    v = recipe.verification
+    if v.images is not None and not recipe._file(v.images).exists():
+        raise _Problem(("verification", "images"), f"images not found: {recipe._file(v.images)}")
+    gates = getattr(adapter, "task_gates", {})
+    known = sorted({metric for per_precision in gates.values() for metric in per_precision})
+    for precision, spec in v.tolerances.items():
+        for metric, limit in spec.task.items():
+            loc = ("verification", "tolerances", precision, "task", metric)
+            if metric not in known:
+                raise _Problem(loc, f"unknown task metric {metric!r} for {adapter.family}: "
+                                    f"choose {', '.join(known) or 'none (no task gates)'}")
+            if limit < 0:
+                raise _Problem(loc, f"limit {limit} must not be negative")
+
+
+# --- finding and loading recipes --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecipeRef:
+    """A recipe file found on disk: shipped with enginekit, or local to the working directory."""
+
+    name: str
+    path: Path
+    origin: str  # "shipped" | "local"
+
+
+def shipped_dir() -> Path:
+    """The ``recipes/`` folder of the enginekit checkout (src/enginekit/recipes.py -> ../../recipes)."""
+    return Path(__file__).resolve().parents[2] / "recipes"
+
+
+def local_dir() -> Path:
+    return Path.cwd() / "recipes"
+
+
+def recipe_files(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.suffix in RECIPE_SUFFIXES and p.is_file())
+
+
+def list_recipes() -> list[RecipeRef]:
+    """Local recipes first (they shadow shipped ones of the same name), then shipped ones."""
+    refs: list[RecipeRef] = []
+    seen: set[Path] = set()
+    for origin, folder in (("local", local_dir()), ("shipped", shipped_dir())):
+        if folder.resolve() == shipped_dir().resolve():
+            origin = "shipped"  # run from the checkout itself
+        for path in recipe_files(folder):
+            if path.resolve() not in seen:
+                seen.add(path.resolve())
+                refs.append(RecipeRef(path.stem, path, origin))
+    return refs
+
+
+def find_recipe(name_or_path: str) -> Path:
+    """A recipe file: a path as given, else a recipe name (local before shipped)."""
+    path = Path(name_or_path)
+    if path.suffix in RECIPE_SUFFIXES or path.exists():
+        if not path.is_file():
+            raise UsageError(f"recipe file not found: {path}")
+        return path
+    for ref in list_recipes():
+        if ref.name == name_or_path:
+            return ref.path
+    known = ", ".join(sorted({r.name for r in list_recipes()})) or "none"
+    raise UsageError(f"unknown recipe {name_or_path!r}: give a .yaml path or one of: {known}")
+
+
+def display_path(path: Path) -> str:
+    """``path`` relative to the working directory when it lies under it (as CI jobs need)."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def load_recipe(name_or_path: Union[str, Path]) -> Recipe:
+    """Read and fully validate a recipe; any problem is one UsageError naming file, line and key."""
+    path = find_recipe(str(name_or_path))
+    file = str(name_or_path) if Path(str(name_or_path)).suffix in RECIPE_SUFFIXES else display_path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read recipe {file}: {exc}") from None
+    data, lines = _compose(text, file)
+    if not isinstance(data, dict):
+        raise UsageError(f"{file}:1: a recipe is a mapping of keys (model, profiles, precisions, ...)")
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc, file, lines) from None
+    recipe._path, recipe._lines = path, lines
+    try:
+        _check(recipe)
+    except _Problem as problem:
+        raise UsageError(f"{file}:{_line_of(problem.loc, lines)}: {_dotted(problem.loc)}: {problem.message}") from None
+    return recipe
+
+
+def collect_recipe_files(paths: list[str]) -> list[Path]:
+    """Files and folders (their *.yaml) and names -> recipe files; none given: every known recipe."""
+    if not paths:
+        return [ref.path for ref in list_recipes()]
+    files: list[Path] = []
+    for item in paths:
+        if Path(item).is_dir():
+            found = recipe_files(Path(item))
+            if not found:
+                raise UsageError(f"{item} holds no recipe (*.yaml)")
+            files.extend(found)
+        else:
+            files.append(find_recipe(item))
+    return files
+
+
+# --- using recipes ----------------------------------------------------------------------
+
+
+def build_recipe(path: Union[str, Path, Recipe], overrides: Optional[dict] = None, *, cache=None,
+                 quiet: bool = False, on_cell=None) -> list:
+    """Build every cell of a recipe (``overrides``: api.build keyword arguments that win over
+    the file). Returns one ``api.BuildOutcome`` per cell; cached cells cost nothing.
+
+    ``on_cell(recipe, cell, index, total)`` is called before each cell (progress display).
+    """
+    from enginekit import api
+
+    recipe = path if isinstance(path, Recipe) else load_recipe(path)
+    cells = recipe.cells(overrides)
+    jobs = [(cell, recipe.build_kwargs(cell, overrides)) for cell in cells]
+    outcomes = []
+    for i, (cell, kwargs) in enumerate(jobs, 1):
+        if on_cell is not None:
+            on_cell(recipe, cell, i, len(jobs))
+        outcomes.append(api.build(**kwargs, cache=cache, quiet=quiet))
+    return outcomes
+
+
+def matrix_jobs(paths: list[str]) -> list[dict[str, str]]:
+    """One CI job per (recipe, precision, target set), for every recipe (validated first)."""
+    jobs = []
+    for path in collect_recipe_files(paths):
+        recipe = load_recipe(path)
+        for cell in recipe.cells():
+            jobs.append({"recipe": display_path(path), "name": recipe.name, "precision": cell.precision,
+                         "targets": cell.targets_label})
+    return jobs

@@ -1,0 +1,129 @@
+"""Reference inputs and PyTorch outputs, computed once and stored in polygraphy's JSON formats.
+
+A user can replay them: ``polygraphy run model.onnx --onnxrt --load-inputs inputs.json
+--load-outputs outputs.json``. They are a cache entry keyed by (weights, input set): a second
+verify runs no PyTorch forward pass and does not even load the model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from enginekit.calibration import CalibrationData
+from enginekit.shapes import format_shape
+
+INPUTS_FILE = "inputs.json"
+OUTPUTS_FILE = "outputs.json"
+LABELS_FILE = "labels.json"
+RUNNER_NAME = "pytorch"
+
+
+@dataclass
+class ReferenceCase:
+    label: str
+    kind: str  # "photo" | "random"
+    feed: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+
+
+@dataclass
+class References:
+    cases: list[ReferenceCase]
+    key: str
+    status: str  # cache status: hit | miss | ...
+    skipped_images: list[str]
+
+
+def reference_shapes(profiles: list[dict], input_name: str) -> tuple[tuple, list[tuple]]:
+    """(photo shape: the first profile's opt at batch 1, distinct min/opt/max shapes of all profiles)."""
+    shapes: list[tuple] = []
+    for profile in profiles:
+        rng = profile[input_name]
+        for k in ("min", "opt", "max"):
+            s = tuple(rng[k])
+            if s not in shapes:
+                shapes.append(s)
+    opt = tuple(profiles[0][input_name]["opt"])
+    return (1, *opt[1:]), shapes
+
+
+def quiet_polygraphy() -> None:
+    """polygraphy logs each save and load at INFO; enginekit reports its own steps."""
+    from polygraphy.logger import G_LOGGER
+
+    G_LOGGER.module_severity = G_LOGGER.ERROR
+
+
+def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: int = 0) -> References:
+    """Stored references for the pipeline's model over photographs and profile shapes."""
+    quiet_polygraphy()
+    from enginekit.pipeline import package_version
+
+    adapter = pipe.adapter
+    photo_shape, random_shapes = reference_shapes(profiles, adapter.input_name)
+    parts = {
+        "stage": "reference",
+        "model": adapter.variant,
+        "weights": pipe.request.weights_identity,
+        "photos": images.digest(adapter, photo_shape),
+        "random": [format_shape(s) for s in random_shapes],
+        "seed": seed,
+        # random-init weights are made by enginekit's code, so its version is part of them
+        "versions": {"enginekit": package_version("enginekit"), "torch": package_version("torch")},
+    }
+
+    def produce(tmp: Path) -> dict:
+        cases = _compute(pipe, images, photo_shape, random_shapes, seed)
+        _save(tmp, cases)
+        return {"cases": len(cases), "skipped_images": images.skipped}
+
+    from enginekit.ui import step
+
+    with step("references (PyTorch)", quiet=pipe.quiet) as s:
+        entry, status = pipe.cache.get_or_create("reference", parts, produce, subject=pipe.subject)
+        s.status = status
+    return References(_load(entry.path), entry.key, status, entry.manifest.get("skipped_images", []))
+
+
+def _compute(pipe, images: CalibrationData, photo_shape, random_shapes, seed) -> list[ReferenceCase]:
+    adapter = pipe.adapter
+    cases: list[ReferenceCase] = []
+    photos = images.batch(adapter, photo_shape)
+    for i, path in enumerate(images.used_paths):
+        cases.append(_case(pipe, f"photo {path.name}", "photo", photos[i : i + 1]))
+    for j, shape in enumerate(random_shapes):
+        cases.append(_case(pipe, f"random {format_shape(shape)}", "random", adapter.random_inputs(shape, seed + j)))
+    return cases
+
+
+def _case(pipe, label: str, kind: str, array: np.ndarray) -> ReferenceCase:
+    feed = {pipe.adapter.input_name: np.ascontiguousarray(array, dtype=np.float32)}
+    return ReferenceCase(label, kind, feed, pipe.adapter.reference(pipe.loaded, feed[pipe.adapter.input_name]))
+
+
+def _save(folder: Path, cases: list[ReferenceCase]) -> None:
+    from polygraphy.comparator import RunResults
+    from polygraphy.comparator.struct import IterationResult
+    from polygraphy.json import save_json
+
+    save_json([c.feed for c in cases], str(folder / INPUTS_FILE))
+    results = RunResults()
+    results.append((RUNNER_NAME, [IterationResult(c.outputs, runner_name=RUNNER_NAME) for c in cases]))
+    results.save(str(folder / OUTPUTS_FILE))
+    (folder / LABELS_FILE).write_text(json.dumps([{"label": c.label, "kind": c.kind} for c in cases]))
+
+
+def _load(folder: Path) -> list[ReferenceCase]:
+    from polygraphy.comparator import RunResults
+    from polygraphy.json import load_json
+
+    feeds = load_json(str(folder / INPUTS_FILE))
+    results = RunResults.load(str(folder / OUTPUTS_FILE))
+    (_, iterations), = results.items()
+    labels = json.loads((folder / LABELS_FILE).read_text())
+    return [ReferenceCase(l["label"], l["kind"], dict(f), {k: np.asarray(v) for k, v in it.items()})
+            for l, f, it in zip(labels, feeds, iterations)]

@@ -1,0 +1,277 @@
+"""INT8 Q/DQ through ModelOpt on real (random-weight) graphs, and its calibration cache."""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from enginekit.errors import UsageError
+from enginekit.onnx import runtime
+from enginekit.onnx.graph import get_metadata
+from enginekit.onnx.int8 import (
+    CALIBRATION_METHODS,
+    Int8Report,
+    cache_header,
+    quantize_int8,
+    read_calibration_cache,
+    write_calibration_cache,
+)
+
+N_IMAGES = 4
+
+
+@dataclass
+class Quantized:
+    fp32: Path
+    int8: Path
+    cache: Path
+    report: Int8Report
+    calibration: np.ndarray
+    input_name: str
+    exclude: list[str]
+    sessions: list[str]  # what ONNX Runtime sessions the calibrating run opened
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory):
+    """Exports go to a cache of their own; models are built offline from random weights."""
+    root = tmp_path_factory.mktemp("int8")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ENGINEKIT_CACHE", str(root / "cache"))
+        mp.setenv("YOLO_CONFIG_DIR", os.environ.get("YOLO_CONFIG_DIR", str(root / "ultralytics")))
+        mp.setenv("YOLO_OFFLINE", "1")
+        yield root
+
+
+def export(workdir: Path, model: str, shape: str) -> Path:
+    from enginekit import api
+    from enginekit.cache import Cache
+
+    result = api.export(model, random_init=True, input=shape, output=workdir / f"{model}.onnx",
+                        cache=Cache(workdir / "cache"), quiet=True)
+    assert result.passed, result.failures()
+    return result.output
+
+
+def calibration_batch(model: str, hw: tuple[int, int]) -> np.ndarray:
+    from enginekit.images import load_images
+    from enginekit.models import resolve
+
+    adapter = resolve(model)
+    photos = load_images(None, limit=N_IMAGES)
+    return np.concatenate([adapter.preprocess(image, hw) for image in photos.images])
+
+
+def session_spy(mp: pytest.MonkeyPatch) -> list[str]:
+    """Record every ONNX Runtime session opened: a calibrating run opens one on an augmented model."""
+    import onnxruntime
+
+    opened: list[str] = []
+    real_init = onnxruntime.InferenceSession.__init__
+
+    def init(self, model, *args, **kwargs):
+        opened.append(model if isinstance(model, str) else "<bytes>")
+        real_init(self, model, *args, **kwargs)
+
+    mp.setattr(onnxruntime.InferenceSession, "__init__", init)
+    return opened
+
+
+def detect_head_pattern(path: Path) -> str:
+    """YOLO's Detect head is its last top-level module: model.21 in yolo12n, model.23 in yolo11n."""
+    model = onnx.load(str(path))
+    index = max(int(m[1]) for n in model.graph.node if (m := re.match(r"/model\.(\d+)/", n.name)))
+    return rf"/model\.{index}/.*"
+
+
+@pytest.fixture(scope="session")
+def yolo(workdir) -> Quantized:
+    fp32 = export(workdir, "yolo12n", "1x3x320x320")
+    batch = calibration_batch("yolo12n", (320, 320))
+    exclude = [detect_head_pattern(fp32)]
+    out, cache = workdir / "yolo12n.int8.onnx", workdir / "yolo12n.calib"
+    with pytest.MonkeyPatch.context() as mp:
+        opened = session_spy(mp)
+        report = quantize_int8(fp32, out, batch, "images", exclude_nodes=exclude, write_cache=cache)
+    return Quantized(fp32, out, cache, report, batch, "images", exclude, opened)
+
+
+def ort_outputs(path: Path, batch: np.ndarray, extra: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Outputs image by image (the graphs take batch 1 as well as any), plus intermediate tensors."""
+    import onnxruntime as ort
+
+    model = onnx.load(str(path))
+    model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in extra)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    runs = [sess.run(names, {sess.get_inputs()[0].name: batch[i:i + 1]}) for i in range(len(batch))]
+    return {name: np.concatenate([r[k] for r in runs]) for k, name in enumerate(names)}
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def producers(model) -> dict[str, onnx.NodeProto]:
+    return {out: node for node in model.graph.node for out in node.output}
+
+
+# -- YOLO -------------------------------------------------------------------------------------
+
+
+def test_int8_graph_has_qdq_nodes_and_keeps_metadata(yolo):
+    model = onnx.load(str(yolo.int8))
+    n_q = sum(n.op_type == "QuantizeLinear" for n in model.graph.node)
+    assert yolo.report.calibrated and yolo.report.method == "entropy"
+    assert n_q == yolo.report.n_qdq_nodes > 0
+    assert sum(n.op_type == "DequantizeLinear" for n in model.graph.node) >= n_q
+    meta, source = get_metadata(model), get_metadata(onnx.load(str(yolo.fp32)))
+    assert {k: meta[k] for k in source if k != "precision"} == {k: v for k, v in source.items() if k != "precision"}
+    assert meta["precision"] == "int8" and meta["int8_calibration_shape"] == "1x3x320x320"
+    assert model.ir_version <= 10 and len(model.graph.value_info) == 0
+
+
+def test_excluded_nodes_take_no_quantized_input(yolo):
+    model = onnx.load(str(yolo.int8))
+    pattern = re.compile(yolo.exclude[0])
+    excluded = [n for n in model.graph.node if pattern.match(n.name)]
+    source = onnx.load(str(yolo.fp32))
+    assert yolo.report.n_excluded == sum(bool(pattern.match(n.name)) for n in source.graph.node) > 50
+    made_by = producers(model)
+    # A Shape node reads only its input's shape, so a Q/DQ pair in front of it (shared with a
+    # quantized consumer of the same tensor) changes nothing.
+    fed_by_dq = [(n.name, i) for n in excluded if n.op_type != "Shape"
+                 for i in n.input if i in made_by and made_by[i].op_type == "DequantizeLinear"]
+    assert fed_by_dq == []
+    assert not any(pattern.match(n.name) for n in model.graph.node if n.op_type == "QuantizeLinear")
+
+
+def test_int8_graph_runs_on_ort_close_to_fp32(yolo):
+    # A random YOLO's output0 is mostly its anchor grid and biases; the head's input features
+    # (which INT8 does change) are the meaningful comparison.
+    head_input = "/model.14/cv2/act/Mul_output_0"
+    ref = ort_outputs(yolo.fp32, yolo.calibration, (head_input,))
+    got = ort_outputs(yolo.int8, yolo.calibration, (head_input,))
+    out_cos, feat_cos = cosine(ref["output0"], got["output0"]), cosine(ref[head_input], got[head_input])
+    print(f"yolo12n int8 cosine: output0 {out_cos:.6f}, head input {feat_cos:.6f}")
+    assert np.isfinite(got["output0"]).all()
+    assert out_cos > 0.9 and feat_cos > 0.9
+    assert not np.array_equal(ref[head_input], got[head_input])  # INT8 did something
+
+
+def test_calibration_cache_is_written_and_holds_the_graph_scales(yolo):
+    assert yolo.report.cache_written == yolo.cache
+    assert yolo.cache.read_text().splitlines()[0] == cache_header("entropy") == "TRT-100000-EntropyCalibration2"
+    scales = read_calibration_cache(yolo.cache)
+    assert len(scales) > 100 and all(s > 0 for s in scales.values())
+    model = onnx.load(str(yolo.int8))
+    inits = {i.name: i for i in model.graph.initializer}
+    checked = 0
+    for node in model.graph.node:
+        # ModelOpt pins Softmax outputs to [0, 1] whatever was measured.
+        if node.op_type == "QuantizeLinear" and node.input[0] in scales and "Softmax" not in node.input[0]:
+            assert float(numpy_helper.to_array(inits[node.input[1]])) == scales[node.input[0]]
+            checked += 1
+    assert checked > 100
+
+
+def test_quantizing_from_the_cache_gives_the_same_bytes_without_calibrating(yolo, tmp_path, monkeypatch):
+    opened = session_spy(monkeypatch)
+    out = tmp_path / "again.onnx"
+    report = quantize_int8(yolo.fp32, out, None, "images", exclude_nodes=yolo.exclude, calibration_cache=yolo.cache)
+    assert report.calibrated is False and report.cache_written is None
+    assert out.read_bytes() == yolo.int8.read_bytes()
+    assert report.n_qdq_nodes == yolo.report.n_qdq_nodes
+    assert any(p.endswith("augmented_model.onnx") for p in yolo.sessions)  # the calibrating run did
+    assert not any(p.endswith("augmented_model.onnx") for p in opened)
+    print(f"yolo12n int8: calibrated {yolo.report.seconds:.2f}s, from cache {report.seconds:.2f}s")
+
+
+def test_cache_missing_a_needed_tensor_is_a_usage_error(yolo, tmp_path):
+    scales = read_calibration_cache(yolo.cache)
+    scales.pop(sorted(scales)[0])
+    partial = write_calibration_cache(tmp_path / "partial.calib", scales, cache_header("entropy"))
+    with pytest.raises(UsageError, match="lacks 1 of"):
+        quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", exclude_nodes=yolo.exclude,
+                      calibration_cache=partial)
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_bad_requests_are_one_line_usage_errors(yolo, tmp_path):
+    def quantize(**kwargs):
+        args = {"calibration": yolo.calibration, **kwargs}
+        return quantize_int8(yolo.fp32, tmp_path / "x.onnx", args.pop("calibration"), "images", **args)
+
+    with pytest.raises(UsageError, match="unknown calibration method 'minmax': choose entropy, max") as err:
+        quantize(method="minmax")
+    assert "\n" not in str(err.value)
+    with pytest.raises(UsageError, match="needs calibration data or a calibration cache"):
+        quantize(calibration=None)
+    with pytest.raises(UsageError, match="made by entropy calibration, not max"):
+        quantize(method="max", calibration_cache=yolo.cache)
+    with pytest.raises(UsageError, match="has no input 'pixels'"):
+        quantize_int8(yolo.fp32, tmp_path / "x.onnx", yolo.calibration, "pixels")
+    with pytest.raises(UsageError, match="calibration data has shape"):
+        quantize(calibration=yolo.calibration[:, :, :160])
+    with pytest.raises(UsageError, match="bad exclude pattern"):
+        quantize(exclude_nodes=["/model.(21/"])
+    assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "calibration cache not found"),
+    (b"", "is not a calibration cache"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00binary", "cannot read calibration cache"),
+    (b"tensor: 3c010204\n", "is not a calibration cache"),
+    (b"TRT-100000-EntropyCalibration2\n", "holds no tensor scales"),
+    (b"TRT-100000-EntropyCalibration2\nimages: 3c0102\n", "line 2: expected 'tensor: <8 hex digits>'"),
+    (b"TRT-100000-EntropyCalibration2\nimages 3c010204\n", "line 2: expected"),
+    (b"TRT-100000-EntropyCalibration2\nimages: 7fc00000\n", "the scale of 'images' is nan"),
+    (b"TRT-100000-EntropyCalibration2\nimages: 00000000\n", "the scale of 'images' is 0.0"),
+])
+def test_garbled_cache_files_are_usage_errors(yolo, tmp_path, content, message):
+    path = tmp_path / "bad.calib"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(UsageError, match=re.escape(message)) as err:
+        quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", calibration_cache=path)
+    assert "\n" not in str(err.value)
+
+
+# -- the cache file format, alone -------------------------------------------------------------
+
+
+def test_cache_format_is_tensorrts(tmp_path):
+    path = write_calibration_cache(tmp_path / "c.calib", {"b/out": 1 / 127, "a:in": 0.5}, cache_header("max"))
+    assert path.read_text() == "TRT-100000-MinMaxCalibration\na:in: 3f000000\nb/out: 3c010204\n"
+    assert read_calibration_cache(path) == {"a:in": 0.5, "b/out": struct.unpack(">f", struct.pack(">f", 1 / 127))[0]}
+    assert CALIBRATION_METHODS == ("entropy", "max")
+
+
+# -- Depth-Anything ---------------------------------------------------------------------------
+
+
+def test_depth_int8_with_family_exclusions_stays_close(workdir):
+    from enginekit.models import resolve
+
+    fp32 = export(workdir, "depth", "1x3x224x224")
+    batch = calibration_batch("depth", (224, 224))
+    exclude = list(resolve("depth").int8_exclude)
+    out = workdir / "depth.int8.onnx"
+    report = quantize_int8(fp32, out, batch, "pixel_values", method="max", exclude_nodes=exclude)
+    assert report.n_qdq_nodes > 100 and report.n_excluded > 0 and report.cache_written is None
+    ref, got = ort_outputs(fp32, batch)["depth"], ort_outputs(out, batch)["depth"]
+    value = cosine(ref, got)
+    print(f"depth int8 (max) cosine {value:.6f}, {report.seconds:.2f}s")
+    assert value > 0.9

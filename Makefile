@@ -31,6 +31,13 @@ run: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# CPU benchmark of random-weight yolo12n (torch and ONNX Runtime), GPUs hidden so the
+# figures are comparable between machines: table on stdout, rows in $(OUT)/bench.json.
+bench: setup
+	mkdir -p $(OUT)
+	CUDA_VISIBLE_DEVICES= $(BIN)/enginekit bench yolo12n --random-init --batch 1,2 \
+		--backend torch-fp32,onnxruntime-cpu --json $(OUT)/bench.json --plot $(OUT)/bench.png
+
 clean:
 	rm -rf $(OUT) .pytest_cache
 

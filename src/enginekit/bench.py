@@ -256,6 +256,7 @@ def _torch_runner(name: str, module, batch: np.ndarray, include_copies: bool, th
 
     import torch
 
+    model = _fixed_shape(copy.deepcopy(module))  # the shared module stays as export needs it
     if name == "torch-fp32" and not torch.cuda.is_available():
         if threads is not None:
             torch.set_num_threads(threads)
@@ -263,11 +264,11 @@ def _torch_runner(name: str, module, batch: np.ndarray, include_copies: bool, th
 
         def run_cpu():
             with torch.inference_mode():
-                module(x)
+                model(x)
 
         return Runner(run_cpu, "cpu", COPIES_NOT_APPLICABLE, detail=f"{torch.get_num_threads()} intra-op threads")
     dtype = torch.float16 if name.startswith("torch-fp16") else torch.float32
-    model = copy.deepcopy(module).to("cuda", dtype)  # the shared module stays FP32 on CPU for export
+    model = model.to("cuda", dtype)
     host = torch.from_numpy(batch)
     x = host.to("cuda", dtype)
     device = torch.cuda.get_device_name()
@@ -282,6 +283,19 @@ def _torch_runner(name: str, module, batch: np.ndarray, include_copies: bool, th
                 _to_host(out)
 
     return Runner(run_gpu, device, copies, close=lambda: _free_cuda(model))
+
+
+def _fixed_shape(model):
+    """Let shape-dependent constants be computed once, on the first run: a runner feeds one shape.
+
+    A head prepared for export with a ``dynamic`` flag (Ultralytics' Detect) otherwise rebuilds
+    its anchors on every call from host-side ``arange`` tensors: a host copy per run, which is not
+    what a deployed model does and which a CUDA graph cannot capture.
+    """
+    for sub in model.modules():
+        if isinstance(getattr(sub, "dynamic", None), bool):
+            sub.dynamic = False
+    return model
 
 
 def _cuda_graph_runner(model, x, host, include_copies: bool, device: str, copies: str) -> Runner:
@@ -734,6 +748,7 @@ def plot(report: BenchReport, path: Path) -> Path:
         raise CapabilityError("--plot needs matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     fig, (lat_ax, tput_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
     for backend in dict.fromkeys(r.backend for r in report.measured):
@@ -752,6 +767,9 @@ def plot(report: BenchReport, path: Path) -> Path:
         ax.set_xticks(plan.settings.batches, [str(b) for b in plan.settings.batches])
         ax.grid(True, alpha=0.3)
     lat_ax.set_yscale("log")  # backends differ by orders of magnitude
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    lat_ax.yaxis.set_major_formatter(plain)
+    lat_ax.yaxis.set_minor_formatter(plain)
     lat_ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -50,15 +50,15 @@ class CalibrationData:
                 raise UsageError("no embedded photographs found: pass --calib-data DIR")
             return paths[: self.count]
         if not self.source.exists():
-            raise UsageError(f"calibration data not found: {self.source}")
+            raise UsageError(f"image folder or array not found: {self.source}")
         if not self.source.is_dir():
-            raise UsageError(f"--calib-data takes an image folder or a .npy/.npz file, not {self.source}")
+            raise UsageError(f"expected an image folder or a .npy/.npz file, not {self.source}")
         try:
             paths = sorted(p for p in self.source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         except OSError as exc:
-            raise UsageError(f"cannot read calibration folder {self.source}: {exc.strerror}") from None
+            raise UsageError(f"cannot read image folder {self.source}: {exc.strerror}") from None
         if not paths:
-            raise UsageError(f"calibration folder {self.source} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+            raise UsageError(f"image folder {self.source} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
         return paths[: self.count]
 
     def digest(self, adapter: ModelAdapter, shape: Shape) -> str:
@@ -67,7 +67,7 @@ class CalibrationData:
         h.update(f"{adapter.family}|{adapter.input_description}|{format_shape(shape[1:])}|{self.count}".encode())
         if self.is_array:
             if not self.source.is_file():
-                raise UsageError(f"calibration data not found: {self.source}")
+                raise UsageError(f"image folder or array not found: {self.source}")
             h.update(file_sha256(self.source).encode())
         else:
             for p in self.image_paths:

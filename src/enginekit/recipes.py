@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 
 from enginekit.errors import UsageError
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 RECIPE_PRECISIONS = ("fp32", "fp16", "int8")
+VERIFY_ONLY = ("images", "image_count", "require_engine", "tolerances", "report_dir", "junit")  # api.verify names
 DEFAULT_TARGETS = "default"  # a target set meaning: this GPU, else the backend's portable set
 
 Precision = Literal["fp32", "fp16", "int8"]
@@ -74,6 +75,7 @@ class Verification(_Strict):
     """How built engines are checked."""
 
     images: Optional[str] = None  # photographs to verify on (verify --images); default: packaged ones
+    image_count: int = Field(4, gt=0)  # verify --image-count
     on_build: bool = True  # record a parity check in the manifest at build time (build --no-verify)
     require_engine: bool = False  # fail when the engine cannot run here (verify --require-engine)
     tolerances: dict[Precision, ToleranceSpec] = {}  # missing values take the family's defaults
@@ -103,21 +105,17 @@ class Recipe(_Strict):
     builder: Builder = Builder()
 
     _path: Path = PrivateAttr(default=Path("recipe.yaml"))
-    _lines: dict = PrivateAttr(default_factory=dict)
 
     @field_validator("profiles", "precisions", "targets", mode="before")
     @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        """A single value stands for a list of one (``precisions: fp16``)."""
-        return [value] if isinstance(value, (str, int, float)) and not isinstance(value, bool) else value
-
-    @field_validator("targets", mode="before")
-    @classmethod
-    def _targets_as_text(cls, value: Any) -> Any:
-        """YAML reads 8.6 as a number and [8.6, 8.9] as a list: both mean a target set."""
-        if not isinstance(value, list):
-            return value
-        return [_target_text(item) for item in value]
+    def _one_or_many(cls, value: Any, info: ValidationInfo) -> Any:
+        """A single value stands for a list of one (``precisions: fp16``). YAML reads a target
+        8.6 as a number and [8.6, 8.9] as a list: both stand for a target set, as text."""
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value]
+        if info.field_name == "targets" and isinstance(value, list):
+            value = [_target_text(item) for item in value]
+        return value
 
     # -- identity ---------------------------------------------------------------------
     @property
@@ -158,7 +156,7 @@ class Recipe(_Strict):
         calibration are shared anyway. A profile that needs its own plan gets its own recipe.
         """
         if isinstance(cell, str):
-            cell = Cell(cell, self.target_sets()[0])
+            cell = Cell(cell, self.cells(overrides)[0].targets)
         m, c = self.model, self.calibration
         kwargs = {
             "target": m.variant,
@@ -222,13 +220,23 @@ class Recipe(_Strict):
 
     def verify_kwargs(self, cell: Union["Cell", str], overrides: Optional[dict] = None) -> dict:
         """Keyword arguments of ``enginekit.api.verify`` for one cell: the engine that
-        ``build_kwargs`` makes, checked on the recipe's images against its tolerances."""
+        ``build_kwargs`` makes, checked on the recipe's images against its tolerances.
+
+        ``overrides`` holds api.build and api.verify names; verify's ``tolerances`` (``--tol``)
+        come after the recipe's, so they win.
+        """
+        overrides = dict(overrides or {})
+        given = {k: overrides.pop(k) for k in VERIFY_ONLY if k in overrides}
         build = self.build_kwargs(cell, overrides)
         for run_option in ("force", "explain", "quiet", "cache"):
             build.pop(run_option, None)
-        return {"target": build.pop("target"), "precision": build.pop("precision"), "images": self.images(),
-                "require_engine": self.verification.require_engine, "tolerances": self.tolerance_overrides(),
-                "build_options": build}
+        kwargs = {"target": build.pop("target"), "precision": build.pop("precision"), "images": self.images(),
+                  "image_count": self.verification.image_count,
+                  "require_engine": self.verification.require_engine,
+                  "tolerances": self.tolerance_overrides() + list(given.pop("tolerances", None) or []),
+                  "build_options": build}
+        kwargs.update(given)
+        return kwargs
 
     # -- rendering --------------------------------------------------------------------
     def resolved(self) -> dict:
@@ -469,11 +477,9 @@ def _check_profiles(recipe: Recipe, adapter) -> None:
 def _check_lists(recipe: Recipe) -> None:
     if not recipe.precisions:
         raise _Problem(("precisions",), f"names no precision: choose from {', '.join(RECIPE_PRECISIONS)}")
-    for name in ("precisions", "targets"):
-        values = getattr(recipe, name)
-        for i, value in enumerate(values):
-            if value in values[:i]:
-                raise _Problem((name, i), f"{value} is listed twice")
+    for i, precision in enumerate(recipe.precisions):
+        if precision in recipe.precisions[:i]:
+            raise _Problem(("precisions", i), f"{precision} is listed twice")
 
 
 def _check_calibration(recipe: Recipe) -> None:
@@ -498,8 +504,12 @@ def _check_targets(recipe: Recipe) -> None:
     rtx = TRAITS["tensorrt-rtx"]
     if not recipe.targets:
         raise _Problem(("targets",), f"names no target set: write '{DEFAULT_TARGETS}' or like 8.6,8.9,12.0")
+    seen = []
     for i, text in enumerate(recipe.targets):
         targets = _expect(("targets", i), parse_target_set, text)
+        if targets in seen:
+            raise _Problem(("targets", i), f"target set {text} is listed twice")
+        seen.append(targets)
         if targets is None:
             continue
         if recipe.backend != "tensorrt-rtx":
@@ -605,7 +615,7 @@ def load_recipe(name_or_path: Union[str, Path]) -> Recipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise _validation_error(exc, file, lines) from None
-    recipe._path, recipe._lines = path, lines
+    recipe._path = path
     try:
         _check(recipe)
     except _Problem as problem:
@@ -633,23 +643,27 @@ def collect_recipe_files(paths: list[str]) -> list[Path]:
 
 
 def build_recipe(path: Union[str, Path, Recipe], overrides: Optional[dict] = None, *, cache=None,
-                 quiet: bool = False, on_cell=None) -> list:
+                 quiet: bool = False) -> list:
     """Build every cell of a recipe (``overrides``: api.build keyword arguments that win over
-    the file). Returns one ``api.BuildOutcome`` per cell; cached cells cost nothing.
+    the file). Returns one ``api.BuildOutcome`` per cell; cached cells cost nothing."""
+    return [outcome for _, outcome in iter_build_recipe(path, overrides, cache=cache, quiet=quiet)]
 
+
+def iter_build_recipe(path: Union[str, Path, Recipe], overrides: Optional[dict] = None, *, cache=None,
+                      quiet: bool = False, on_cell=None):
+    """Like ``build_recipe``, yielding ``(cell, outcome)`` as each engine is ready.
+
+    Every cell's arguments are made before the first build, so a bad one stops all work.
     ``on_cell(recipe, cell, index, total)`` is called before each cell (progress display).
     """
     from enginekit import api
 
     recipe = path if isinstance(path, Recipe) else load_recipe(path)
-    cells = recipe.cells(overrides)
-    jobs = [(cell, recipe.build_kwargs(cell, overrides)) for cell in cells]
-    outcomes = []
+    jobs = [(cell, recipe.build_kwargs(cell, overrides)) for cell in recipe.cells(overrides)]
     for i, (cell, kwargs) in enumerate(jobs, 1):
         if on_cell is not None:
             on_cell(recipe, cell, i, len(jobs))
-        outcomes.append(api.build(**kwargs, cache=cache, quiet=quiet))
-    return outcomes
+        yield cell, api.build(**kwargs, cache=cache, quiet=quiet)
 
 
 def matrix_jobs(paths: list[str]) -> list[dict[str, str]]:
@@ -661,3 +675,26 @@ def matrix_jobs(paths: list[str]) -> list[dict[str, str]]:
             jobs.append({"recipe": display_path(path), "name": recipe.name, "precision": cell.precision,
                          "targets": cell.targets_label})
     return jobs
+
+
+def verify_recipe(path: Union[str, Path, Recipe], overrides: Optional[dict] = None, *,
+                  report_dir: Optional[Path] = None, junit: Optional[Path] = None, cache=None,
+                  quiet: bool = False) -> list:
+    """Verify every cell of a recipe (``api.verify`` once per cell); one ``VerifyOutcome`` each.
+
+    With several cells, each writes its reports under ``report_dir/<precision>-<targets>/``
+    and its JUnit file next to ``junit`` with the same suffix, so none overwrites another.
+    """
+    from enginekit import api
+
+    recipe = path if isinstance(path, Recipe) else load_recipe(path)
+    cells = recipe.cells(overrides)
+    outcomes = []
+    for cell in cells:
+        label = f"{cell.precision}-{cell.targets_label}"
+        own_report = Path(report_dir) / label if report_dir and len(cells) > 1 else report_dir
+        own_junit = Path(junit).with_stem(f"{Path(junit).stem}-{label}") if junit and len(cells) > 1 else junit
+        kwargs = recipe.verify_kwargs(cell, overrides)
+        kwargs.update(report_dir=own_report, junit=own_junit)
+        outcomes.append(api.verify(**kwargs, cache=cache, quiet=quiet))
+    return outcomes

@@ -71,21 +71,26 @@ def list_recipes_table() -> None:
     """One row per recipe; an invalid one shows its one-line error instead of its contents."""
     from rich.table import Table
 
-    from enginekit.recipes import display_path, list_recipes, load_recipe
+    from enginekit.recipes import display_path, list_recipes, load_recipe, local_dir, shipped_dir
     from enginekit.ui import out
 
-    table = Table(title="recipes", title_justify="left")
-    for col in ("recipe", "from", "model", "profiles", "precisions", "targets", "file"):
-        table.add_column(col, overflow="fold")
+    folders = {"shipped": shipped_dir()}
+    if local_dir().resolve() != shipped_dir().resolve():
+        folders["local"] = local_dir()
+    table = Table(title="recipes", title_justify="left",
+                  caption=" · ".join(f"{k}: {display_path(v)}/" for k, v in folders.items() if v.is_dir()),
+                  caption_justify="left")
+    for col in ("recipe", "from", "model", "profiles", "precisions", "targets"):
+        table.add_column(col, overflow="fold", no_wrap=col != "profiles")
     for ref in list_recipes():
         try:
             r = load_recipe(ref.path)
         except UsageError as exc:
-            table.add_row(ref.name, ref.origin, "[red]invalid[/]", str(exc), "", "", display_path(ref.path))
+            table.add_row(ref.name, ref.origin, "[red]invalid[/]", str(exc), "", "")
             continue
         resolved = r.resolved()
         table.add_row(r.name, ref.origin, r.model.variant, "\n".join(resolved["profiles"]), ", ".join(r.precisions),
-                      "\n".join(resolved["targets"]), display_path(ref.path))
+                      "\n".join(resolved["targets"]))
     out.print(table)
 
 
@@ -140,7 +145,7 @@ def build_recipe_cmd(target: str, params: dict) -> None:
     """``enginekit build RECIPE.yaml``: every (precision, target set) of the recipe, one engine
     path per line on stdout; flags given on the command line override the file."""
     from enginekit.pipeline import copy_file_atomic
-    from enginekit.recipes import build_recipe, load_recipe
+    from enginekit.recipes import iter_build_recipe, load_recipe
     from enginekit.ui import console, emit
 
     quiet_third_party()
@@ -155,8 +160,7 @@ def build_recipe_cmd(target: str, params: dict) -> None:
     def announce(r, cell, index, total):
         console.print(f"[bold]{r.name}[/] {cell.precision} for {cell.targets_label}  [dim]({index}/{total})[/]")
 
-    outcomes = build_recipe(recipe, overrides, on_cell=announce)
-    for cell, outcome in zip(cells, outcomes):
+    for cell, outcome in iter_build_recipe(recipe, overrides, on_cell=announce):
         if outcome.manifest.get("parity", {}).get("passed") is False:
             console.print(f"[yellow]warning:[/] {recipe.name} {cell.precision}: the graph of this engine failed "
                           "its parity check (see parity.json; `enginekit verify` gates on it)")

@@ -1,0 +1,227 @@
+"""Recipes: validation with file:line:key errors, flags over the file, CI matrix, make targets."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import assert_one_line_error
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((REPO / "recipes").glob("*.yaml"))
+WORKFLOWS = [REPO / "examples" / "ci" / "nightly.yml", REPO / "examples" / "ci" / "pr-verify.yml"]
+
+TINY_RECIPE = """\
+# a small engine: yolo12n at 256x256, FP32, random weights
+model:
+  variant: yolo12n
+  random_init: true
+profiles: [1x3x256x256]
+precisions: [fp32]
+backend: tensorrt-rtx
+targets: ["8.6"]
+"""
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+# --- shipped recipes -------------------------------------------------------------------
+
+
+def test_every_recipe_the_issue_names_is_shipped():
+    names = {p.stem for p in SHIPPED}
+    assert {"yolo12n", "yolo11n", "depth-anything-v2-small", "depth-anything-v2-base"} <= names
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_shipped_recipe_validates_and_round_trips(path, tmp_path):
+    from enginekit.recipes import load_recipe
+
+    recipe = load_recipe(path)
+    assert recipe.model.random_init, "CI reaches no model hub: shipped recipes use random weights"
+    assert recipe.backend == "tensorrt-rtx" and recipe.cells()
+    if recipe.adapter().family == "yolo":
+        assert recipe.profiles == ["1x3x640x640:8x3x640x640:16x3x640x640"]
+        assert {"fp16", "int8"} <= set(recipe.precisions)
+    else:
+        sides = {int(s.split("x")[-1]) for p in recipe.profiles for s in p.split(":")}
+        assert sides == {392, 518} and "fp16" in recipe.precisions
+    # `recipes show` output is itself a valid recipe, equal once resolved
+    copy = write(tmp_path, path.name, yaml.safe_dump(recipe.resolved(), sort_keys=False))
+    assert load_recipe(copy).resolved() == recipe.resolved()
+
+
+# --- validation errors: one line naming file, line and key ------------------------------
+
+BAD = {
+    "typo": ("model:\n  variant: yolo12n\nprofiles: [1x3x640x640]\nprecisons: [fp16]\n",
+             ["typo.yaml:4:", "unknown key 'precisons'", "precisions?"]),
+    "nested-typo": ("model:\n  varient: yolo12n\n", ["nested-typo.yaml:2:", "'model.varient'", "model.variant?"]),
+    "depth-384": ("model:\n  variant: depth-anything-v2-small\nprofiles:\n  - 1x3x518x518\n  - 1x3x384x384\n",
+                  ["depth-384.yaml:5:", "profiles[1]", "384 is not a multiple of 14", "392"]),
+    "unknown-model": ("description: x\nmodel:\n  variant: yolo99q\n", ["unknown-model.yaml:3:", "model.variant",
+                                                                        "unknown model 'yolo99q'"]),
+    "bad-target": ("model: {variant: yolo12n}\nbackend: tensorrt-rtx\ntargets: ['8.6', '9.0']\n",
+                   ["bad-target.yaml:3:", "targets[1]", "9.0"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_recipe_is_one_line_naming_file_line_and_key(run_cli, tmp_path, case):
+    text, needles = BAD[case]
+    write(tmp_path, f"{case}.yaml", text)
+    assert_one_line_error(run_cli("recipes", "show", f"{case}.yaml"), 2, *needles)
+
+
+@pytest.mark.parametrize("text, needles", [
+    ("model: {variant: yolo12n}\nprofiles: [1x3x640x640, 1x3x320x320]\n", [":2:", "profiles", "one H x W"]),
+    ("model: {variant: yolo12n}\nprecisions: [fp16, fp8]\n", [":2:", "precisions[1]", "'fp8'"]),
+    ("model: {variant: yolo12n}\nverification:\n  tolerances:\n    fp16: {rel_l2: -1}\n",
+     [":4:", "verification.tolerances.fp16.rel_l2", "greater than 0"]),
+    ("model: {variant: yolo12n}\nweights: a.pt\n", [":2:", "unknown key 'weights'", "model.weights?"]),
+    ("model: {variant: yolo12n, weights: missing.pt}\n", [":1:", "model.weights", "not found"]),
+    ("model: {variant: yolo12n}\nprecisions: [fp16]\nprecisions: [int8]\n", [":3:", "'precisions' is given twice"]),
+    ("model: {variant: yolo12n}\ntargets: ['8.6']\n", [":2:", "targets[0]", "need backend: tensorrt-rtx"]),
+    ("model: [yolo12n\n", [":2:", "malformed YAML"]),
+])
+def test_more_recipe_problems(tmp_path, text, needles):
+    from enginekit.errors import UsageError
+    from enginekit.recipes import load_recipe
+
+    path = write(tmp_path, "r.yaml", text)
+    with pytest.raises(UsageError) as err:
+        load_recipe(path)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(str(path))
+    for needle in needles:
+        assert needle in message, message
+
+
+# --- flags override the file -------------------------------------------------------------
+
+
+def test_flags_override_the_file(tmp_path):
+    from enginekit.recipes import load_recipe
+
+    (tmp_path / "w").mkdir()
+    write(tmp_path / "w", "calib", "")
+    recipe = load_recipe(write(tmp_path, "r.yaml", TINY_RECIPE + "calibration: {data: w/calib, count: 4}\n"))
+    kwargs = recipe.build_kwargs("fp32")
+    assert kwargs["target_cc"] == "8.6" and kwargs["random_init"] and kwargs["profiles"] == ["1x3x256x256"]
+    assert kwargs["calib_data"] == tmp_path / "w" / "calib"  # relative to the recipe file
+    overrides = {"precision": "fp16", "target_cc": "8.9,8.6", "weights": Path("best.pt"), "calib_count": 2}
+    (cell,) = recipe.cells(overrides)
+    assert (cell.precision, cell.targets) == ("fp16", ("8.6", "8.9"))
+    kwargs = recipe.build_kwargs(cell, overrides)
+    assert kwargs["weights"] == Path("best.pt") and not kwargs["random_init"] and kwargs["calib_count"] == 2
+    assert kwargs["precision"] == "fp16" and kwargs["target_cc"] == "8.6,8.9"
+
+
+# --- CI matrix and workflows ---------------------------------------------------------------
+
+
+def expected_cells() -> set[tuple[str, str, str]]:
+    from enginekit.recipes import load_recipe
+
+    cells = set()
+    for path in SHIPPED:
+        for cell in load_recipe(path).cells():
+            cells.add((f"recipes/{path.name}", cell.precision, cell.targets_label))
+    return cells
+
+
+def test_matrix_covers_every_recipe_cell(run_cli):
+    github = run_cli("matrix", "recipes/", "--format", "github", cwd=REPO)
+    assert github.code == 0, github.stderr
+    assert len(github.stdout.strip().splitlines()) == 1  # one line, as $GITHUB_OUTPUT needs
+    jobs = json.loads(github.stdout)["include"]
+    got = [(j["recipe"], j["precision"], j["targets"]) for j in jobs]
+    assert len(got) == len(set(got)) and set(got) == expected_cells()
+    plain = run_cli("matrix", "recipes/", "--format", "json", cwd=REPO)
+    assert json.loads(plain.stdout) == jobs
+
+
+def test_matrix_refuses_a_bad_recipe_before_any_work(run_cli, tmp_path):
+    write(tmp_path, "ok.yaml", TINY_RECIPE)
+    write(tmp_path, "bad.yaml", TINY_RECIPE.replace("precisions:", "precision:"))
+    assert_one_line_error(run_cli("matrix", "."), 2, "bad.yaml:6:", "unknown key 'precision'", "precisions?")
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_workflow_parses_and_uses_the_matrix(path):
+    text = path.read_text()
+    workflow = yaml.safe_load(text)
+    triggers = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as true
+    if path.name == "nightly.yml":
+        assert "schedule" in triggers and "workflow_dispatch" in triggers
+    else:
+        assert "pull_request" in triggers
+    jobs = workflow["jobs"]
+    plan_steps = " ".join(str(s.get("run", "")) for s in jobs["plan"]["steps"])
+    assert "enginekit matrix recipes/ --format github" in plan_steps and "$GITHUB_OUTPUT" in plan_steps
+    (matrix_job,) = [j for j in jobs.values() if "strategy" in j]
+    assert matrix_job["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+    assert matrix_job["needs"] == "plan"
+    steps = " ".join(str(s.get("run", "")) for s in matrix_job["steps"])
+    assert "enginekit build" in steps and "enginekit verify" in steps
+    used = set(re.findall(r"(?<![.\w])matrix\.(\w+)", text))  # not steps.matrix.outputs
+    keys = {"recipe", "name", "precision", "targets"}
+    assert {"recipe", "precision", "targets"} <= used and used <= keys, used - keys
+
+
+# --- make ------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_nightly_builds_and_verifies_every_recipe():
+    done = subprocess.run(["make", "-n", "nightly"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for path in SHIPPED:
+        assert f"enginekit build recipes/{path.name}" in done.stdout
+        assert f"enginekit verify recipes/{path.name} --report reports/{path.stem}/" in done.stdout
+    for target in ("engines", "verify", "clean-cache"):
+        assert subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, timeout=60).returncode == 0
+
+
+# --- building a recipe ---------------------------------------------------------------------
+
+
+def test_build_recipe_then_all_cache_hits(run_cli, tmp_path):
+    (tmp_path / "recipes").mkdir()
+    write(tmp_path / "recipes", "tiny.yaml", TINY_RECIPE)
+    listed = run_cli("recipes", "ls")
+    assert listed.code == 0 and "tiny" in listed.stdout and "local" in listed.stdout
+    shown = run_cli("recipes", "show", "tiny")
+    assert shown.code == 0 and "family: yolo" in shown.stdout, shown.stderr
+
+    first = run_cli("build", "recipes/tiny.yaml")
+    assert first.code == 0, first.stderr
+    engine = Path(first.stdout.strip())
+    assert engine.is_file() and engine.stat().st_size > 100_000
+    second = run_cli("build", "recipes/tiny.yaml")
+    assert second.code == 0, second.stderr
+    assert Path(second.stdout.strip()) == engine
+    assert "cached" in second.stderr and "built" not in second.stderr, second.stderr
+
+
+def test_verify_kwargs_fit_the_verify_api():
+    import inspect
+
+    from enginekit import api
+    from enginekit.recipes import load_recipe
+
+    recipe = load_recipe(REPO / "recipes" / "yolo12n.yaml")
+    kwargs = recipe.verify_kwargs("int8", {"tolerances": ["int8.map50=0.3"], "junit": Path("j.xml")})
+    inspect.signature(api.verify).bind(**kwargs)
+    inspect.signature(api.build).bind(kwargs["target"], precision=kwargs["precision"], **kwargs["build_options"])
+    assert kwargs["tolerances"][-1] == "int8.map50=0.3"  # the command line's --tol wins

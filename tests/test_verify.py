@@ -1,0 +1,164 @@
+"""enginekit verify: the parity gate on CPU (ONNX artifacts; engines need a GPU to run)."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import onnx
+import pytest
+
+from conftest import assert_one_line_error
+from test_build import DEPTH_PROFILE, YOLO_PROFILE
+
+PROFILES = {"yolo12n": YOLO_PROFILE, "depth": DEPTH_PROFILE}
+
+
+def verify(cache, model, precision, tmp_path, **kw):
+    from enginekit import api
+
+    return api.verify(model, precision=precision, cache=cache, quiet=True, report_dir=tmp_path / "report",
+                      build_options={"profiles": [PROFILES[model]], "random_init": True}, **kw)
+
+
+@pytest.mark.parametrize("model", ["yolo12n", "depth"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_verify_passes_and_writes_reports(cache, tmp_path, model, precision):
+    outcome = verify(cache, model, precision, tmp_path)
+    (report,) = outcome.reports
+    assert outcome.passed, [str(c) for c in report.failures()]
+    names = [a.name for a in report.artifacts]
+    expected_stage = {"fp32": [], "fp16": ["onnx-fp16"], "int8": ["onnx-int8"]}[precision]
+    assert names == ["onnx-export", "onnx-simplify", *expected_stage, "engine"]
+    engine = report.artifacts[-1]
+    assert not engine.ran and "no GPU" in engine.reason  # said plainly; the source graph was checked
+    final = report.artifacts[-2]
+    task_keys = {"map50", "recall", "precision"} if model == "yolo12n" else {"abs_rel", "delta1"}
+    assert task_keys <= set(final.task)
+    if model == "yolo12n":
+        assert final.task["reference_detections"] > 0  # a check that compares nothing would fail
+
+    data = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert data["passed"] is True
+    checks = sum(len(a.checks) for a in report.artifacts)
+    root = ET.parse(tmp_path / "report" / "junit.xml").getroot()
+    cases = root.findall(".//testcase")
+    assert len(cases) == checks + 1  # one per artifact x check, plus the engine's skipped run
+    assert len(root.findall(".//skipped")) == 1 and not root.findall(".//failure")
+    pngs = sorted((tmp_path / "report").glob("*.png"))
+    assert len(pngs) == len(names) - 1  # one per ONNX artifact
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert "PASS" in (tmp_path / "report" / "summary.md").read_text()
+
+
+def test_second_verify_reuses_references(cache, tmp_path):
+    first = verify(cache, "yolo12n", "fp32", tmp_path)
+    second = verify(cache, "yolo12n", "fp32", tmp_path)
+    assert second.reports[0].references_key == first.reports[0].references_key
+    assert second.reports[0].references_status == "hit"
+    ref_dir = cache.root / "reference" / first.reports[0].references_key
+    assert (ref_dir / "inputs.json").is_file() and (ref_dir / "outputs.json").is_file()  # polygraphy formats
+
+
+def test_require_engine_without_gpu_exits_3(run_cli, tmp_path):
+    r = run_cli("verify", "yolo12n", "--random-init", "--profile", "1x3x256x256", "--require-engine",
+                env={"ENGINEKIT_CACHE": str(tmp_path / "cache")})
+    assert_one_line_error(r, 3, "require-engine", "no GPU")
+
+
+@pytest.fixture(scope="module")
+def yolo_onnx_and_checkpoint(tmp_path_factory):
+    """A random-init yolo12n checkpoint and its simplified ONNX (320x320)."""
+    from enginekit import api
+    from enginekit.cache import Cache
+    from enginekit.models import resolve
+
+    root = tmp_path_factory.mktemp("tamper")
+    adapter = resolve("yolo12n")
+    ckpt = root / "yolo12n-random.pt"
+    adapter.save_checkpoint(adapter.load(None, random_init=True, seed=0), ckpt)
+    result = api.export("yolo12n", weights=ckpt, input="1x3x320x320", output=root / "good.onnx",
+                        cache=Cache(root / "cache"), quiet=True)
+    return result.output, ckpt
+
+
+def tamper_one_weight(src, dst, factor=50.0):
+    model = onnx.load(str(src))
+    # the bias of the head's last box convolution: a random YOLO's deep features are tiny, so
+    # only a change near the output shows; a real model would show one anywhere
+    floats = [i for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
+    init = next((i for i in floats if i.name.endswith("cv2.0.2.bias")), floats[-1])
+    arr = onnx.numpy_helper.to_array(init).copy()
+    arr.flat[0] = arr.flat[0] * factor + 1.0
+    init.CopyFrom(onnx.numpy_helper.from_array(arr, init.name))
+    onnx.save(model, str(dst))
+
+
+def test_any_onnx_against_its_checkpoint(run_cli, tmp_path, yolo_onnx_and_checkpoint):
+    good, ckpt = yolo_onnx_and_checkpoint
+    r = run_cli("verify", str(good), "--reference", str(ckpt))
+    assert r.code == 0, r.stderr
+
+
+def test_tampered_onnx_fails_naming_output_and_metric(run_cli, tmp_path, yolo_onnx_and_checkpoint):
+    good, ckpt = yolo_onnx_and_checkpoint
+    bad = tmp_path / "tampered.onnx"
+    tamper_one_weight(good, bad)
+    r = run_cli("verify", str(bad), "--reference", str(ckpt), "--report", "rep")
+    line = assert_one_line_error(r, 1, "output0")
+    assert "rel_l2" in line or "cosine" in line
+    data = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert data["passed"] is False and any("output0" in f for f in data["entries"][0]["failures"])
+
+
+def test_wrong_normalisation_in_graph_fails(run_cli, tmp_path, yolo_onnx_and_checkpoint):
+    """A graph that scales its input (0-255 images fed as 0-1, say) is caught."""
+    good, ckpt = yolo_onnx_and_checkpoint
+    model = onnx.load(str(good))
+    graph = model.graph
+    scale = onnx.numpy_helper.from_array(np.array(255.0, dtype=np.float32), "wrong_scale")
+    graph.initializer.append(scale)
+    first = graph.input[0].name
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name == first:
+                node.input[i] = "scaled_images"
+    graph.node.insert(0, onnx.helper.make_node("Mul", [first, "wrong_scale"], ["scaled_images"]))
+    bad = tmp_path / "wrong_norm.onnx"
+    onnx.save(model, str(bad))
+    r = run_cli("verify", str(bad), "--reference", str(ckpt))
+    assert r.code == 1, r.stderr
+
+
+def test_verify_bad_inputs(run_cli, tmp_path, yolo_onnx_and_checkpoint):
+    good, ckpt = yolo_onnx_and_checkpoint
+    env = {"ENGINEKIT_CACHE": str(tmp_path / "cache")}
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(run_cli("verify", str(good), "--reference", str(ckpt), "--images", "empty", env=env),
+                          2, "no images")
+    assert_one_line_error(run_cli("verify", "abcdef0123", env=env), 2, "abcdef0123")
+    # a Depth-Anything checkpoint given as the reference of a YOLO graph
+    from enginekit.models import resolve
+
+    depth = resolve("depth")
+    depth_ckpt = tmp_path / "depth.pth"
+    depth.save_checkpoint(depth.load(None, random_init=True, seed=0), depth_ckpt)
+    r = run_cli("verify", str(good), "--reference", str(depth_ckpt), "--model", "depth", env=env)
+    assert_one_line_error(r, 2, "does not match")
+
+
+def test_broken_image_is_skipped_and_reported(run_cli, tmp_path, yolo_onnx_and_checkpoint):
+    import shutil
+
+    from enginekit.images import embedded_image_paths
+
+    good, ckpt = yolo_onnx_and_checkpoint
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    shutil.copy(embedded_image_paths()[0], photos / "a.jpg")
+    (photos / "broken.jpg").write_bytes(b"not a jpeg")
+    r = run_cli("verify", str(good), "--reference", str(ckpt), "--images", "photos",
+                env={"ENGINEKIT_CACHE": str(tmp_path / "cache")})
+    assert r.code == 0, r.stderr
+    assert "skipped images" in r.stderr and "broken.jpg" in r.stderr

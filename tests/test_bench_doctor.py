@@ -158,3 +158,43 @@ def test_doctor_without_gpu_builds_only_with_rtx():
     assert backend_row(inv, "tensorrt-rtx")["can_build"] and not backend_row(inv, "tensorrt-rtx")["can_run"]
     assert not backend_row(inv, "tensorrt-10")["can_build"]
     assert not backend_row(inv, "onnxruntime-cuda")["can_run"]
+
+
+# --- engines, planned on a machine that reports a GPU it does not have --------------------
+
+
+@pytest.fixture
+def pretend_gpu(monkeypatch):
+    """Make enginekit believe this machine has the given GPU (nothing runs on it here)."""
+    from enginekit.trt import backends, builder
+    from enginekit.trt.backends import GpuInfo
+
+    pytest.importorskip("tensorrt_rtx", reason="the TensorRT-RTX wheels are not installed")
+
+    def pretend(name: str, cc: str) -> GpuInfo:
+        gpu = GpuInfo(name, cc)
+        monkeypatch.setattr(backends, "gpu_info", lambda: gpu)
+        monkeypatch.setattr(builder, "gpu_info", lambda: gpu, raising=False)
+        return gpu
+
+    return pretend
+
+
+def engine_plan(cache, backends=("tensorrt-rtx",)):
+    settings = bench.BenchSettings("yolo12n", batches=(1,), image_shape=(3, 128, 128), backends=backends,
+                                   random_init=True, warmup=0, iters=2)
+    return bench.prepare(settings, cache=cache, quiet=True)
+
+
+def test_bench_builds_a_static_engine_for_a_gpu_rtx_can_run_on(pretend_gpu, cache):
+    pretend_gpu("NVIDIA GeForce RTX 4090", "8.9")
+    (item,) = engine_plan(cache).items
+    assert item.skip is None and item.failure is None and not item.engine_skips
+    manifest = json.loads((item.engines[1].parent / "manifest.json").read_text())
+    assert manifest["targets"] == ["8.9"] and manifest["profiles"][0]["images"]["max"] == [1, 3, 128, 128]
+
+
+def test_bench_skips_rtx_on_hopper_with_the_reason_before_building(pretend_gpu, cache):
+    pretend_gpu("NVIDIA H100 80GB HBM3", "9.0")
+    (item,) = engine_plan(cache).items
+    assert item.skip is not None and "9.0" in item.skip and not item.engines

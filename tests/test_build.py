@@ -45,14 +45,14 @@ def assert_manifest(outcome, *, precision, input_name, profile_min, profile_max,
     assert parity["checked"] and parity["passed"], parity.get("failures")
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
 def test_yolo_engine_with_dynamic_profile(cache, precision):
     outcome = build(cache, "yolo12n", profiles=[YOLO_PROFILE], precision=precision)
     assert_manifest(outcome, precision=precision, input_name="images", profile_min=[1, 3, 320, 320],
                     profile_max=[4, 3, 320, 320])
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
 def test_depth_engine_with_dynamic_hw_profile(cache, precision):
     outcome = build(cache, "depth", profiles=[DEPTH_PROFILE], precision=precision)
     assert_manifest(outcome, precision=precision, input_name="pixel_values", profile_min=[1, 3, 224, 224],
@@ -60,6 +60,38 @@ def test_depth_engine_with_dynamic_hw_profile(cache, precision):
     # one dynamic-H/W ONNX serves every profile: the export entry is shared with other profiles
     other = build(cache, "depth", profiles=["1x3x518x518"], precision=precision)
     assert other.artifacts[0].entry.key == outcome.artifacts[0].entry.key
+
+
+def test_int8_family_exclusions_keep_the_head_out(cache):
+    import onnx
+
+    outcome = build(cache, "yolo12n", profiles=[YOLO_PROFILE], precision="int8")
+    int8 = outcome.artifacts[-1]
+    assert int8.stage == "int8" and int8.manifest["qdq_nodes"] > 50
+    graph = onnx.load(str(int8.path)).graph
+    dq_outputs = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    head_convs = [n for n in graph.node if n.op_type == "Conv" and n.name.startswith("/model.21/")]
+    assert head_convs and not any(i in dq_outputs for n in head_convs for i in n.input)
+    body_convs = [n for n in graph.node if n.op_type == "Conv" and n.name.startswith("/model.2/")]
+    assert any(i in dq_outputs for n in body_convs for i in n.input)
+
+
+def test_int8_with_calibration_cache_skips_calibration_byte_identical(run_cli, tmp_path):
+    env = cli_env(tmp_path / "cache")
+    args = ["build", "yolo12n", "--random-init", "--precision", "int8", "--profile", "1x3x256x256:2x3x256x256:4x3x256x256",
+            "--calib-cache", "yolo.calib", "--no-verify"]
+    first = run_cli(*args, env=env)
+    assert first.code == 0, first.stderr
+    assert "calibration: calibrated" in first.stderr
+    calib = (tmp_path / "yolo.calib").read_text().splitlines()
+    assert calib[0].startswith("TRT-") and len(calib) > 50 and ": " in calib[1]
+    # a fresh cache: only the calibration cache file carries over
+    second = run_cli(*args, env=cli_env(tmp_path / "cache2"))
+    assert second.code == 0, second.stderr
+    assert "from calibration cache (no calibration)" in second.stderr
+    graphs = [sorted((tmp_path / c / "onnx-int8").glob("*/model.onnx")) for c in ("cache", "cache2")]
+    assert len(graphs[0]) == len(graphs[1]) == 1
+    assert graphs[0][0].read_bytes() == graphs[1][0].read_bytes()
 
 
 def test_several_profiles_and_target_list(cache):
@@ -203,9 +235,17 @@ def test_cache_verbs(run_cli, tmp_path):
         (["build", "yolo12n", "--random-init", "--target-cc", "9.0"], 2, ["9.0"]),
         (["build", "yolo12n", "--random-init", "--precision", "int4"], 2, ["unknown precision"]),
         (["build", "missing.onnx"], 2, ["not found"]),
+        (["build", "yolo12n", "--random-init", "--precision", "int8", "--calib-data", "empty"], 2, ["has no images"]),
+        (["build", "yolo12n", "--random-init", "--precision", "int8", "--calib-data", "nowhere"], 2, ["not found"]),
+        (["build", "yolo12n", "--random-init", "--precision", "int8", "--calib-data", "broken",
+          "--profile", "1x3x256x256"], 2, ["no readable images"]),
+        (["build", "yolo12n", "--random-init", "--precision", "int8", "--calib-method", "magic"], 2, ["unknown calibration method"]),
     ],
 )
 def test_build_bad_inputs(run_cli, tmp_path, args, code, needles):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "a.jpg").write_bytes(b"not an image")
     r = run_cli(*args, env=cli_env(tmp_path / "cache"))
     assert_one_line_error(r, code, *needles)
     assert not (tmp_path / "cache" / "engine").exists()

@@ -413,8 +413,11 @@ def _tensorrt_runner(backend, plan_path: Path, batch: np.ndarray, include_copies
             for out in outputs:
                 out.cpu()
 
+    keep_alive = [runtime, engine, context]  # the context needs its engine and runtime while it runs
+
     def close():
         buffers.clear()
+        keep_alive.clear()
         torch.cuda.empty_cache()
 
     copies = COPIES_INCLUDED if include_copies else COPIES_EXCLUDED

@@ -15,7 +15,6 @@ import importlib.util
 import os
 import platform
 import re
-import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any

@@ -426,7 +426,7 @@ def _check(recipe: Recipe) -> None:
     """Everything a build would refuse later: model, shapes, targets, files, tolerances."""
     adapter = _check_model(recipe)
     _check_profiles(recipe, adapter)
-    _check_lists(recipe)
+    _check_precisions(recipe)
     _check_calibration(recipe)
     _check_targets(recipe)
     _check_verification(recipe, adapter)
@@ -474,7 +474,7 @@ def _check_profiles(recipe: Recipe, adapter) -> None:
     _expect(("profiles",), _bind_profiles_to_model, parsed, adapter)  # e.g. one H x W for YOLO
 
 
-def _check_lists(recipe: Recipe) -> None:
+def _check_precisions(recipe: Recipe) -> None:
     if not recipe.precisions:
         raise _Problem(("precisions",), f"names no precision: choose from {', '.join(RECIPE_PRECISIONS)}")
     for i, precision in enumerate(recipe.precisions):

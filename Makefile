@@ -7,7 +7,7 @@ OUT    ?= out
 export YOLO_OFFLINE ?= 1
 export YOLO_CONFIG_DIR ?= $(CURDIR)/$(VENV)/ultralytics-config
 
-.PHONY: setup run test help-time bench clean
+.PHONY: setup run test bench bench-pipeline clean
 
 setup: $(STAMP)
 
@@ -71,3 +71,9 @@ $(VERIFY_JOBS): verify-%: engine-%
 # Empty the engine cache (entries another process is writing are kept).
 clean-cache:
 	@if [ -x $(BIN)/enginekit ]; then $(BIN)/enginekit cache purge; else echo "no $(BIN)/enginekit: nothing to purge"; fi
+
+# Speed figures of the pipeline (help, export vs Ultralytics, ONNX Runtime latency, cold and
+# cache-hit builds, INT8 with a calibration cache, verify with stored references).
+bench-pipeline: setup
+	mkdir -p $(OUT)
+	$(BIN)/python benchmarks/pipeline.py --json $(OUT)/bench-pipeline.json

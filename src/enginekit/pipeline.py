@@ -146,7 +146,7 @@ class Pipeline:
     # -- stages --------------------------------------------------------------------------
     def _stage(self, stage: str, parts: dict, produce, label: str) -> Artifact:
         with step(label, quiet=self.quiet) as s:
-            entry, status = self.cache.get_or_create(f"onnx-{stage}", parts, produce, force=self.force,
+            entry, status = self.cache.get_or_create(f"onnx-{stage}", parts, timed(produce), force=self.force,
                                                      subject=self.subject)
             s.status = status if status != "forced" else "rebuilt"
         return Artifact(stage, entry, status)
@@ -320,7 +320,8 @@ class Pipeline:
             }
 
         with step("engine", quiet=self.quiet) as s:
-            entry, status = self.cache.get_or_create("engine", parts, produce, force=self.force, subject=self.subject)
+            entry, status = self.cache.get_or_create("engine", parts, timed(produce), force=self.force,
+                                                     subject=self.subject)
             s.status = status if status != "forced" else "rebuilt"
         return entry, status
 
@@ -342,6 +343,18 @@ class Pipeline:
         if fp16:
             chain.append(self.fp16(chain[-1], shape, reference_data))
         return chain
+
+
+def timed(produce):
+    """Record how long a stage took in its manifest ("seconds"), for benchmarks and reports."""
+    import time
+
+    def run(tmp: Path) -> dict:
+        start = time.perf_counter()
+        extra = produce(tmp) or {}
+        return {**extra, "seconds": round(time.perf_counter() - start, 3)}
+
+    return run
 
 
 def engine_key_parts(onnx_sha: str, precision: dict, profiles: list, backend, targets, gpu, options) -> dict:

@@ -162,3 +162,32 @@ def test_broken_image_is_skipped_and_reported(run_cli, tmp_path, yolo_onnx_and_c
                 env={"ENGINEKIT_CACHE": str(tmp_path / "cache")})
     assert r.code == 0, r.stderr
     assert "skipped images" in r.stderr and "broken.jpg" in r.stderr
+
+
+def test_repair_moves_few_nodes_and_passes(cache):
+    """A tight FP16 tolerance fails with AutoCast's defaults; --repair finds the nodes to keep FP32."""
+    from enginekit import api
+    from enginekit.errors import ParityError  # noqa: F401 - a failed repair raises it
+
+    outcome = api.build("depth", random_init=True, precision="fp16", profiles=["1x3x224x224"], repair=True,
+                        tolerances=["rel_l2=1e-4"], cache=cache, quiet=True)
+    record = outcome.manifest["repair"]
+    assert record["rel_l2_before"] > 1e-4 >= record["rel_l2_after"]
+    assert 0 < record["moved"] <= 32 and len(record["nodes"]) == record["moved"]
+    assert outcome.manifest["precision"]["repaired_nodes"] == record["nodes"]
+    fp16 = outcome.artifacts[-1]
+    assert fp16.manifest["keep_fp32"] and any(n.strip("^$").replace("\\", "") in record["nodes"]
+                                               for n in fp16.manifest["keep_fp32"])
+    # the next --repair build starts from the nodes found: no search, same engine
+    again = api.build("depth", random_init=True, precision="fp16", profiles=["1x3x224x224"], repair=True,
+                      tolerances=["rel_l2=1e-4"], cache=cache, quiet=True)
+    assert again.entry.key == outcome.entry.key
+
+
+def test_verify_a_recipe(run_cli, tmp_path):
+    (tmp_path / "tiny.yaml").write_text(
+        "model:\n  variant: yolo12n\n  random_init: true\nprofiles:\n  - 1x3x256x256\nprecisions: [fp32]\n"
+    )
+    r = run_cli("verify", "tiny.yaml", "--report", "rep", env={"ENGINEKIT_CACHE": str(tmp_path / "cache")})
+    assert r.code == 0, r.stderr
+    assert json.loads((tmp_path / "rep" / "report.json").read_text())["passed"] is True

@@ -140,6 +140,8 @@ def build(
     force: bool = False,
     explain: bool = False,
     verify: bool = True,
+    repair: bool = False,
+    tolerances: list[str] | tuple[str, ...] = (),
     cache=None,
     quiet: bool = False,
 ) -> BuildOutcome:
@@ -196,6 +198,17 @@ def build(
                                calibration_cache=Path(calib_cache) if calib_cache else None))
         recipe.update({"method": calib_method, "exclude": chain[-1].manifest.get("exclude", []),
                        "calibration": chain[-1].manifest.get("calibration_source")})
+    repair_record = None
+    if repair:
+        if is_file or precision not in ("fp16", "int8"):
+            raise UsageError("--repair works on fp16 and int8 builds of a model name (it needs the PyTorch reference)")
+        from enginekit.verify.gate import parse_overrides
+
+        repaired, repair_record = _repair(pipe, chain, precision, opt_shape, parse_overrides(list(tolerances)),
+                                          data, calib_method, list(exclude), quiet)
+        chain[-1] = repaired
+        if precision == "int8":
+            recipe["exclude"] = repaired.manifest.get("exclude", [])
     source = chain[-1]
 
     verify_fn = None
@@ -209,8 +222,73 @@ def build(
         parts = engine_key_parts(source.sha256, recipe, bound, be, resolve_targets(be, options.target_cc, gpu),
                                  gpu, options)
         _explain_stage(pipe, "engine", parts)
-    entry, status = pipe.engine(source, bound, be, options, recipe, verify_fn, chain)
+    if repair_record is not None:
+        recipe["repaired_nodes"] = repair_record["nodes"]
+    entry, status = pipe.engine(source, bound, be, options, recipe, verify_fn, chain,
+                                extra={"repair": repair_record} if repair_record is not None else None)
     return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
+
+
+def _repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude, quiet):
+    """Make the reduced-precision graph pass its gate by moving as few nodes as needed.
+
+    The nodes found are stored (kind "repair", keyed by source graph, precision and tolerance)
+    so the next ``--repair`` build starts from them without searching again.
+    """
+    from enginekit.cache import key_for
+    from enginekit.calibration import CalibrationData
+    from enginekit.images import load_images
+    from enginekit.ui import console, step
+    from enginekit.verify import repair as rp
+    from enginekit.verify.gate import Gates
+    from enginekit.verify.parity import ReferenceCache, check_onnx, parity_inputs
+
+    source = chain[-2]
+    tol = Gates(pipe.adapter, overrides).parity(precision)
+    memory_parts = {"search": "reverse-topological/1", "source": source.sha256, "precision": precision,
+                    "tolerance": tol.to_json(),
+                    "method": calib_method if precision == "int8" else None, "exclude": sorted(exclude)}
+
+    def try_nodes(nodes: list[str]):
+        patterns = rp.exact_patterns(nodes)
+        if precision == "fp16":
+            return pipe.fp16(source, shape, CalibrationData(None, count=2), keep_fp32_nodes=patterns)
+        return pipe.int8(source, shape, data, method=calib_method, exclude=exclude + patterns)
+
+    refs = ReferenceCache(pipe.adapter, pipe.loaded)
+    cases = parity_inputs(pipe.adapter, shape, load_images(None, limit=2))
+
+    def check(artifact):
+        result = check_onnx(refs, artifact.path, cases, precision, tol)
+        worst = max(w["rel_l2"] for w in result.worst().values())
+        return result.passed, worst
+
+    memory = pipe.cache.lookup("repair", key_for(memory_parts))
+    if memory.entry is not None:
+        nodes = memory.entry.manifest["nodes"]
+        console.print(f"  repair: starting from {len(nodes)} node(s) found earlier (entry {memory.entry.key[:10]})")
+        artifact = try_nodes(nodes)
+        ok, after = check(artifact)
+        if ok:
+            return artifact, {**memory.entry.manifest["result"], "reused": True}
+    passed, worst = check(chain[-1])
+    if passed:
+        return chain[-1], {"nodes": [], "moved": 0, "rel_l2_before": worst, "rel_l2_after": worst, "trials": 1}
+    names = rp.candidate_nodes(source.path, precision)
+    with step(f"repair {precision}: rank {len(names)} nodes", quiet=quiet) as s:
+        feed = {pipe.adapter.input_name: cases[0].array}
+        ranking = rp.per_node_error(source.path, chain[-1].path, feed, names)
+        s.detail = "with per-node error" if ranking else "without per-node error"
+    with step(f"repair {precision}: search", quiet=quiet) as s:
+        result = rp.repair(try_nodes, check, names, ranking)
+        s.detail = f"{len(result.nodes)} node(s) moved in {result.trials} trials"
+    console.print(f"  repair: rel L2 {result.before:.2e} -> {result.after:.2e} (limit {tol.rel_l2:.0e}) by keeping "
+                  f"{len(result.nodes)} node(s) in {'FP32' if precision == 'fp16' else 'high precision'}: "
+                  + ", ".join(result.nodes[:8]) + (" ..." if len(result.nodes) > 8 else ""))
+    record = result.to_json()
+    pipe.cache.get_or_create("repair", memory_parts, lambda tmp: {"nodes": result.nodes, "result": record},
+                             subject=pipe.subject)
+    return result.artifact, record
 
 
 def _explain_stage(pipe, kind: str, parts: dict) -> None:

@@ -283,7 +283,7 @@ class Pipeline:
         self.cache.get_or_create("calibration", parts, produce, subject=self.subject)
 
     def engine(self, source: Artifact, profiles: list, backend, options, precision: dict,
-               verify=None, chain: list[Artifact] | None = None) -> tuple[Entry, str]:
+               verify=None, chain: list[Artifact] | None = None, extra: dict | None = None) -> tuple[Entry, str]:
         """Build (or find) the engine of ``source``: cache entry with engine.plan, manifest, parity.json.
 
         ``verify(onnx_path) -> dict`` computes the parity summary of the exact graph the engine
@@ -317,6 +317,7 @@ class Pipeline:
                 # what verify needs to rebuild the reference and find every ONNX artifact
                 "model_request": self.request.to_json() if self.request is not None else None,
                 "chain": [a.to_json() for a in (chain or [source])],
+                **(extra or {}),
             }
 
         with step("engine", quiet=self.quiet) as s:

@@ -86,6 +86,9 @@ class Builder(_Strict):
 
     workspace: Optional[str] = None  # --workspace, e.g. 4G
     opt_level: Optional[int] = Field(None, ge=0, le=5)  # --opt-level
+    # --repair: an fp16/int8 graph that fails parity keeps its fewest offending nodes in FP32
+    # (gated by verification.tolerances)
+    repair: bool = False
 
 
 class Recipe(_Strict):
@@ -177,7 +180,11 @@ class Recipe(_Strict):
             "opset": m.opset,
             "verify": self.verification.on_build,
         }
+        if self.builder.repair:  # passed only when asked for, like the flag
+            kwargs.update(repair=True, tolerances=self.tolerance_overrides())
         extra = {k: v for k, v in (overrides or {}).items() if k not in ("precision", "target_cc")}
+        if extra.get("tolerances"):  # --tol adds to the recipe's tolerances (later ones win)
+            extra["tolerances"] = self.tolerance_overrides() + list(extra["tolerances"])
         if extra.get("weights") is not None:  # real weights on the command line beat random init
             kwargs["random_init"] = False
         if extra.get("random_init"):

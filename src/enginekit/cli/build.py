@@ -31,6 +31,8 @@ def register(app: typer.Typer) -> None:
         seed: SeedOpt = 0,
         explain: Annotated[bool, typer.Option("--explain", help="Say hit or miss, and which part of the key changed.")] = False,
         no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the parity check recorded in the manifest.")] = False,
+        repair: Annotated[bool, typer.Option("--repair", help="fp16/int8: if the parity gate fails, keep the fewest offending nodes in FP32 and rebuild.")] = False,
+        tol: Annotated[Optional[list[str]], typer.Option("--tol", help="Gate tolerance for --repair: rel_l2=1e-4, fp16.cosine=0.9999 (repeatable).")] = None,
         output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also copy the plan here.")] = None,
         force: ForceOpt = False,
     ) -> None:
@@ -60,6 +62,7 @@ def register(app: typer.Typer) -> None:
             workspace=workspace, opt_level=opt_level, calib_data=calib_data, calib_count=calib_count,
             calib_method=calib_method, calib_cache=calib_cache, exclude=exclude or [], weights=weights,
             random_init=random_init, seed=seed, explain=explain, verify=not no_verify, force=force,
+            repair=repair, tolerances=tol or [],
         )
         from enginekit.ui import console, emit
 

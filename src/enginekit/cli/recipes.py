@@ -12,7 +12,7 @@ from enginekit.cli.common import handles_errors, quiet_third_party
 from enginekit.errors import UsageError
 
 # build's CLI parameter -> api.build keyword, for flags that override a recipe
-_FLAG_TO_KWARG = {"profile": "profiles"}
+_FLAG_TO_KWARG = {"profile": "profiles", "tol": "tolerances"}
 _NOT_OVERRIDES = ("target",)
 
 

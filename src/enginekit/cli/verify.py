@@ -46,21 +46,36 @@ def register(app: typer.Typer) -> None:
           enginekit verify model.onnx --reference model.pt
         """
         from enginekit import api
-        from enginekit.cli.render import verify_table
         from enginekit.errors import ParityError
-        from enginekit.ui import console
 
         quiet_third_party()
-        build_options = {"profiles": profile or [], "weights": weights, "random_init": random_init, "seed": seed}
-        outcome = api.verify(target, precision=precision, images=images, image_count=image_count, report_dir=report,
-                             junit=junit, tolerances=tol or [], reference=reference, model=model,
-                             require_engine=require_engine, build_options=build_options)
-        for r in outcome.reports:
-            verify_table(r)
-            if r.skipped_images:
-                console.print(f"  [yellow]skipped images:[/] {'; '.join(r.skipped_images)}")
-        for kind, path in outcome.files.items():
-            console.print(f"  {kind}: {path}")
-        if not outcome.passed:
-            failed = [str(c) for r in outcome.reports for c in r.failures()]
+        if target is not None and target.endswith((".yaml", ".yml")):  # a recipe: every cell in it
+            from enginekit.cli.recipes import given_flags
+            from enginekit.recipes import verify_recipe
+
+            flags = given_flags(locals())
+            for key in ("report", "junit", "reference", "model"):
+                flags.pop(key, None)
+            outcomes = verify_recipe(target, flags, report_dir=report, junit=junit)
+        else:
+            build_options = {"profiles": profile or [], "weights": weights, "random_init": random_init, "seed": seed}
+            outcomes = [api.verify(target, precision=precision, images=images, image_count=image_count,
+                                   report_dir=report, junit=junit, tolerances=tol or [], reference=reference,
+                                   model=model, require_engine=require_engine, build_options=build_options)]
+        for outcome in outcomes:
+            _render(outcome)
+        if not all(o.passed for o in outcomes):
+            failed = [str(c) for o in outcomes for r in o.reports for c in r.failures()]
             raise ParityError(f"{len(failed)} check(s) failed: " + "; ".join(failed[:3]) + (" ..." if len(failed) > 3 else ""))
+
+
+def _render(outcome) -> None:
+    from enginekit.cli.render import verify_table
+    from enginekit.ui import console
+
+    for r in outcome.reports:
+        verify_table(r)
+        if r.skipped_images:
+            console.print(f"  [yellow]skipped images:[/] {'; '.join(r.skipped_images)}")
+    for kind, path in outcome.files.items():
+        console.print(f"  {kind}: {path}")

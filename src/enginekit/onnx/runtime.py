@@ -35,3 +35,15 @@ def session(path: Path, *, cpu_only: bool = True):
 def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feeds)))
+
+
+def session_from_model(model):
+    """A CPU session over an in-memory ModelProto (IR version capped for ONNX Runtime)."""
+    import onnxruntime as ort
+
+    from enginekit.onnx.graph import MAX_IR_VERSION
+
+    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"])

@@ -191,3 +191,32 @@ def test_verify_a_recipe(run_cli, tmp_path):
     r = run_cli("verify", "tiny.yaml", "--report", "rep", env={"ENGINEKIT_CACHE": str(tmp_path / "cache")})
     assert r.code == 0, r.stderr
     assert json.loads((tmp_path / "rep" / "report.json").read_text())["passed"] is True
+
+
+@pytest.mark.parametrize("needed,total", [(3, 100), (1, 10), (37, 200), (10, 10)])
+def test_repair_search_finds_the_fewest_nodes_from_the_output(needed, total):
+    from enginekit.verify.repair import repair
+
+    names = [f"n{i}" for i in range(total)]
+    need = set(names[-needed:])  # the last nodes before the output are the sensitive ones
+    result = repair(lambda nodes: set(nodes), lambda a: (need <= a, 0.0 if need <= a else 1.0), names, None)
+    assert set(result.nodes) == need
+    assert result.trials <= 16
+
+
+def test_repair_that_cannot_pass_says_so():
+    from enginekit.errors import ParityError
+    from enginekit.verify.repair import repair
+
+    with pytest.raises(ParityError, match="even with all 8 candidate nodes moved"):
+        repair(lambda nodes: nodes, lambda a: (False, 0.5), [f"n{i}" for i in range(8)], None)
+
+
+@pytest.mark.gpu
+def test_engine_runs_through_polygraphy_where_a_gpu_allows(cache, tmp_path):
+    """Needs a GPU that the engine's backend supports (TensorRT-RTX: not compute capability 9.0)."""
+    outcome = verify(cache, "yolo12n", "fp16", tmp_path)
+    engine = outcome.reports[0].artifacts[-1]
+    if not engine.ran:
+        pytest.skip(f"the engine cannot run here: {engine.reason}")
+    assert engine.passed, [str(c) for c in engine.checks if not c.passed]

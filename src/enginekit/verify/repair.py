@@ -95,54 +95,43 @@ def per_node_error(fp32_path: Path, reduced_path: Path, feed: dict[str, np.ndarr
 
 
 def repair(try_nodes, check, names: list[str], ranking: dict[str, float] | None, *, max_trials: int = 16) -> RepairResult:
-    """Binary search over the top-k ranked nodes.
+    """The fewest of ``names`` (taken from the output backwards) that make the gate pass.
 
     ``try_nodes(nodes) -> artifact`` makes the graph with ``nodes`` kept in high precision;
-    ``check(artifact) -> (passed, rel_l2)``.
+    ``check(artifact) -> (passed, rel_l2)``. ``ranking`` (error each node adds) is reported.
     """
     # Skipping nodes that add no measurable error looked cheaper but fails: it leaves casts to
     # FP16 between FP32 nodes. The per-node figures are kept for the report instead.
     order = list(reversed(names))
-    how = "reverse topological order"
-    base = try_nodes([])
-    passed, before = check(base)
-    history = [(0, before, passed)]
-    if passed:
-        return RepairResult([], 1, before, before, base, how, history)
-    lo, hi = 0, len(order)  # lo fails; hi is assumed to pass (everything moved)
-    best = None
-    trials = 1
-    k = 1
-    # grow 1, 2, 4, ... until a pass, then bisect between the last failure and it
-    while k < hi and trials < max_trials:
+    history: list[tuple[int, float, bool]] = []
+    artifacts: dict[int, tuple[object, float]] = {}
+
+    def trial(k: int) -> bool:
         art = try_nodes(order[:k])
-        ok, e = check(art)
-        trials += 1
-        history.append((k, e, ok))
-        if ok:
-            best, hi = (k, art, e), k
+        ok, err = check(art)
+        history.append((k, err, ok))
+        artifacts[k] = (art, err)
+        return ok
+
+    if trial(0):
+        art, err = artifacts[0]
+        return RepairResult([], 1, err, err, art, "reverse topological order", history)
+    lo, hi, k = 0, None, 1  # lo fails; hi passes
+    while k < len(order) and len(history) < max_trials:  # grow 1, 2, 4, ... until a pass
+        if trial(k):
+            hi = k
             break
         lo, k = k, k * 2
-    if best is None:
-        art = try_nodes(order)
-        ok, e = check(art)
-        trials += 1
-        history.append((len(order), e, ok))
-        if not ok:
-            raise ParityError(f"repair failed: even with all {len(order)} candidate nodes moved, rel L2 is {e:.2e}")
-        best, hi = (len(order), art, e), len(order)
-    while hi - lo > 1 and trials < max_trials:
+    if hi is None:
+        if not trial(len(order)):
+            raise ParityError(f"repair failed: even with all {len(order)} candidate nodes moved, "
+                              f"rel L2 is {history[-1][1]:.2e}")
+        hi = len(order)
+    while hi - lo > 1 and len(history) < max_trials:  # then bisect between the two
         mid = (lo + hi) // 2
-        art = try_nodes(order[:mid])
-        ok, e = check(art)
-        trials += 1
-        history.append((mid, e, ok))
-        if ok:
-            best, hi = (mid, art, e), mid
-        else:
-            lo = mid
-    k, art, after = best
-    result = RepairResult(order[:k], trials, before, after, art, how, history)
+        lo, hi = (lo, mid) if trial(mid) else (mid, hi)
+    art, after = artifacts[hi]
+    result = RepairResult(order[:hi], len(history), history[0][1], after, art, "reverse topological order", history)
     if ranking:
         result.node_error = {n: ranking.get(n, 0.0) for n in result.nodes}
     return result

@@ -249,3 +249,22 @@ def test_build_bad_inputs(run_cli, tmp_path, args, code, needles):
     r = run_cli(*args, env=cli_env(tmp_path / "cache"))
     assert_one_line_error(r, code, *needles)
     assert not (tmp_path / "cache" / "engine").exists()
+
+
+def test_foreign_onnx_file_builds_in_fp16(cache, tmp_path):
+    """An ONNX enginekit did not write (no family metadata) still goes through fp16 and the build."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"], name="relu")],
+        "foreign", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 32, 32])], initializer=[w])
+    path = tmp_path / "foreign.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(path))
+    outcome = build(cache, str(path), precision="fp16", random_init=False)
+    assert outcome.manifest["io"][1] == {"name": "y", "mode": "output", "dtype": "float32", "shape": [1, 8, 32, 32]}
+    assert outcome.manifest["parity"]["passed"] is None  # no PyTorch model to compare against: said, not faked

@@ -170,9 +170,17 @@ def build(
     from enginekit.trt.backends import gpu_info
 
     resolve_targets(be, options.target_cc, gpu_info())  # refuse bad --target-cc before any work
+    is_file = target.endswith(".onnx") or Path(target).is_file()
+    if repair and (is_file or precision not in ("fp16", "int8")):
+        raise UsageError("--repair works on fp16 and int8 builds of a model name (it needs the PyTorch reference)")
+    from enginekit.verify.gate import parse_overrides
+
+    overrides = parse_overrides(list(tolerances))
+    data = CalibrationData(Path(calib_data) if calib_data else None, count=calib_count)
+    if precision == "int8" and not data.is_array and not (calib_cache and Path(calib_cache).is_file()):
+        data.image_paths  # noqa: B018 - refuse a missing or empty image folder before any work
     cache = cache or Cache()
 
-    is_file = target.endswith(".onnx") or Path(target).is_file()
     if is_file:
         source_path = Path(target)
         adapter, subject = _adapter_from_onnx(source_path)
@@ -190,7 +198,6 @@ def build(
         chain.append(pipe.simplify(chain[-1], export_shape))
 
     recipe: dict = {"mode": precision}
-    data = CalibrationData(Path(calib_data) if calib_data else None, count=calib_count)
     if precision == "fp16":
         chain.append(pipe.fp16(chain[-1], opt_shape, CalibrationData(None, count=2)))
     elif precision == "int8":
@@ -200,12 +207,8 @@ def build(
                        "calibration": chain[-1].manifest.get("calibration_source")})
     repair_record = None
     if repair:
-        if is_file or precision not in ("fp16", "int8"):
-            raise UsageError("--repair works on fp16 and int8 builds of a model name (it needs the PyTorch reference)")
-        from enginekit.verify.gate import parse_overrides
-
-        repaired, repair_record = _repair(pipe, chain, precision, opt_shape, parse_overrides(list(tolerances)),
-                                          data, calib_method, list(exclude), quiet)
+        repaired, repair_record = _repair(pipe, chain, precision, opt_shape, overrides, data, calib_method,
+                                          list(exclude), quiet)
         chain[-1] = repaired
         if precision == "int8":
             recipe["exclude"] = repaired.manifest.get("exclude", [])

@@ -194,15 +194,21 @@ class Pipeline:
         from enginekit.onnx.precision import convert_fp16
 
         data = data or CalibrationData(None, count=2)
-        keep = sorted(set(self.adapter.fp16_keep_fp32) | set(keep_fp32_nodes or []))
+        family_keep = self.adapter.fp16_keep_fp32 if self.adapter else ()
+        keep = sorted(set(family_keep) | set(keep_fp32_nodes or []))
+        # A graph of no known family gets AutoCast's own random reference inputs (static shapes only).
+        reference = data.digest(self.adapter, shape) if self.adapter else None
         parts = {"stage": "fp16", "input": source.sha256, "modelopt": package_version("nvidia-modelopt"),
-                 "keep_fp32": keep, "reference_data": data.digest(self.adapter, shape)}
+                 "keep_fp32": keep, "reference_data": reference}
 
         def produce(tmp: Path) -> dict:
-            calib = tmp / "autocast_inputs.npz"
-            np.savez(calib, **{self.adapter.input_name: data.batch(self.adapter, shape)})
+            calib = None
+            if self.adapter is not None:
+                calib = tmp / "autocast_inputs.npz"
+                np.savez(calib, **{self.adapter.input_name: data.batch(self.adapter, shape)})
             share = convert_fp16(source.path, tmp / ONNX_FILE, keep_fp32_nodes=keep, calibration=calib)
-            calib.unlink()
+            if calib is not None:
+                calib.unlink()
             return {"initializer_dtype_share": share, "keep_fp32": keep}
 
         return self._stage("fp16", parts, produce, "fp16 (ModelOpt AutoCast)")

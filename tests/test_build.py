@@ -268,3 +268,21 @@ def test_foreign_onnx_file_builds_in_fp16(cache, tmp_path):
     outcome = build(cache, str(path), precision="fp16", random_init=False)
     assert outcome.manifest["io"][1] == {"name": "y", "mode": "output", "dtype": "float32", "shape": [1, 8, 32, 32]}
     assert outcome.manifest["parity"]["passed"] is None  # no PyTorch model to compare against: said, not faked
+
+
+def test_fp8_is_refused_for_targets_without_it_and_built_for_those_with_it(cache, run_cli, tmp_path):
+    import onnx
+
+    r = run_cli("build", "yolo12n", "--random-init", "--precision", "fp8", "--profile", "1x3x256x256",
+                env=cli_env(tmp_path / "cache"))
+    assert_one_line_error(r, 2, "fp8 needs compute capability 8.9", "7.5", "--target-cc 8.9,12.0")
+    outcome = build(cache, "yolo12n", profiles=["1x3x256x256"], precision="fp8", target_cc="8.9,12.0")
+    assert outcome.manifest["targets"] == ["8.9", "12.0"]
+    graph = onnx.load(str(outcome.artifacts[-1].path)).graph
+    fp8 = onnx.TensorProto.FLOAT8E4M3FN
+    zero_points = {i.name: i.data_type for i in graph.initializer}
+    q = [n for n in graph.node if n.op_type == "QuantizeLinear"]
+    assert q and all(zero_points.get(n.input[2]) == fp8 for n in q if len(n.input) > 2)
+    # ONNX Runtime's CPU provider cannot run this graph: the build says parity was not checked
+    parity = json.loads((outcome.engine.parent / "parity.json").read_text())
+    assert parity["checked"] is False and "ONNX Runtime cannot run" in parity["reason"]

@@ -220,3 +220,15 @@ def test_engine_runs_through_polygraphy_where_a_gpu_allows(cache, tmp_path):
     if not engine.ran:
         pytest.skip(f"the engine cannot run here: {engine.reason}")
     assert engine.passed, [str(c) for c in engine.checks if not c.passed]
+
+
+def test_fp8_graph_that_cannot_run_here_fails_the_gate(cache, tmp_path):
+    """ONNX Runtime (CPU) cannot run FP8 Q/DQ graphs and there is no GPU: nothing compared, so no pass."""
+    from enginekit import api
+
+    outcome = api.verify("yolo12n", precision="fp8", cache=cache, quiet=True,
+                         build_options={"profiles": ["1x3x256x256"], "random_init": True, "target_cc": "8.9,12.0"})
+    (report,) = outcome.reports
+    fp8 = next(a for a in report.artifacts if a.name == "onnx-fp8")
+    assert not outcome.passed and not fp8.ran and "ONNX Runtime cannot run it" in fp8.reason
+    assert [c.name for c in report.failures()] == ["runs on ONNX Runtime"]

@@ -265,6 +265,22 @@ class Pipeline:
             console.print(f"    calibration: {how}; {artifact.manifest.get('qdq_nodes')} Q/DQ pairs")
         return artifact
 
+    def fp8(self, source: Artifact, shape: Shape, data: CalibrationData, *, exclude: list[str] | None = None) -> Artifact:
+        """FP8 E4M3 Q/DQ through ModelOpt (max calibration at ``shape``), family excludes as INT8's."""
+        from enginekit.onnx.fp8 import quantize_fp8
+
+        excludes = sorted(set(self.adapter.int8_exclude if self.adapter else ()) | set(exclude or []))
+        parts = {"stage": "fp8", "input": source.sha256, "method": "max", "exclude": excludes,
+                 "calibration": {"data": self._data_digest(data, shape)}, "modelopt": package_version("nvidia-modelopt")}
+        input_name = self.adapter.input_name if self.adapter else None
+
+        def produce(tmp: Path) -> dict:
+            n = quantize_fp8(source.path, tmp / ONNX_FILE, self._calibration_batch(data, shape),
+                             input_name or _single_input(source.path), exclude_nodes=excludes)
+            return {"qdq_nodes": n, "exclude": excludes, "method": "max", "calibration_source": data.describe()}
+
+        return self._stage("fp8", parts, produce, "fp8 (ModelOpt Q/DQ, max)")
+
     def _data_digest(self, data: CalibrationData, shape: Shape) -> str:
         if self.adapter is None and not data.is_array:
             raise UsageError("this ONNX file names no model family enginekit knows: pass --calib-data as a .npy/.npz "

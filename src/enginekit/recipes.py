@@ -25,11 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from enginekit.errors import UsageError
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
-RECIPE_PRECISIONS = ("fp32", "fp16", "int8")
+RECIPE_PRECISIONS = ("fp32", "fp16", "int8", "fp8")
 VERIFY_ONLY = ("images", "image_count", "require_engine", "tolerances", "report_dir", "junit")  # api.verify names
 DEFAULT_TARGETS = "default"  # a target set meaning: this GPU, else the backend's portable set
 
-Precision = Literal["fp32", "fp16", "int8"]
+Precision = Literal["fp32", "fp16", "int8", "fp8"]
 Loc = tuple[Union[str, int], ...]
 
 

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
     def build_cmd(
         target: Annotated[str, typer.Argument(help="Model name (yolo12n, depth, ...), an ONNX file, or a recipe .yaml (flags override it).")],
         profile: Annotated[Optional[list[str]], typer.Option("--profile", "-p", help="NxCxHxW or min:opt:max (name=... for several inputs); repeat for several optimization profiles.")] = None,
-        precision: Annotated[str, typer.Option("--precision", help="fp32, fp16 (ModelOpt AutoCast) or int8 (ModelOpt Q/DQ).")] = "fp32",
+        precision: Annotated[str, typer.Option("--precision", help="fp32, fp16 (ModelOpt AutoCast), int8 or fp8 (ModelOpt Q/DQ; fp8 needs targets >= 8.9).")] = "fp32",
         backend: Annotated[str, typer.Option("--backend", help="auto, tensorrt or tensorrt-rtx.")] = "auto",
         target_cc: Annotated[Optional[str], typer.Option("--target-cc", help="TensorRT-RTX compute capabilities, e.g. 8.6,8.9,12.0 (default: this GPU, else all portable ones).")] = None,
         workspace: Annotated[Optional[str], typer.Option("--workspace", help="Builder workspace limit, e.g. 4G.")] = None,
@@ -67,6 +67,9 @@ def register(app: typer.Typer) -> None:
         from enginekit.ui import console, emit
 
         parity = outcome.manifest.get("parity", {})
+        checked = __import__("json").loads((outcome.engine.parent / "parity.json").read_text())
+        if checked.get("checked") is False and checked.get("reason"):
+            console.print(f"[yellow]note:[/] parity not checked at build: {checked['reason']}")
         if parity.get("passed") is False:
             console.print("[yellow]warning:[/] the graph this engine was built from failed its parity check "
                           "(see parity.json; `enginekit verify` gates on it)")

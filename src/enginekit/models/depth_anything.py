@@ -43,6 +43,7 @@ _TOLERANCES = {
     "fp32": Tolerance(rel_l2=1e-5, cosine=0.999999),
     "fp16": Tolerance(rel_l2=2e-2, cosine=0.999),
     "int8": Tolerance(rel_l2=0.2, cosine=0.97),
+    "fp8": Tolerance(rel_l2=0.2, cosine=0.97),
 }
 
 
@@ -223,6 +224,7 @@ class DepthAnythingAdapter(ModelAdapter):
         "fp32": {"abs_rel": ("<=", 1e-3), "delta1": (">=", 0.999)},
         "fp16": {"abs_rel": ("<=", 0.02), "delta1": (">=", 0.98)},
         "int8": {"abs_rel": ("<=", 0.15), "delta1": (">=", 0.8)},
+        "fp8": {"abs_rel": ("<=", 0.15), "delta1": (">=", 0.8)},
     }
 
     def task_metrics(self, reference, candidate, metadata):

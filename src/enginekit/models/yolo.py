@@ -33,6 +33,7 @@ _TOLERANCES = {
     "fp32": Tolerance(rel_l2=1e-5, cosine=0.999999),
     "fp16": Tolerance(rel_l2=2e-2, cosine=0.999),
     "int8": Tolerance(rel_l2=0.25, cosine=0.95),
+    "fp8": Tolerance(rel_l2=0.25, cosine=0.95),
 }
 
 
@@ -87,6 +88,7 @@ class YoloAdapter(ModelAdapter):
         "fp32": {"recall": (">=", 0.99), "precision": (">=", 0.99), "map50": (">=", 0.98)},
         "fp16": {"recall": (">=", 0.9), "precision": (">=", 0.9), "map50": (">=", 0.85)},
         "int8": {"recall": (">=", 0.5), "precision": (">=", 0.5), "map50": (">=", 0.4)},
+        "fp8": {"recall": (">=", 0.5), "precision": (">=", 0.5), "map50": (">=", 0.4)},
     }
 
     def task_metrics(self, reference, candidate, metadata):

@@ -17,7 +17,7 @@ from enginekit.verify.metrics import output_stats
 from enginekit.verify.references import References
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-STAGE_PRECISION = {"export": "fp32", "simplify": "fp32", "fp16": "fp16", "int8": "int8", "input": None}
+STAGE_PRECISION = {"export": "fp32", "simplify": "fp32", "fp16": "fp16", "int8": "int8", "fp8": "fp8", "input": None}
 
 
 @dataclass
@@ -159,6 +159,13 @@ def onnx_runner(path: Path) -> Runner:
 
     sess = runtime.session(path)
     return lambda feed: runtime.run(sess, feed)
+
+
+def unrunnable(name: str, kind: str, precision: str, reason: str) -> ArtifactReport:
+    """A candidate that exists but cannot run here: nothing compared, so its gate fails."""
+    report = ArtifactReport(name, kind, precision, ran=False, reason=reason)
+    report.checks.append(Check(name, "runs on ONNX Runtime", 0.0, ">=", 1.0, False))
+    return report
 
 
 def skipped(name: str, kind: str, precision: str, reason: str) -> ArtifactReport:

@@ -16,7 +16,8 @@ import numpy as np
 
 from enginekit.errors import UsageError
 from enginekit.images import IMAGE_SUFFIXES, embedded_image_paths, read_rgb
-from enginekit.models.base import ModelAdapter, file_sha256
+from enginekit.cache import sha256_file
+from enginekit.models.base import ModelAdapter
 from enginekit.shapes import Shape, format_shape
 
 ARRAY_SUFFIXES = {".npy", ".npz"}
@@ -68,11 +69,11 @@ class CalibrationData:
         if self.is_array:
             if not self.source.is_file():
                 raise UsageError(f"image folder or array not found: {self.source}")
-            h.update(file_sha256(self.source).encode())
+            h.update(sha256_file(self.source).encode())
         else:
             for p in self.image_paths:
                 try:
-                    h.update(file_sha256(p).encode())
+                    h.update(sha256_file(p).encode())
                 except OSError as exc:
                     raise UsageError(f"cannot read {p}: {exc.strerror}") from None
         return h.hexdigest()

@@ -23,7 +23,7 @@ from enginekit.calibration import CalibrationData
 from enginekit.cache import Cache, Entry, key_for, sha256_file
 from enginekit.errors import UsageError
 from enginekit.models import ModelAdapter, resolve
-from enginekit.models.base import LoadedModel, WeightsSource, file_sha256
+from enginekit.models.base import LoadedModel, folder_sha256
 from enginekit.shapes import Shape, format_shape
 from enginekit.ui import step
 
@@ -98,10 +98,8 @@ class ModelRequest:
             return f"random:{self.adapter.variant}@{self.seed}"
         if self.weights is not None:
             if self.weights.is_dir():
-                from enginekit.models.depth_anything import _folder_digest
-
-                return f"sha256:{_folder_digest(self.weights)}"
-            return f"sha256:{file_sha256(self.weights)}"
+                return f"sha256:{folder_sha256(self.weights)}"
+            return f"sha256:{sha256_file(self.weights)}"
         return f"hub:{self.adapter.variant}"
 
     @property
@@ -419,5 +417,3 @@ def _single_input(onnx_path: Path) -> str:
         raise UsageError(f"INT8 calibration feeds one input; {onnx_path.name} has {len(names)}")
     return names[0]
 
-
-__all__ = ["Artifact", "ModelRequest", "Pipeline", "WeightsSource", "copy_out", "key_for", "sha256_file"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -67,7 +68,7 @@ def register(app: typer.Typer) -> None:
         from enginekit.ui import console, emit
 
         parity = outcome.manifest.get("parity", {})
-        checked = __import__("json").loads((outcome.engine.parent / "parity.json").read_text())
+        checked = json.loads((outcome.engine.parent / "parity.json").read_text())
         if checked.get("checked") is False and checked.get("reason"):
             console.print(f"[yellow]note:[/] parity not checked at build: {checked['reason']}")
         if parity.get("passed") is False:

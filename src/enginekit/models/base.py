@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from enginekit.cache import sha256_file
 from enginekit.errors import UsageError
 from enginekit.shapes import InputConstraint, Shape
 
@@ -58,11 +59,13 @@ class LoadedModel:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
-def file_sha256(path: Path) -> str:
+def folder_sha256(folder: Path) -> str:
+    """One digest of a model folder: relative paths and contents of every file."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    for f in sorted(folder.rglob("*")):
+        if f.is_file():
+            h.update(f.relative_to(folder).as_posix().encode())
+            h.update(sha256_file(f).encode())
     return h.hexdigest()
 
 
@@ -71,7 +74,7 @@ def check_weights_file(path: Path) -> WeightsSource:
         raise UsageError(f"weights file not found: {path}")
     if not path.is_file():
         raise UsageError(f"weights path is not a file: {path}")
-    return WeightsSource("file", str(path), file_sha256(path))
+    return WeightsSource("file", str(path), sha256_file(path))
 
 
 class ModelAdapter:
@@ -169,9 +172,3 @@ def describe_load_error(exc: BaseException, what: str) -> str:
     """One line from a loader exception, for messages that must not be tracebacks."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"{what}: {text[:300]}"
-
-
-def dict_to_text(d: dict[str, Any]) -> str:
-    import json
-
-    return json.dumps(d, sort_keys=True)

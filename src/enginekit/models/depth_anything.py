@@ -23,6 +23,7 @@ from enginekit.models.base import (
     WeightsSource,
     check_weights_file,
     describe_load_error,
+    folder_sha256,
     seed_everything,
 )
 from enginekit.shapes import InputConstraint
@@ -279,7 +280,7 @@ class DepthAnythingAdapter(ModelAdapter):
                 model = DepthAnythingForDepthEstimation.from_pretrained(str(weights), local_files_only=True)
             except Exception as exc:  # noqa: BLE001
                 raise UsageError(describe_load_error(exc, f"cannot load model folder {weights}")) from None
-            digest = _folder_digest(weights)
+            digest = folder_sha256(weights)
             return model, WeightsSource("file", str(weights), digest)
         source = check_weights_file(weights)
         state = self._read_state_dict(weights)
@@ -348,16 +349,3 @@ class DepthAnythingAdapter(ModelAdapter):
     def random_inputs(self, shape, seed: int) -> np.ndarray:
         # standard-normal pixels: what normalised images look like
         return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
-
-
-def _folder_digest(folder: Path) -> str:
-    import hashlib
-
-    from enginekit.models.base import file_sha256
-
-    h = hashlib.sha256()
-    for f in sorted(folder.rglob("*")):
-        if f.is_file():
-            h.update(f.relative_to(folder).as_posix().encode())
-            h.update(file_sha256(f).encode())
-    return h.hexdigest()

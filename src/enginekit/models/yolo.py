@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from enginekit.cache import sha256_file
 from enginekit.errors import UsageError
 from enginekit.models.base import (
     LoadedModel,
@@ -20,7 +21,6 @@ from enginekit.models.base import (
     WeightsSource,
     check_weights_file,
     describe_load_error,
-    file_sha256,
     seed_everything,
 )
 from enginekit.shapes import InputConstraint, Shape
@@ -138,7 +138,7 @@ class YoloAdapter(ModelAdapter):
                     "or --random-init for structure-only work"
                 ) from None
             downloaded = Path(getattr(model, "pt_path", None) or hub)
-            source = WeightsSource("hub", hub, file_sha256(downloaded) if downloaded.is_file() else None)
+            source = WeightsSource("hub", hub, sha256_file(downloaded) if downloaded.is_file() else None)
         if getattr(model, "task", "detect") != "detect":
             raise UsageError(f"{weights or self.variant} is a {model.task} model; enginekit exports detectors")
         return LoadedModel(self._prepare(model), self.variant, source, self._metadata(model))

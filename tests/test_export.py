@@ -28,7 +28,7 @@ def ort_outputs(path, x):
 # -- YOLO -------------------------------------------------------------------------------
 
 def test_yolo_export_passes_parity_and_serves_batch_1_and_4(yolo_export):
-    from enginekit.models import resolve
+    from enginekit.families import resolve
 
     assert yolo_export.passed, yolo_export.failures()
     simplified = yolo_export.artifacts[1].path
@@ -79,7 +79,7 @@ def test_yolo_checkpoint_round_trip(tmp_path):
     """A saved Ultralytics checkpoint loads back through --weights with identical outputs."""
     from enginekit import api
     from enginekit.cache import Cache
-    from enginekit.models import resolve
+    from enginekit.families import resolve
 
     adapter = resolve("yolo12n")
     loaded = adapter.load(None, random_init=True, seed=3)
@@ -100,7 +100,7 @@ def test_yolo_checkpoint_round_trip(tmp_path):
 
 @pytest.mark.parametrize("hw", [(392, 392), (518, 518), (392, 518)])
 def test_depth_one_onnx_serves_several_sizes(depth_export, hw):
-    from enginekit.models import resolve
+    from enginekit.families import resolve
 
     assert depth_export.passed, depth_export.failures()
     adapter = resolve("depth")
@@ -117,7 +117,7 @@ def test_depth_wrapper_matches_transformers_forward():
     """The exportable wrapper computes what transformers' own forward computes."""
     import torch
 
-    from enginekit.models import resolve
+    from enginekit.families import resolve
 
     adapter = resolve("depth")
     loaded = adapter.load(None, random_init=True, seed=0)
@@ -145,7 +145,7 @@ def test_depth_fp16_runs_and_meets_tolerance(tmp_path, cache):
 def test_depth_checkpoint_layouts_round_trip(tmp_path, layout, suffix):
     import torch
 
-    from enginekit.models import resolve
+    from enginekit.families import resolve
 
     adapter = resolve("depth")
     loaded = adapter.load(None, random_init=True, seed=5)
@@ -167,7 +167,7 @@ def test_depth_original_checkpoint_with_missing_key_is_refused(tmp_path):
     import torch
 
     from enginekit.errors import UsageError
-    from enginekit.models import resolve
+    from enginekit.families import resolve
 
     adapter = resolve("depth")
     loaded = adapter.load(None, random_init=True, seed=5)

@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from enginekit.errors import UsageError
 from enginekit.onnx import runtime
 from enginekit.onnx.graph import get_metadata
-from enginekit.onnx.int8 import (
+from enginekit.stages.int8 import (
     CALIBRATION_METHODS,
     Int8Report,
     cache_header,
@@ -63,7 +63,7 @@ def export(workdir: Path, model: str, shape: str) -> Path:
 
 def calibration_batch(model: str, hw: tuple[int, int]) -> np.ndarray:
     from enginekit.images import load_images
-    from enginekit.models import resolve
+    from enginekit.families import resolve
 
     adapter = resolve(model)
     photos = load_images(None, limit=N_IMAGES)
@@ -263,7 +263,7 @@ def test_cache_format_is_tensorrts(tmp_path):
 
 
 def test_depth_int8_with_family_exclusions_stays_close(workdir):
-    from enginekit.models import resolve
+    from enginekit.families import resolve
 
     fp32 = export(workdir, "depth", "1x3x224x224")
     batch = calibration_batch("depth", (224, 224))

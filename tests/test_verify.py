@@ -72,7 +72,7 @@ def yolo_onnx_and_checkpoint(tmp_path_factory):
     """A random-init yolo12n checkpoint and its simplified ONNX (320x320)."""
     from enginekit import api
     from enginekit.cache import Cache
-    from enginekit.models import resolve
+    from enginekit.families import resolve
 
     root = tmp_path_factory.mktemp("tamper")
     adapter = resolve("yolo12n")
@@ -139,7 +139,7 @@ def test_verify_bad_inputs(run_cli, tmp_path, yolo_onnx_and_checkpoint):
                           2, "no images")
     assert_one_line_error(run_cli("verify", "abcdef0123", env=env), 2, "abcdef0123")
     # a Depth-Anything checkpoint given as the reference of a YOLO graph
-    from enginekit.models import resolve
+    from enginekit.families import resolve
 
     depth = resolve("depth")
     depth_ckpt = tmp_path / "depth.pth"
@@ -195,7 +195,7 @@ def test_verify_a_recipe(run_cli, tmp_path):
 
 @pytest.mark.parametrize("needed,total", [(3, 100), (1, 10), (37, 200), (10, 10)])
 def test_repair_search_finds_the_fewest_nodes_from_the_output(needed, total):
-    from enginekit.verify.repair import repair
+    from enginekit.compare.repair import repair
 
     names = [f"n{i}" for i in range(total)]
     need = set(names[-needed:])  # the last nodes before the output are the sensitive ones
@@ -206,7 +206,7 @@ def test_repair_search_finds_the_fewest_nodes_from_the_output(needed, total):
 
 def test_repair_that_cannot_pass_says_so():
     from enginekit.errors import ParityError
-    from enginekit.verify.repair import repair
+    from enginekit.compare.repair import repair
 
     with pytest.raises(ParityError, match="even with all 8 candidate nodes moved"):
         repair(lambda nodes: nodes, lambda a: (False, 0.5), [f"n{i}" for i in range(8)], None)

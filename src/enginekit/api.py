@@ -13,7 +13,7 @@ class ExportResult:
     model: str
     output: Path | None
     artifacts: list  # pipeline.Artifact, in pipeline order
-    parity: list  # verify.parity.ParityResult, one per checked graph
+    parity: list  # compare.parity.ParityResult, one per checked graph
     fp16_share: float | None = None
     extra: dict = field(default_factory=dict)
 
@@ -63,7 +63,7 @@ def export(
     from enginekit.pipeline import ModelRequest, Pipeline, copy_out
     from enginekit.shapes import parse_shape
     from enginekit.ui import step
-    from enginekit.verify.parity import ReferenceCache, check_onnx, parity_inputs
+    from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
 
     request = ModelRequest(model, Path(weights) if weights else None, random_init, seed)
     adapter = request.adapter
@@ -178,7 +178,7 @@ def build(
     is_file = target.endswith(".onnx") or Path(target).is_file()
     if repair and (is_file or precision not in ("fp16", "int8")):
         raise UsageError("--repair works on fp16 and int8 builds of a model name (it needs the PyTorch reference)")
-    from enginekit.verify.gate import parse_overrides
+    from enginekit.compare.gate import parse_overrides
 
     overrides = parse_overrides(list(tolerances))
     data = CalibrationData(Path(calib_data) if calib_data else None, count=calib_count)
@@ -251,9 +251,9 @@ def _repair(pipe, chain, precision, shape, overrides, data, calib_method, exclud
     from enginekit.calibration import CalibrationData
     from enginekit.images import load_images
     from enginekit.ui import console, step
-    from enginekit.verify import repair as rp
-    from enginekit.verify.gate import Gates
-    from enginekit.verify.parity import ReferenceCache, check_onnx, parity_inputs
+    from enginekit.compare import repair as rp
+    from enginekit.compare.gate import Gates
+    from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
 
     source = chain[-2]
     tol = Gates(pipe.adapter, overrides).parity(precision)
@@ -316,7 +316,7 @@ def _adapter_from_onnx(path: Path):
     meta = get_metadata(load_model(path))
     name = meta.get("model")
     if name:
-        from enginekit.models import resolve
+        from enginekit.families import resolve
 
         try:
             return resolve(name), name
@@ -376,7 +376,7 @@ def _engine_source_parity(pipe, precision: str, shape):
     def check(onnx_path: Path) -> dict:
         from enginekit.images import load_images
         from enginekit.ui import step
-        from enginekit.verify.parity import ReferenceCache, check_onnx, parity_inputs
+        from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
 
         with step(f"parity {precision} (ONNX Runtime)", quiet=pipe.quiet) as s:
             refs = ReferenceCache(pipe.adapter, pipe.loaded)
@@ -397,7 +397,7 @@ def _engine_source_parity(pipe, precision: str, shape):
 
 @dataclass
 class VerifyOutcome:
-    reports: list  # verify.gate.VerifyReport
+    reports: list  # compare.gate.VerifyReport
     files: dict[str, Path] = field(default_factory=dict)
 
     @property
@@ -432,7 +432,7 @@ def verify(
     """
     from enginekit.cache import Cache
     from enginekit.calibration import CalibrationData
-    from enginekit.verify.gate import parse_overrides
+    from enginekit.compare.gate import parse_overrides
 
     cache = cache or Cache()
     overrides = parse_overrides(list(tolerances))
@@ -474,9 +474,9 @@ def _entries_to_verify(target, precision, build_options, cache, quiet) -> list:
 
 def _verify_entry(entry, data, overrides, cache, quiet, report_dir):
     from enginekit.pipeline import ModelRequest, Pipeline
-    from enginekit.verify.gate import (STAGE_PRECISION, Gates, VerifyReport, check_candidate, onnx_runner, skipped,
+    from enginekit.compare.gate import (STAGE_PRECISION, Gates, VerifyReport, check_candidate, onnx_runner, skipped,
                                        unrunnable)
-    from enginekit.verify.references import get_references
+    from enginekit.verification.references import get_references
 
     m = entry.manifest
     if not m.get("model_request"):
@@ -517,7 +517,7 @@ def _verify_entry(entry, data, overrides, cache, quiet, report_dir):
 def _verify_engine(entry, pipe, refs, gates, metadata, precision, quiet):
     from enginekit.trt.backends import resolve_backend
     from enginekit.trt.builder import can_run_here
-    from enginekit.verify.gate import check_candidate, skipped
+    from enginekit.compare.gate import check_candidate, skipped
 
     m = entry.manifest
     family = "tensorrt-rtx" if m["backend"] == "tensorrt-rtx" else "tensorrt"
@@ -541,8 +541,8 @@ def _verify_onnx_file(path, reference, model, data, overrides, cache, quiet):
     """Any ONNX against its PyTorch checkpoint (enginekit-written ONNX names its family)."""
     from enginekit.onnx.graph import input_dims, load_model, output_names
     from enginekit.pipeline import ModelRequest, Pipeline
-    from enginekit.verify.gate import Gates, VerifyReport, check_candidate, onnx_runner
-    from enginekit.verify.references import get_references
+    from enginekit.compare.gate import Gates, VerifyReport, check_candidate, onnx_runner
+    from enginekit.verification.references import get_references
 
     if reference is None:
         raise UsageError("verify of an ONNX file needs --reference CHECKPOINT (its PyTorch weights)")
@@ -594,8 +594,8 @@ def _step(label: str, quiet: bool):
 
 def _pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -> None:
     """One picture per checked artifact on the first photograph."""
-    from enginekit.verify.gate import onnx_runner
-    from enginekit.verify.pictures import depth_error_heatmap, detection_overlay
+    from enginekit.compare.gate import onnx_runner
+    from enginekit.verification.pictures import depth_error_heatmap, detection_overlay
 
     photo = next((c for c in refs.cases if c.kind == "photo"), None)
     if photo is None:
@@ -617,7 +617,7 @@ def _pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -> No
 
 
 def _write_reports(outcome: VerifyOutcome, report_dir: Path | None, junit: Path | None) -> None:
-    from enginekit.verify.report import write_json, write_junit, write_markdown
+    from enginekit.verification.report import write_json, write_junit, write_markdown
 
     if report_dir is not None:
         folder = Path(report_dir)

@@ -17,7 +17,7 @@ import numpy as np
 from enginekit.errors import UsageError
 from enginekit.images import IMAGE_SUFFIXES, embedded_image_paths, read_rgb
 from enginekit.cache import sha256_file
-from enginekit.models.base import ModelAdapter
+from enginekit.families.base import ModelAdapter
 from enginekit.shapes import Shape, format_shape
 
 ARRAY_SUFFIXES = {".npy", ".npz"}

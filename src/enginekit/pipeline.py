@@ -22,8 +22,8 @@ from enginekit import __version__
 from enginekit.calibration import CalibrationData
 from enginekit.cache import Cache, Entry, key_for, sha256_file
 from enginekit.errors import UsageError
-from enginekit.models import ModelAdapter, resolve
-from enginekit.models.base import LoadedModel, folder_sha256
+from enginekit.families import ModelAdapter, resolve
+from enginekit.families.base import LoadedModel, folder_sha256
 from enginekit.shapes import Shape, format_shape
 from enginekit.ui import step
 
@@ -162,7 +162,7 @@ class Pipeline:
         }
 
     def export(self, shape: Shape, opset: int) -> Artifact:
-        from enginekit.onnx.export import export_onnx
+        from enginekit.stages.export import export_onnx
 
         self.adapter.constraint.check(shape, what="--input")
 
@@ -173,7 +173,7 @@ class Pipeline:
         return self._stage("export", self.export_parts(shape, opset), produce, "export")
 
     def simplify(self, source: Artifact, shape: Shape, tool: str = "onnxsim") -> Artifact:
-        from enginekit.onnx.simplify import simplify_onnx
+        from enginekit.stages.simplify import simplify_onnx
 
         shapes = self.check_shapes(shape)
         parts = {"stage": "simplify", "input": source.sha256, "tool": tool, "tool_version": package_version(tool),
@@ -189,7 +189,7 @@ class Pipeline:
     def fp16(self, source: Artifact, shape: Shape, data: CalibrationData | None = None,
              keep_fp32_nodes: list[str] | None = None) -> Artifact:
         """AutoCast to FP16; its reference run sees real photographs at ``shape``."""
-        from enginekit.onnx.precision import convert_fp16
+        from enginekit.stages.fp16 import convert_fp16
 
         data = data or CalibrationData(None, count=2)
         family_keep = self.adapter.fp16_keep_fp32 if self.adapter else ()
@@ -220,7 +220,7 @@ class Pipeline:
         (other excludes, say) quantizes from it without calibrating. ``calibration_cache`` is a
         user's file: read when it exists, else written after calibrating.
         """
-        from enginekit.onnx.int8 import CALIBRATION_METHODS, quantize_int8
+        from enginekit.stages.int8 import CALIBRATION_METHODS, quantize_int8
 
         if method not in CALIBRATION_METHODS:
             raise UsageError(f"unknown calibration method {method!r}: choose {', '.join(CALIBRATION_METHODS)}")
@@ -265,7 +265,7 @@ class Pipeline:
 
     def fp8(self, source: Artifact, shape: Shape, data: CalibrationData, *, exclude: list[str] | None = None) -> Artifact:
         """FP8 E4M3 Q/DQ through ModelOpt (max calibration at ``shape``), family excludes as INT8's."""
-        from enginekit.onnx.fp8 import quantize_fp8
+        from enginekit.stages.fp8 import quantize_fp8
 
         excludes = sorted(set(self.adapter.int8_exclude if self.adapter else ()) | set(exclude or []))
         parts = {"stage": "fp8", "input": source.sha256, "method": "max", "exclude": excludes,

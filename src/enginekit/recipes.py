@@ -130,7 +130,7 @@ class Recipe(_Strict):
         return self._path.stem
 
     def adapter(self):
-        from enginekit.models import resolve
+        from enginekit.families import resolve
 
         return resolve(self.model.variant)
 
@@ -452,7 +452,7 @@ def _expect(loc: Loc, fn, *args):
 
 
 def _check_model(recipe: Recipe):
-    from enginekit.models import resolve
+    from enginekit.families import resolve
 
     m = recipe.model
     adapter = _expect(("model", "variant"), resolve, m.variant)
@@ -490,7 +490,7 @@ def _check_precisions(recipe: Recipe) -> None:
 
 
 def _check_calibration(recipe: Recipe) -> None:
-    from enginekit.onnx.int8 import CALIBRATION_METHODS
+    from enginekit.stages.int8 import CALIBRATION_METHODS
 
     c = recipe.calibration
     if c.method not in CALIBRATION_METHODS:

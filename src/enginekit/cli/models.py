@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
         """
         from rich.table import Table
 
-        from enginekit.models import families
+        from enginekit.families import families
         from enginekit.ui import out
 
         table = Table(title="model families")

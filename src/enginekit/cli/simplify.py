@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
 
         Example: [bold]enginekit simplify model.onnx -o model.sim.onnx[/]
         """
-        from enginekit.onnx.simplify import simplify_onnx
+        from enginekit.stages.simplify import simplify_onnx
         from enginekit.shapes import format_shape, parse_shape
         from enginekit.ui import console, emit
 

@@ -427,7 +427,7 @@ def _run_modelopt(src: Path, feed: np.ndarray, input_name: str, method: str, exc
     from modelopt.onnx.quantization import quantize
     from modelopt.onnx.quantization.calib_utils import CalibrationDataProvider
 
-    from enginekit.onnx.precision import quiet_modelopt
+    from enginekit.stages.fp16 import quiet_modelopt
 
     quiet_modelopt()
     with tempfile.TemporaryDirectory(prefix="enginekit-int8-") as tmp:

@@ -14,7 +14,7 @@ import numpy as np
 
 from enginekit.cache import sha256_file
 from enginekit.errors import UsageError
-from enginekit.models.base import (
+from enginekit.families.base import (
     LoadedModel,
     ModelAdapter,
     Tolerance,
@@ -92,7 +92,7 @@ class YoloAdapter(ModelAdapter):
     }
 
     def task_metrics(self, reference, candidate, metadata):
-        from enginekit.verify.tasks import detection_metrics
+        from enginekit.compare.tasks import detection_metrics
 
         end2end = metadata.get("end2end") == "True"
         return detection_metrics(reference["output0"], candidate["output0"], end2end=end2end)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from enginekit.errors import UsageError
-from enginekit.models.base import (
+from enginekit.families.base import (
     LoadedModel,
     ModelAdapter,
     Tolerance,
@@ -229,7 +229,7 @@ class DepthAnythingAdapter(ModelAdapter):
     }
 
     def task_metrics(self, reference, candidate, metadata):
-        from enginekit.verify.tasks import depth_metrics
+        from enginekit.compare.tasks import depth_metrics
 
         return depth_metrics(reference["depth"], candidate["depth"])
 

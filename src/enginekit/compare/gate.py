@@ -12,9 +12,9 @@ from typing import Callable
 
 import numpy as np
 
-from enginekit.models.base import ModelAdapter, Tolerance
-from enginekit.verify.metrics import output_stats
-from enginekit.verify.references import References
+from enginekit.families.base import ModelAdapter, Tolerance
+from enginekit.compare.metrics import output_stats
+from enginekit.verification.references import References
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 STAGE_PRECISION = {"export": "fp32", "simplify": "fp32", "fp16": "fp16", "int8": "int8", "fp8": "fp8", "input": None}

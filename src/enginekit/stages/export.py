@@ -12,7 +12,7 @@ import io
 import warnings
 from pathlib import Path
 
-from enginekit.models.base import LoadedModel, ModelAdapter
+from enginekit.families.base import LoadedModel, ModelAdapter
 from enginekit.onnx.graph import save_model, set_metadata
 from enginekit.shapes import Shape, format_shape
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from enginekit.errors import UsageError
-from enginekit.models.base import LoadedModel, ModelAdapter, Tolerance
+from enginekit.families.base import LoadedModel, ModelAdapter, Tolerance
 
 ALIASES = {"depth": "depth-anything-v2-small", "depth-anything-v2": "depth-anything-v2-small"}
 
@@ -25,8 +25,8 @@ class FamilyInfo:
 
 def resolve(name: str) -> ModelAdapter:
     """Adapter for a model name, or a one-line UsageError listing what is known."""
-    from enginekit.models.depth_anything import VARIANTS, DepthAnythingAdapter
-    from enginekit.models.yolo import YoloAdapter
+    from enginekit.families.depth_anything import VARIANTS, DepthAnythingAdapter
+    from enginekit.families.yolo import YoloAdapter
 
     canonical = ALIASES.get(name.lower(), name.lower())
     if canonical.startswith("depth-anything-v2-") and canonical.rsplit("-", 1)[-1] in VARIANTS:
@@ -40,8 +40,8 @@ def resolve(name: str) -> ModelAdapter:
 
 
 def families() -> list[FamilyInfo]:
-    from enginekit.models.depth_anything import VARIANTS
-    from enginekit.models.yolo import known_variants
+    from enginekit.families.depth_anything import VARIANTS
+    from enginekit.families.yolo import known_variants
 
     return [
         FamilyInfo(

@@ -25,8 +25,8 @@ def quantize_fp8(src: Path, out: Path, calibration: np.ndarray, input_name: str,
     import onnx
     from modelopt.onnx.quantization import quantize
 
-    from enginekit.onnx.int8 import _calibration_eps
-    from enginekit.onnx.precision import quiet_modelopt
+    from enginekit.stages.int8 import _calibration_eps
+    from enginekit.stages.fp16 import quiet_modelopt
 
     quiet_modelopt()
     original = load_model(src)

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from enginekit.images import ImageSet
-from enginekit.models.base import LoadedModel, ModelAdapter, Tolerance
+from enginekit.families.base import LoadedModel, ModelAdapter, Tolerance
 from enginekit.onnx import runtime
 from enginekit.shapes import Shape, format_shape
-from enginekit.verify.metrics import OutputStats, output_stats
+from enginekit.compare.metrics import OutputStats, output_stats
 
 
 @dataclass

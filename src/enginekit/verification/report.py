@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from enginekit.verify.gate import VerifyReport
+from enginekit.compare.gate import VerifyReport
 
 
 def write_json(reports: list[VerifyReport], path: Path) -> Path:

@@ -12,7 +12,7 @@ def detection_overlay(image_chw: np.ndarray, reference: np.ndarray, candidate: n
     """Reference boxes in green, candidate boxes in red, on the model's input image."""
     import cv2
 
-    from enginekit.verify.tasks import adaptive_threshold, nms_detections
+    from enginekit.compare.tasks import adaptive_threshold, nms_detections
 
     img = np.ascontiguousarray((np.clip(image_chw, 0, 1) * 255).astype(np.uint8).transpose(1, 2, 0)[:, :, ::-1])
     conf = adaptive_threshold(reference, end2end=end2end)
@@ -30,7 +30,7 @@ def depth_error_heatmap(reference: np.ndarray, candidate: np.ndarray, path: Path
     """Reference depth | candidate depth | relative error (after scale-and-shift alignment)."""
     import cv2
 
-    from enginekit.verify.tasks import align_scale_shift
+    from enginekit.compare.tasks import align_scale_shift
 
     ref, cand = reference[0].astype(np.float64), candidate[0].astype(np.float64)
     mask = ref > 1e-3 * max(float(ref.max()), 1e-12)

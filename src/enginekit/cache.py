@@ -43,6 +43,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from enginekit.errors import EnginekitError, UsageError
+from enginekit.fsutil import fsync_dir as _fsync_dir, fsync_file as _fsync_file
 
 MANIFEST = "manifest.json"
 # Manifest fields the cache owns; a producer's extra fields may not overwrite them.
@@ -53,7 +54,6 @@ DEFAULT_LOCK_TIMEOUT = 4 * 3600.0
 STALE_TMP_SECONDS = 3600.0
 MIN_PREFIX = 6
 
-_CHUNK = 1 << 20
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 _KIND_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TMP_RE = re.compile(r"^(?P<kind>.+)-(?P<key>[0-9a-f]{64})-(?P<pid>\d+)-[0-9a-f]+$")
@@ -92,32 +92,32 @@ def key_for(parts: dict[str, Any]) -> str:
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    """sha256 hex of a file's bytes, read in 1 MiB chunks (engines and ONNX files are large)."""
-    digest = hashlib.sha256()
+    """sha256 hex of a file's bytes (streamed: engines and ONNX files are large)."""
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # --------------------------------------------------------------------------- size and age flags
 
-_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+# K, M, G, T (with or without B / iB) are binary units here, as du and docker read them; pydantic's
+# ByteSize reads "G" as 10**9, so the unit is spelled out as "GiB" before it parses the text.
+_SIZE_UNIT_RE = re.compile(r"(?<=[\d\s])([KMGT])(?:I?B)?$", re.IGNORECASE)
 _AGE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$", re.IGNORECASE)
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_size(text: str) -> int:
     """``"20G"`` -> bytes. Suffixes K, M, G, T are powers of 1024; no suffix means bytes."""
-    match = _SIZE_RE.match(str(text).strip())
-    if not match:
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    spelled = _SIZE_UNIT_RE.sub(lambda m: m.group(1).upper() + "iB", str(text).strip())
+    try:
+        return int(TypeAdapter(ByteSize).validate_python(spelled))
+    except ValidationError:
         raise UsageError(
             f"malformed size {text!r}: expected a number with an optional K, M, G or T suffix, "
             "like 20G"
-        )
-    number, unit = match.groups()
-    return int(float(number) * _SIZE_UNITS[unit.upper()])
+        ) from None
 
 
 def parse_age(text: str) -> float:
@@ -673,26 +673,8 @@ def _fsync_tree(folder: Path) -> None:
     """Flush every file and folder to disk, so the rename never publishes unwritten data."""
     for dirpath, _, filenames in os.walk(folder):
         for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync_file(os.path.join(dirpath, name))
         _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes a rename durable; some filesystems refuse fsync on folders, which is harmless.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _touch(path: Path) -> None:

@@ -19,6 +19,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from enginekit.errors import first_line
+
 #: distributions whose versions matter to enginekit (metadata only: nothing is imported)
 PACKAGES = (
     "torch", "torchvision", "ultralytics", "transformers", "onnx", "onnxsim", "onnxslim", "onnxruntime",
@@ -105,7 +107,7 @@ def _import_version(module_name: str) -> dict[str, Any]:
     try:
         module = __import__(module_name)
     except Exception as exc:  # noqa: BLE001 - the wheel is there, its libraries are not
-        return {"module": module_name, "version": None, "error": _first_line(exc)}
+        return {"module": module_name, "version": None, "error": first_line(exc, 200)}
     return {"module": module_name, "version": str(getattr(module, "__version__", "0")), "error": None}
 
 
@@ -135,11 +137,6 @@ def _existing_parent(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
 # --- judgements (pure) -----------------------------------------------------------------

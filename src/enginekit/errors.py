@@ -34,3 +34,14 @@ class ParityError(EnginekitError):
     """A candidate does not compute what its reference computes."""
 
     exit_code = EXIT_PARITY
+
+
+def first_line(error: BaseException | str, limit: int | None = None) -> str:
+    """The first non-empty line of an exception's (or a message's) text, for one-line errors.
+
+    An exception with no text gives its type's name; ``limit`` cuts long lines.
+    """
+    text = str(error).strip()
+    line = text.splitlines()[0].strip() if text else (
+        type(error).__name__ if isinstance(error, BaseException) else "")
+    return line[:limit] if limit is not None else line

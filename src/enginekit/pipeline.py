@@ -394,14 +394,9 @@ def engine_key_parts(onnx_sha: str, precision: dict, profiles: list, backend, ta
 
 def copy_file_atomic(src: Path, dest: Path) -> Path:
     """Copy with a temp file and a rename: a reader never sees half a file."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    try:
-        shutil.copyfile(src, tmp)
-        tmp.replace(dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dest
+    from enginekit.fsutil import atomic_copy
+
+    return atomic_copy(src, dest)
 
 
 def copy_out(artifact: Artifact, dest: Path) -> Path:

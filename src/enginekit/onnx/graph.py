@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
-from enginekit.errors import UsageError
+from enginekit.errors import UsageError, first_line
+from enginekit.fsutil import atomic_path
 
 # ONNX Runtime 1.24 reads IR version <= 11; onnx may write newer by default.
 MAX_IR_VERSION = 10
@@ -22,8 +21,7 @@ def load_model(path: Path):
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
     except Exception as exc:  # noqa: BLE001 - protobuf and checker errors are long
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UsageError(f"{path} is not a valid ONNX model: {first[:200]}") from None
+        raise UsageError(f"{path} is not a valid ONNX model: {first_line(exc, 200)}") from None
     return model
 
 
@@ -31,16 +29,9 @@ def save_model(model, path: Path) -> Path:
     """Write to a temp file beside ``path`` and rename: no half-written ONNX is ever seen."""
     import onnx
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     model.ir_version = min(model.ir_version, MAX_IR_VERSION)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        onnx.save(model, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        onnx.save(model, str(tmp))
     return path
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import os
 import re
 import shutil
 import struct
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from enginekit.errors import CapabilityError, UsageError
+from enginekit.fsutil import atomic_write_text
 from enginekit.onnx.graph import get_metadata, input_dims, load_model, save_model, set_metadata
 
 # What ModelOpt calibrates INT8 with: histogram entropy (TensorRT's EntropyCalibration2 idea)
@@ -82,16 +82,7 @@ def write_calibration_cache(path: Path, scales: dict[str, float], header: str) -
         if "\n" in name:
             raise ValueError(f"tensor name with a line break: {name!r}")
         lines.append(f"{name}: {struct.pack('>f', scales[name]).hex()}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def read_calibration_cache(path: Path) -> dict[str, float]:

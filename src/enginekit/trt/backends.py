@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from enginekit.errors import CapabilityError, UsageError
+from enginekit.errors import CapabilityError, UsageError, first_line
 
 PIP_TENSORRT = "pip install tensorrt-cu13"
 PIP_TENSORRT_RTX = "pip install tensorrt-rtx tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings"
@@ -214,7 +214,7 @@ def resolve_backend(requested: str = "auto") -> Backend:
         except ModuleNotFoundError as exc:
             row = _family_traits(requested)[0]
             raise CapabilityError(
-                f"backend {requested} is not installed ({row.module}: {_first_line(exc)}); "
+                f"backend {requested} is not installed ({row.module}: {first_line(exc)}); "
                 f"install it with: {row.pip_install}"
             ) from None
     found: dict[str, Backend] = {}
@@ -234,11 +234,6 @@ def resolve_backend(requested: str = "auto") -> Backend:
         "no TensorRT backend is installed: install TensorRT-RTX (builds without a GPU) with: "
         f"{PIP_TENSORRT_RTX}; or TensorRT with: {PIP_TENSORRT}"
     )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # --- the GPU of this machine ---------------------------------------------------------

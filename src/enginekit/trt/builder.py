@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from enginekit.errors import CapabilityError, UsageError
+from enginekit.fsutil import atomic_write_bytes
 from enginekit.shapes import Profile, check_against_onnx_input
 from enginekit.trt.backends import (
     TRAITS,
@@ -202,7 +201,7 @@ def _safe_say(say: Progress, message: str) -> None:
         _log.debug("progress callback failed", exc_info=True)
 
 
-def _one_line(message: str) -> str:
+def _tidy_trt_message(message: str) -> str:
     """A TensorRT log message without source locations, on one line, not too long."""
     text = " ".join(message.split())
     text = re.sub(r"^[\w:]+: Error Code \d+: [\w ]+? \((.*)\)$", r"\1", text)
@@ -238,7 +237,7 @@ def _parser_error(parser: Any) -> str:
     if parser.num_errors == 0:
         return "the ONNX parser failed without a message"
     error = parser.get_error(0)
-    text = _one_line(error.desc())
+    text = _tidy_trt_message(error.desc())
     if error.node() >= 0:
         text += f" (node {error.node_name() or error.node()}, {error.node_operator()})"
     if parser.num_errors > 1:
@@ -292,7 +291,7 @@ def _add_profiles(
             trt_profile.set_shape(name, rng.min, rng.opt, rng.max)
         logger.errors.clear()
         if config.add_optimization_profile(trt_profile) < 0:
-            reason = _one_line(logger.errors[0]) if logger.errors else "invalid shapes"
+            reason = _tidy_trt_message(logger.errors[0]) if logger.errors else "invalid shapes"
             raise UsageError(f"profile {profile} was refused: {reason}")
     return bound
 
@@ -353,16 +352,7 @@ def _load_timing_cache(config: Any, backend: Backend, path: Path | None, say: Pr
 
 def _save_timing_cache(config: Any, path: Path) -> None:
     """Write the timing cache atomically: concurrent builds see the old or the new file."""
-    data = bytes(memoryview(config.get_timing_cache().serialize()))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, bytes(memoryview(config.get_timing_cache().serialize())))
 
 
 def _refused_target(errors: Sequence[str]) -> str | None:
@@ -376,7 +366,7 @@ def _refused_target(errors: Sequence[str]) -> str | None:
 
 def _build_failure(backend: Backend, logger: Any) -> UsageError:
     errors = [e for e in logger.errors if e.strip()]
-    reason = _one_line(errors[0]) if errors else "no message from the builder"
+    reason = _tidy_trt_message(errors[0]) if errors else "no message from the builder"
     return UsageError(f"{backend.label} could not build the engine: {reason}")
 
 
@@ -436,8 +426,8 @@ def build_engine(
         # Where the user named no targets, drop the one it names and build for the rest.
         refused = _refused_target(logger.errors)
         if options.target_cc is None and refused in targets and len(targets) > 1:
-            _log.warning("dropping compute capability %s: %s", refused, _one_line(logger.errors[0]))
-            _safe_say(say, f"compute capability {refused} dropped: {_one_line(logger.errors[0])}")
+            _log.warning("dropping compute capability %s: %s", refused, _tidy_trt_message(logger.errors[0]))
+            _safe_say(say, f"compute capability {refused} dropped: {_tidy_trt_message(logger.errors[0])}")
             dropped.append(refused)
             targets = tuple(t for t in targets if t != refused)
             continue

@@ -1,0 +1,85 @@
+"""Files written so that no reader ever sees half of one.
+
+Every writer in enginekit goes through ``atomic_write``: the data lands in a temporary file
+with a unique name in the destination's folder, is flushed to disk, and replaces the
+destination in one rename. Two writers of the same path never share a temporary file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path``, else it is removed.
+
+    For writers that want a file name rather than a file object (``onnx.save``).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        fsync_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], mode: str = "wb", **open_kwargs) -> Iterator:
+    """``with atomic_write(p, "w", encoding="utf-8") as f: f.write(...)``: all of it or nothing."""
+    if mode not in ("w", "wb", "wt"):
+        raise ValueError(f"atomic_write writes whole files: mode 'w' or 'wb', not {mode!r}")
+    with atomic_path(path) as tmp, open(tmp, mode, **open_kwargs) as f:
+        yield f
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    with atomic_write(path, "wb") as f:
+        f.write(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    with atomic_write(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+    return Path(path)
+
+
+def atomic_copy(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
+    """Copy ``src`` to ``dest`` through a temporary file and a rename."""
+    with atomic_path(dest) as tmp:
+        shutil.copyfile(src, tmp)
+    return Path(dest)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename durable; some filesystems refuse fsync on folders, which is harmless."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

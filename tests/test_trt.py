@@ -24,7 +24,6 @@ from enginekit.trt.backends import (
     GpuInfo,
     default_targets,
     fp8_supported,
-    parse_nvidia_smi,
     require_fp8,
     resolve_backend,
     validate_targets,
@@ -378,14 +377,6 @@ def test_fp8_helper():
         require_fp8(["7.5", "8.6", "8.9"])
 
 
-def test_parse_nvidia_smi():
-    text = "NVIDIA GeForce RTX 4090, 8.9\nNVIDIA RTX A4000, 8.6\n"
-    assert parse_nvidia_smi(text) == RTX_GPU
-    assert parse_nvidia_smi(text, 1) == GpuInfo("NVIDIA RTX A4000", "8.6")
-    assert parse_nvidia_smi("", 0) is None
-    assert parse_nvidia_smi("Some GPU, [N/A]") is None
-
-
 def test_gpu_info_respects_hidden_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     backends.gpu_info.cache_clear()
@@ -393,6 +384,73 @@ def test_gpu_info_respects_hidden_devices(monkeypatch):
         assert backends.gpu_info() is None
     finally:
         backends.gpu_info.cache_clear()
+
+
+def _fake_nvml(devices):
+    """A stand-in ``pynvml`` holding ``devices``: (name, (major, minor), uuid); None: no driver."""
+    module = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    module.NVMLError = NVMLError
+
+    def init():
+        if devices is None:
+            raise NVMLError("NVML Shared Library Not Found")
+
+    module.nvmlInit, module.nvmlShutdown = init, lambda: None
+    module.nvmlDeviceGetCount = lambda: len(devices)
+    module.nvmlDeviceGetHandleByIndex = lambda i: devices[i]
+    module.nvmlDeviceGetName = lambda d: d[0]
+    module.nvmlDeviceGetCudaComputeCapability = lambda d: d[1]
+    module.nvmlDeviceGetUUID = lambda d: d[2]
+    module.nvmlDeviceGetMemoryInfo = lambda d: types.SimpleNamespace(total=24 << 30)
+    return module
+
+
+FAKE_GPUS = [("NVIDIA GeForce RTX 4090", (8, 9), "GPU-aaaa1111"), ("NVIDIA RTX A4000", (8, 6), "GPU-bbbb2222")]
+
+
+@pytest.mark.parametrize("visible, expected", [
+    (None, ["NVIDIA GeForce RTX 4090 (8.9)", "NVIDIA RTX A4000 (8.6)"]),
+    ("1", ["NVIDIA RTX A4000 (8.6)"]),
+    ("1,0", ["NVIDIA RTX A4000 (8.6)", "NVIDIA GeForce RTX 4090 (8.9)"]),
+    ("GPU-bbbb", ["NVIDIA RTX A4000 (8.6)"]),
+    ("0,7,1", ["NVIDIA GeForce RTX 4090 (8.9)"]),  # CUDA stops at the first entry naming no GPU
+    ("", []),
+    ("-1", []),
+])
+def test_gpus_through_nvml(monkeypatch, visible, expected):
+    from enginekit import gpu
+
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(FAKE_GPUS))
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    gpu.gpus.cache_clear()
+    try:
+        assert [str(g) for g in gpu.gpus()] == expected
+        first = gpu.gpu_info()
+        assert (str(first) if first else None) == (expected[0] if expected else None)
+        if first is not None:  # what manifests and cache keys record stays name + capability
+            assert first.to_json() == {"name": first.name, "compute_capability": first.compute_capability}
+    finally:
+        gpu.gpus.cache_clear()
+
+
+@pytest.mark.parametrize("nvml", [None, "missing"])
+def test_no_driver_means_no_gpu(monkeypatch, nvml):
+    from enginekit import gpu
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(None) if nvml is None else None)
+    gpu.gpus.cache_clear()
+    try:
+        assert gpu.gpus() == () and gpu.gpu_info() is None
+    finally:
+        gpu.gpus.cache_clear()
 
 
 def test_gpu_info_shape():
@@ -454,44 +512,49 @@ def test_built_for_round_trip(models, rtx):
     assert BuiltFor.from_json(result.to_json()) == result.built_for()
 
 
-# --- the traits table: one fact per test, checked against TensorRT-RTX ---------------
+# --- the traits table: the TensorRT-RTX row checked against the installed module ----
 RTX = TRAITS["tensorrt-rtx"]
-TRT10, TRT11 = TRAITS["tensorrt-10"], TRAITS["tensorrt-11"]
 
 
 def _rtx_network():
     return trt_rtx.Builder(builder._logger_for(trt_rtx)).create_network(0)
 
 
-def test_table_rows_and_families():
-    assert set(TRAITS) == {"tensorrt-10", "tensorrt-11", "tensorrt-rtx"}
-    assert {t.family for t in TRAITS.values()} == {"tensorrt", "tensorrt-rtx"}
-    assert TRT10.module == TRT11.module == "tensorrt" and RTX.module == "tensorrt_rtx"
-    assert not set(TRT10.majors) & set(TRT11.majors)
-    assert int(trt_rtx.__version__.split(".")[0]) in RTX.majors
+def test_installed_rtx_resolves_to_its_row(rtx):
+    assert rtx.traits is RTX and int(trt_rtx.__version__.split(".")[0]) in RTX.majors
+
+
+class _RecordingBuilder:
+    def __init__(self) -> None:
+        self.flags: list[int] = []
+
+    def create_network(self, flags: int):
+        self.flags.append(flags)
+        return object()
+
+
+@pytest.mark.parametrize("row, flagged", [("tensorrt-10", True), ("tensorrt-11", False), ("tensorrt-rtx", False)])
+def test_network_gets_the_strongly_typed_flag_only_where_needed(row, flagged):
+    module = types.SimpleNamespace(NetworkDefinitionCreationFlag=types.SimpleNamespace(STRONGLY_TYPED=3))
+    backend = Backend(name=row, version="0", traits=TRAITS[row], module=module)
+    recorder = _RecordingBuilder()
+    builder._create_network(recorder, backend)
+    assert recorder.flags == [1 << 3 if flagged else 0]
 
 
 def test_fact_strongly_typed_default():
     flag = trt_rtx.NetworkDefinitionCreationFlag.STRONGLY_TYPED
     assert _rtx_network().get_flag(flag) is RTX.strongly_typed_is_default
-    # TensorRT 11 removed weak typing; 10 still defaults to it.
-    assert TRT11.strongly_typed_is_default and not TRT10.strongly_typed_is_default
 
 
 def test_fact_strongly_typed_flag_needed():
     assert hasattr(trt_rtx.NetworkDefinitionCreationFlag, "STRONGLY_TYPED")  # exists, yet not needed
     assert RTX.strongly_typed_flag_needed is not RTX.strongly_typed_is_default
-    for row in (TRT10, TRT11):
-        assert row.strongly_typed_flag_needed is not row.strongly_typed_is_default
 
 
 def test_fact_weak_typing_flags():
     present = [f for f in ("FP16", "INT8", "BF16", "FP8") if hasattr(trt_rtx.BuilderFlag, f)]
     assert bool(present) is RTX.has_weak_typing_flags
-    assert TRT10.has_weak_typing_flags and not TRT11.has_weak_typing_flags
-    # Weak-typing flags only where a network may be weakly typed.
-    for row in TRAITS.values():
-        assert not (row.has_weak_typing_flags and row.strongly_typed_is_default)
 
 
 def test_fact_timing_cache():
@@ -500,7 +563,6 @@ def test_fact_timing_cache():
     with pytest.warns(DeprecationWarning, match="no-ops"):
         config.set_timing_cache(cache, False)
     assert not RTX.has_timing_cache
-    assert TRT10.has_timing_cache and TRT11.has_timing_cache
 
 
 def test_fact_compute_capability_targets():
@@ -511,14 +573,12 @@ def test_fact_compute_capability_targets():
     assert RTX.compute_capabilities == tuple(f"{n[:-1]}.{n[-1]}" for n in in_enum)
     assert "9.0" not in RTX.compute_capabilities
     assert set(PORTABLE_RTX_TARGETS) <= set(RTX.compute_capabilities)
-    for row in (TRT10, TRT11):
-        assert not row.supports_compute_capability_targets and row.compute_capabilities == ()
 
 
 def test_fact_needs_gpu_to_build(models, rtx, no_gpu):
     # An ahead-of-time build with the GPU check off; on a GPU-less machine it is the real thing.
     assert build_engine(models["static"], [], rtx, BuildOptions(target_cc=("7.5",))).plan
-    assert not RTX.needs_gpu_to_build and TRT10.needs_gpu_to_build and TRT11.needs_gpu_to_build
+    assert not RTX.needs_gpu_to_build
 
 
 def test_fact_hardware_compatibility():
@@ -526,7 +586,6 @@ def test_fact_hardware_compatibility():
     config.hardware_compatibility_level = trt_rtx.HardwareCompatibilityLevel.AMPERE_PLUS
     honoured = config.hardware_compatibility_level == trt_rtx.HardwareCompatibilityLevel.AMPERE_PLUS
     assert honoured is RTX.supports_hardware_compatibility
-    assert TRT10.supports_hardware_compatibility and TRT11.supports_hardware_compatibility
 
 
 def test_fact_version_compatibility(models):
@@ -541,15 +600,13 @@ def test_fact_version_compatibility(models):
     config.set_flag(trt_rtx.BuilderFlag.VERSION_COMPATIBLE)
     built = trt_builder.build_serialized_network(network, config) is not None
     assert built is RTX.supports_version_compatibility
-    assert TRT10.supports_version_compatibility and TRT11.supports_version_compatibility
 
 
 def test_fact_workspace_via_memory_pool_limit():
     config = trt_rtx.Builder(builder._logger_for(trt_rtx)).create_builder_config()
     config.set_memory_pool_limit(trt_rtx.MemoryPoolType.WORKSPACE, 1 << 28)
     assert config.get_memory_pool_limit(trt_rtx.MemoryPoolType.WORKSPACE) == 1 << 28
-    assert not hasattr(config, "max_workspace_size")
-    assert all(row.workspace_via_memory_pool_limit for row in TRAITS.values())
+    assert not hasattr(config, "max_workspace_size") and RTX.workspace_via_memory_pool_limit
 
 
 def test_fact_deserialize_without_gpu(models, rtx):
@@ -558,12 +615,6 @@ def test_fact_deserialize_without_gpu(models, rtx):
     plan = build_engine(models["static"], [], rtx, BuildOptions(target_cc=("8.6",))).plan
     engine = trt_rtx.Runtime(builder._logger_for(trt_rtx)).deserialize_cuda_engine(plan)
     assert (engine is not None) is RTX.can_deserialize_without_gpu
-    assert not TRT10.can_deserialize_without_gpu and not TRT11.can_deserialize_without_gpu
-
-
-def test_fact_pip_install():
-    assert RTX.pip_install == "pip install tensorrt-rtx tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings"
-    assert TRT10.pip_install == TRT11.pip_install == "pip install tensorrt-cu13"
 
 
 # --- TensorRT proper -----------------------------------------------------------------

@@ -527,14 +527,14 @@ def _check_targets(recipe: Recipe) -> None:
             raise _Problem(("targets", i), f"{rtx.label} cannot target compute capability "
                                            f"{', '.join(unsupported)}; supported: {', '.join(rtx.compute_capabilities)}")
     if "fp8" in recipe.precisions:
-        from enginekit.trt.backends import fp8_unsupported
+        from enginekit.trt.backends import require_fp8
 
         for i, text in enumerate(recipe.targets):
-            targets = parse_target_set(text)
-            lacking = fp8_unsupported(targets) if targets else ["the default targets"]
-            if lacking:
-                raise _Problem(("targets", i), f"precision fp8 needs compute capability 8.9 or newer; "
-                                               f"{', '.join(lacking)} lack it (write targets like '8.9,12.0')")
+            try:
+                require_fp8(parse_target_set(text), subject="precision fp8", no_targets="the default targets",
+                            fix="write targets like '8.9,12.0'")
+            except UsageError as exc:
+                raise _Problem(("targets", i), str(exc)) from None
 
 
 def _check_verification(recipe: Recipe, adapter) -> None:

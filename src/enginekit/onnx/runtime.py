@@ -13,7 +13,7 @@ def providers() -> list[str]:
     """CPU, plus CUDA only where a GPU exists: asking for CUDA without one prints a loud error."""
     import onnxruntime as ort
 
-    from enginekit.trt.backends import gpu_info
+    from enginekit.gpu import gpu_info
 
     available = ort.get_available_providers()
     chosen = ["CPUExecutionProvider"]

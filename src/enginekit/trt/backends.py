@@ -1,4 +1,4 @@
-"""Which TensorRT is installed, what it can do, and which GPUs an engine is for.
+"""Which TensorRT is installed, what it can do, and which compute capabilities an engine is for.
 
 The differences between TensorRT 10, TensorRT 11 and TensorRT-RTX live in one table of
 data (``TRAITS``), so the build code asks questions ("does this backend keep a timing
@@ -8,19 +8,14 @@ tensorrt_rtx at import time: ``resolve_backend`` imports the chosen module on de
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import importlib
-import os
 import re
-import shutil
-import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 
 from enginekit.errors import CapabilityError, UsageError, first_line
+from enginekit.gpu import GpuInfo, gpu_info  # noqa: F401 - re-exported: the GPU an engine is for
 
 PIP_TENSORRT = "pip install tensorrt-cu13"
 PIP_TENSORRT_RTX = "pip install tensorrt-rtx tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings"
@@ -141,20 +136,6 @@ class Backend:
         return {"name": self.name, "version": self.version}
 
 
-@dataclass(frozen=True)
-class GpuInfo:
-    """The GPU CUDA would use: marketing name and compute capability ("8.9")."""
-
-    name: str
-    compute_capability: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"name": self.name, "compute_capability": self.compute_capability}
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.compute_capability})"
-
-
 # --- backend selection ---------------------------------------------------------------
 
 
@@ -236,89 +217,6 @@ def resolve_backend(requested: str = "auto") -> Backend:
     )
 
 
-# --- the GPU of this machine ---------------------------------------------------------
-
-
-def _visible_index() -> int | None:
-    """Index of the first GPU CUDA_VISIBLE_DEVICES exposes; None when it hides them all."""
-    value = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return 0
-    first = value.split(",")[0].strip()
-    if not first or first.startswith("-"):
-        return None
-    return int(first) if first.isdigit() else 0  # a UUID: nvidia-smi order is unknown, take 0
-
-
-def parse_nvidia_smi(text: str, index: int = 0) -> GpuInfo | None:
-    """``"NVIDIA GeForce RTX 4090, 8.9"`` lines -> the GPU at ``index``."""
-    rows = [line.rsplit(",", 1) for line in text.strip().splitlines() if "," in line]
-    if index >= len(rows):
-        return None
-    name, cc = (part.strip() for part in rows[index])
-    if not re.fullmatch(r"\d+\.\d+", cc):
-        return None
-    return GpuInfo(name=name, compute_capability=cc)
-
-
-def _gpu_from_nvidia_smi(index: int) -> GpuInfo | None:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        done = subprocess.run(
-            [smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if done.returncode != 0:  # a driver that is not loaded, or too old for compute_cap
-        return None
-    return parse_nvidia_smi(done.stdout, index)
-
-
-def _gpu_from_libcuda() -> GpuInfo | None:
-    """Ask the CUDA driver directly (it applies CUDA_VISIBLE_DEVICES itself)."""
-    names = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
-    for lib_name in names:
-        try:
-            cuda = ctypes.CDLL(lib_name)
-            break
-        except OSError:
-            continue
-    else:
-        return None
-    try:
-        count, device = ctypes.c_int(), ctypes.c_int()
-        if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
-            return None
-        if cuda.cuDeviceGet(ctypes.byref(device), 0) != 0:
-            return None
-        name = ctypes.create_string_buffer(256)
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        cuda.cuDeviceGetName(name, 256, device)
-        # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76
-        if cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, device) != 0:
-            return None
-        if cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, device) != 0:
-            return None
-    except AttributeError:  # a library named libcuda that is not the driver
-        return None
-    cc = f"{major.value}.{minor.value}"
-    return GpuInfo(name=name.value.decode(errors="replace"), compute_capability=cc)
-
-
-@functools.lru_cache(maxsize=1)
-def gpu_info() -> GpuInfo | None:
-    """This machine's GPU (the first one CUDA sees), without importing torch; None if none."""
-    index = _visible_index()
-    if index is None:
-        return None
-    return _gpu_from_nvidia_smi(index) or _gpu_from_libcuda()
-
-
 # --- compute-capability targets ------------------------------------------------------
 
 
@@ -393,14 +291,22 @@ def fp8_supported(targets: Sequence[str]) -> bool:
     return bool(targets) and not fp8_unsupported(targets)
 
 
-def require_fp8(targets: Sequence[str]) -> None:
-    """UsageError naming the targets that cannot run an FP8 engine."""
-    if not targets:
-        raise UsageError("fp8 needs a GPU of compute capability 8.9 or newer; none is targeted")
-    missing = fp8_unsupported(targets)
-    if missing:
+def require_fp8(
+    targets: Sequence[str],
+    *,
+    subject: str = "fp8",
+    no_targets: str = "this machine (no GPU)",
+    fix: str = "build for --target-cc 8.9,12.0 (TensorRT-RTX)",
+) -> None:
+    """The one FP8 capability check: UsageError naming the targets that cannot run FP8.
+
+    ``subject`` says what needs FP8 ("fp8", "model.onnx has FP8 tensors, which"), ``no_targets``
+    what an empty target list stands for, ``fix`` how to get a build that can.
+    """
+    lacking = fp8_unsupported(targets) if targets else [no_targets]
+    if lacking:
         raise UsageError(
-            f"fp8 needs compute capability 8.9 or newer; target(s) {', '.join(missing)} lack it: "
-            "drop them (--target-cc 8.9,12.0) or choose fp16/int8"
+            f"{subject} needs compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
+            f"target(s) {', '.join(lacking)} lack it: {fix}"
         )
 

@@ -32,6 +32,7 @@ from enginekit.trt.backends import (
     fp8_unsupported,
     gpu_info,
     normalize_cc,
+    require_fp8,
     resolve_targets,
 )
 
@@ -401,10 +402,7 @@ def build_engine(
     parser = _parse_onnx(trt, network, logger, onnx_path)  # noqa: F841  held: it owns weights
     io = network_io(network)
     if _uses_fp8(trt, network) and fp8_unsupported(targets):
-        raise UsageError(
-            f"{onnx_path.name} has FP8 tensors, which need compute capability 8.9 or newer; "
-            f"target(s) {', '.join(fp8_unsupported(targets))} lack it: choose --target-cc 8.9,12.0"
-        )
+        require_fp8(targets, subject=f"{onnx_path.name} has FP8 tensors, which", fix="choose --target-cc 8.9,12.0")
     dropped: list[str] = []
     while True:
         config = builder.create_builder_config()

@@ -275,3 +275,48 @@ def test_depth_int8_with_family_exclusions_stays_close(workdir):
     value = cosine(ref, got)
     print(f"depth int8 (max) cosine {value:.6f}, {report.seconds:.2f}s")
     assert value > 0.9
+
+
+# --- the ModelOpt / ONNX Runtime internals: one module, version-checked ---------------------
+
+
+def test_installed_versions_are_the_ones_written_for():
+    from enginekit.stages import modelopt_compat
+
+    assert modelopt_compat.problem() is None, modelopt_compat.problem()
+
+
+@pytest.mark.parametrize("versions, fragments", [
+    ({"nvidia-modelopt": "0.48.0", "onnxruntime-gpu": "1.24.4"}, ["nvidia-modelopt 0.48.0", "0.47.x"]),
+    ({"nvidia-modelopt": "0.47.0", "onnxruntime-gpu": "1.25.0"}, ["onnxruntime-gpu 1.25.0", "1.24.x or 1.31.x"]),
+    ({"nvidia-modelopt": None, "onnxruntime": "1.31.1"}, ["nvidia-modelopt not installed"]),
+])
+def test_other_versions_are_refused_in_one_line(versions, fragments):
+    from enginekit.stages import modelopt_compat
+
+    reason = modelopt_compat.problem(versions, probe=False)
+    assert reason is not None and "\n" not in reason
+    for fragment in fragments:
+        assert fragment in reason
+
+
+def test_accepted_series_pass_without_probing():
+    from enginekit.stages import modelopt_compat
+
+    for ort in ("1.24.4", "1.31.1"):
+        assert modelopt_compat.problem({"nvidia-modelopt": "0.47.0", "onnxruntime-gpu": ort}, probe=False) is None
+
+
+def test_missing_internal_is_a_capability_error_before_any_work(yolo, tmp_path, monkeypatch):
+    from enginekit.errors import CapabilityError
+    from enginekit.stages import modelopt_compat
+    from modelopt.onnx.quantization import ort_patching
+
+    monkeypatch.delattr(ort_patching, "_select_tensors_to_calibrate")
+    modelopt_compat._checked.cache_clear()
+    try:
+        with pytest.raises(CapabilityError, match=r"_select_tensors_to_calibrate.*nvidia-modelopt 0\.47"):
+            quantize_int8(yolo.fp32, tmp_path / "out.onnx", yolo.calibration, yolo.input_name)
+        assert not (tmp_path / "out.onnx").exists()
+    finally:
+        modelopt_compat._checked.cache_clear()

@@ -25,7 +25,7 @@ def quantize_fp8(src: Path, out: Path, calibration: np.ndarray, input_name: str,
     import onnx
     from modelopt.onnx.quantization import quantize
 
-    from enginekit.stages.int8 import _calibration_eps
+    from enginekit.stages.modelopt_compat import calibration_eps
     from enginekit.stages.fp16 import quiet_modelopt
 
     quiet_modelopt()
@@ -39,7 +39,7 @@ def quantize_fp8(src: Path, out: Path, calibration: np.ndarray, input_name: str,
                 quantize_mode="fp8",
                 calibration_method="max",
                 calibration_data={input_name: np.ascontiguousarray(calibration, dtype=np.float32)},
-                calibration_eps=_calibration_eps(),
+                calibration_eps=calibration_eps(),
                 nodes_to_exclude=list(exclude_nodes) or None,
                 high_precision_dtype="fp32",
                 output_path=str(result),

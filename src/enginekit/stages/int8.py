@@ -22,16 +22,23 @@ import re
 import shutil
 import struct
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from enginekit.errors import CapabilityError, UsageError
+from enginekit.errors import UsageError
 from enginekit.fsutil import atomic_write_text
+from enginekit.stages.modelopt_compat import (
+    calibration_eps,
+    calibrator_factory,
+    check,
+    ort_int8_scale,
+    symmetric_ranges,
+    tensors_to_calibrate,
+)
 from enginekit.onnx.graph import get_metadata, input_dims, load_model, save_model, set_metadata
 
 # What ModelOpt calibrates INT8 with: histogram entropy (TensorRT's EntropyCalibration2 idea)
@@ -49,9 +56,6 @@ _ALGORITHMS = {"entropy": "EntropyCalibration2", "max": "MinMaxCalibration"}
 CACHE_TRT_VERSION = 100000
 _HEADER = re.compile(r"^TRT-\d+-(?P<algorithm>\w+)$")
 _ENTRY = re.compile(r"^(?P<name>.+): (?P<hex>[0-9a-fA-F]{8})$")
-
-# quantize_int8 swaps one ModelOpt function for the length of a call: one call at a time.
-_HOOK_LOCK = threading.Lock()
 
 
 @dataclass
@@ -127,23 +131,13 @@ def _parse_entry(line: str, path: Path, number: int) -> tuple[str, float]:
 # -- scales <-> activation ranges -------------------------------------------------------------
 
 
-def _ort_scale(amax) -> np.float32:
-    """The scale ONNX Runtime's quantizer computes for a symmetric INT8 range [-amax, amax]."""
-    import onnx
-    from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
-
-    qmin, qmax = get_qmin_qmax_for_qType(onnx.TensorProto.INT8, symmetric=True)
-    amax = np.float32(amax)
-    return np.float32(compute_scale_zp(-amax, amax, qmin, qmax, symmetric=True)[1])
-
-
 def _scale_of_range(tensor_data) -> float:
     """Calibrated range -> the scale ORT will write for it (amax / 127, the cache's unit)."""
     # MinMax gives 1-element arrays, entropy scalars: one per-tensor range either way.
     low, high = (np.asarray(v, np.float32).reshape(-1) for v in tensor_data.range_value)
     if np.isnan(low).any() or np.isnan(high).any():
         low, high = np.float32([0.0]), np.float32([448.0])  # what ModelOpt's range adjustment does
-    return float(_ort_scale(max(np.abs(low).max(), np.abs(high).max())))
+    return float(ort_int8_scale(max(np.abs(low).max(), np.abs(high).max())))
 
 
 def _amax_for_scale(scale: float) -> np.float32:
@@ -151,20 +145,14 @@ def _amax_for_scale(scale: float) -> np.float32:
     target = np.float32(scale)
     guess = np.float32(np.float64(target) * 127.0)
     for amax in (guess, np.nextafter(guess, np.float32(np.inf)), np.nextafter(guess, np.float32(0))):
-        if _ort_scale(amax) == target:
+        if ort_int8_scale(amax) == target:
             return amax
     return guess
 
 
 def _ranges_from_scales(scales: dict[str, float]):
     """The activation ranges both runs hand the quantizer, in name order for identical graphs."""
-    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-
-    data = {}
-    for name in sorted(scales):
-        amax = _amax_for_scale(scales[name])
-        data[name] = TensorData(lowest=-amax, highest=amax)
-    return TensorsData(CalibrationMethod.MinMax, data)
+    return symmetric_ranges({name: _amax_for_scale(scales[name]) for name in sorted(scales)})
 
 
 # -- where the ranges come from: a calibrator, or a cache -------------------------------------
@@ -206,7 +194,7 @@ class _FromCache:
 
     def calibrator(self, make_real: Callable, model, op_types_to_calibrate=None, **kwargs):
         # ModelOpt passes the nodes to quantize where ORT's factory takes op types.
-        needed = _tensors_to_calibrate(Path(model), op_types_to_calibrate or [])
+        needed = tensors_to_calibrate(Path(model), op_types_to_calibrate or [])
         missing = sorted(needed - self.cache.keys())
         if missing:
             raise UsageError(
@@ -227,47 +215,6 @@ class _FixedCalibrator:
 
     def compute_data(self):
         return _ranges_from_scales(self.scales)
-
-
-def _tensors_to_calibrate(model_path: Path, nodes: Sequence[str]) -> set[str]:
-    """The tensors ModelOpt's calibrator would measure for ``nodes``, found as it finds them."""
-    from types import SimpleNamespace
-
-    from modelopt.onnx.quantization.ort_patching import _select_tensors_to_calibrate, load_model_with_shape_infer
-
-    model = load_model_with_shape_infer(model_path)
-    tensors, _ = _select_tensors_to_calibrate(SimpleNamespace(op_types_to_calibrate=list(nodes)), model)
-    return set(tensors)
-
-
-@contextlib.contextmanager
-def _calibrator_from(source) -> Iterator[None]:
-    """Make ModelOpt's INT8 pass get its calibrator from ``source`` for the length of the block.
-
-    ModelOpt re-installs its own ORT calibrator factory on every quantize call, so the factory
-    is swapped inside ModelOpt's call of ORT's static quantization, then put back.
-    """
-    from modelopt.onnx.quantization import int8 as modelopt_int8
-    from onnxruntime.quantization import calibrate as ort_calibrate
-
-    original = getattr(modelopt_int8, "quantize_static", None)
-    if original is None or not hasattr(ort_calibrate, "create_calibrator"):
-        raise CapabilityError("this nvidia-modelopt quantizes INT8 in a way enginekit does not know")
-
-    def quantize_static(*args, **kwargs):
-        make_real = ort_calibrate.create_calibrator
-        ort_calibrate.create_calibrator = lambda *a, **k: source.calibrator(make_real, *a, **k)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            ort_calibrate.create_calibrator = make_real
-
-    with _HOOK_LOCK:
-        modelopt_int8.quantize_static = quantize_static
-        try:
-            yield
-        finally:
-            modelopt_int8.quantize_static = original
 
 
 # -- inputs -----------------------------------------------------------------------------------
@@ -371,6 +318,7 @@ def quantize_int8(
     src, out = Path(src), Path(out)
     _check_choices(method, high_precision)
     patterns = _compile_patterns(exclude_nodes)
+    check()  # the ModelOpt / ONNX Runtime internals used below, before any work
     cache = _cache_for(Path(calibration_cache), method) if calibration_cache is not None else None
     if cache is None and calibration is None:
         raise UsageError("INT8 needs calibration data or a calibration cache")
@@ -427,27 +375,20 @@ def _run_modelopt(src: Path, feed: np.ndarray, input_name: str, method: str, exc
         reader = CalibrationDataProvider(str(work), {input_name: feed})
         # ORT's histogram calibrator prints its bin counts to stdout, ModelOpt's progress bars go
         # to stderr: neither belongs in enginekit's output.
-        with _calibrator_from(source), contextlib.redirect_stdout(io.StringIO()), \
+        with calibrator_factory(source.calibrator), contextlib.redirect_stdout(io.StringIO()), \
                 contextlib.redirect_stderr(io.StringIO()):
             quantize(
                 str(work),
                 quantize_mode="int8",
                 calibration_method=method,
                 calibration_data_reader=reader,
-                calibration_eps=_calibration_eps(),
+                calibration_eps=calibration_eps(),
                 nodes_to_exclude=exclude or None,
                 high_precision_dtype=high_precision,
                 output_path=str(result),
                 log_level="ERROR",
             )
         return onnx.load(str(result))
-
-
-def _calibration_eps() -> list[str]:
-    """ModelOpt's names for the ORT providers: CUDA only where a GPU exists (see runtime.providers)."""
-    from enginekit.onnx.runtime import providers
-
-    return ["cuda:0", "cpu"] if "CUDAExecutionProvider" in providers() else ["cpu"]
 
 
 def _finish(quantized, original, method: str, exclude: Sequence[str], probe: tuple[int, ...], out: Path) -> None:

@@ -32,11 +32,12 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 # CPU benchmark of random-weight yolo12n (torch and ONNX Runtime), GPUs hidden so the
-# figures are comparable between machines: table on stdout, rows in $(OUT)/bench.json.
+# figures are comparable between machines: the report as JSON in $(OUT)/bench.json, a plot beside it.
 bench: setup
 	mkdir -p $(OUT)
 	CUDA_VISIBLE_DEVICES= $(BIN)/enginekit bench yolo12n --random-init --batch 1,2 \
-		--backend torch-fp32,onnxruntime-cpu --json $(OUT)/bench.json --plot $(OUT)/bench.png
+		--backend torch-fp32,onnxruntime-cpu --plot $(OUT)/bench.png --json > $(OUT)/bench.json.tmp
+	mv $(OUT)/bench.json.tmp $(OUT)/bench.json
 
 clean:
 	rm -rf $(OUT) .pytest_cache

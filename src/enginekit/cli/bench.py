@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         iters: Annotated[int, typer.Option("--iters", "-n", help="Timed runs per backend and batch size.")] = 50,
         include_copies: Annotated[bool, typer.Option("--include-copies", help="GPU rows: time the host-to-device input copy and the outputs' copy back (default: inputs already on the GPU).")] = False,
         threads: Annotated[Optional[int], typer.Option("--threads", help="CPU rows: intra-op threads of torch and ONNX Runtime (default: theirs).")] = None,
-        json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every row as JSON here.")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the report (settings, machine, every row) as JSON on stdout instead of the table.")] = False,
         plot_path: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of latency and throughput against batch size here.")] = None,
         weights: WeightsOpt = None,
         random_init: RandomInitOpt = False,
@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
 
           enginekit bench yolo12n --random-init --batch 1,8
 
-          enginekit bench yolo12n --precision fp16 --batch 1,8,16 --backend torch,onnxruntime,tensorrt --json out.json
+          enginekit bench yolo12n --precision fp16 --batch 1,8,16 --backend torch,onnxruntime,tensorrt --json > out.json
 
           enginekit bench depth --random-init --input 518x518 --backend torch --plot depth.png
         """
@@ -55,8 +55,11 @@ def register(app: typer.Typer) -> None:
         quiet_third_party()
         plan = bench.prepare(settings)
         report = _measure_with_progress(plan)
-        _render(report)
-        _write_outputs(report, json_path, plot_path)
+        if as_json:
+            typer.echo(json.dumps(report.to_json(), indent=2))
+        else:
+            _render(report)
+        _write_plot(report, plot_path)
         if not report.measured:
             from enginekit.errors import CapabilityError
 
@@ -131,13 +134,9 @@ def _collapsed(rows):
     return [(row, ",".join(map(str, batches))) for row, batches in shown.values()]
 
 
-def _write_outputs(report, json_path: Optional[Path], plot_path: Optional[Path]) -> None:
+def _write_plot(report, plot_path: Optional[Path]) -> None:
     from enginekit.ui import console
 
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-        console.print(f"  wrote {json_path}")
     if plot_path is not None:
         if report.measured:
             from enginekit.bench import plot

@@ -1,13 +1,16 @@
 """Run an engine plan through polygraphy's TensorRT runner (TensorRT or TensorRT-RTX).
 
 Needs a GPU the engine was built for; callers ask ``builder.can_run_here`` first.
+``engine_runner`` serves verification (numpy in, numpy out, any profile); ``repeat_runner``
+serves the benchmark (one fixed input, run again and again, copies in or out of the timing).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -23,29 +26,61 @@ def _profile_for(shape: tuple[int, ...], profiles: list[dict], input_name: str) 
     raise ValueError(f"no optimization profile holds input shape {shape}")
 
 
-def engine_runner(plan: Path, backend: Backend, profiles: list[dict], input_name: str):
-    """A context manager yielding ``run(feed) -> outputs`` over the engine."""
+@contextlib.contextmanager
+def _activated(plan: Path, backend: Backend):
+    """An active polygraphy ``TrtRunner`` over ``plan``, deactivated on leaving."""
     if backend.name == "tensorrt-rtx":
         os.environ["POLYGRAPHY_USE_TENSORRT_RTX"] = "1"  # read when polygraphy imports TensorRT
     from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
-    class _Run:
-        def __enter__(self) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
-            self.runner = TrtRunner(EngineFromBytes(BytesFromPath(str(plan))))
-            self.runner.activate()
-            self.profile = 0
+    runner = TrtRunner(EngineFromBytes(BytesFromPath(str(plan))))
+    runner.activate()
+    try:
+        yield runner
+    finally:
+        runner.deactivate()
+
+
+def engine_runner(plan: Path, backend: Backend, profiles: list[dict], input_name: str):
+    """A context manager yielding ``run(feed) -> outputs`` over the engine."""
+
+    @contextlib.contextmanager
+    def _run() -> Iterator[Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]:
+        with _activated(plan, backend) as runner:
+            current = [0]
 
             def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
                 index = _profile_for(tuple(feed[input_name].shape), profiles, input_name)
-                if index != self.profile:
-                    self.runner.set_profile(index)
-                    self.profile = index
-                return {k: np.asarray(v) for k, v in self.runner.infer(feed).items()}
+                if index != current[0]:
+                    runner.set_profile(index)
+                    current[0] = index
+                return {k: np.asarray(v) for k, v in runner.infer(feed).items()}
 
-            return run
+            yield run
 
-        def __exit__(self, *exc) -> None:
-            self.runner.deactivate()
+    return _run()
 
-    return _Run()
+
+@contextlib.contextmanager
+def repeat_runner(plan: Path, backend: Backend, feed: dict[str, np.ndarray], *,
+                  include_copies: bool) -> Iterator[Callable[[], None]]:
+    """Yield ``run()``: one synchronous inference of ``feed`` (the engine's first profile).
+
+    ``include_copies``: every run copies the numpy inputs to the GPU and the outputs back.
+    Otherwise the inputs are copied to the GPU once (as torch CUDA tensors) and the outputs
+    stay there, so a run is the engine's work plus polygraphy's per-call bookkeeping.
+    """
+    with _activated(plan, backend) as runner:
+        if include_copies:
+            def run() -> None:
+                runner.infer(feed, check_inputs=False, copy_outputs_to_host=True)
+        else:
+            import torch
+
+            on_device = {name: torch.from_numpy(np.ascontiguousarray(a)).cuda() for name, a in feed.items()}
+
+            def run() -> None:
+                runner.infer(on_device, check_inputs=False, copy_outputs_to_host=False)
+
+        yield run

@@ -1,0 +1,46 @@
+"""Latency and throughput of one model on several backends, fed the same inputs.
+
+Two phases, so a caller can show steps (model load, ONNX export, engine builds) before a
+progress bar over the timed runs:
+
+    plan = prepare(settings)   # plan.py: which runners can run here; artifacts they need, from the cache
+    report = measure(plan)     # measure.py: warm-up, then timed runs per (runner, batch)
+
+``settings.py`` parses the flags, ``runners.py`` holds one runner per backend and the clocks,
+``plot.py`` draws the report. Each row says what its time includes: host-to-device copies
+(excluded, included, or not applicable on CPU), CUDA graphs, and the clock. A runner that cannot
+run here is a row marked "skipped" with the reason, never a number. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+from enginekit.bench.measure import (
+    PERCENTILES,
+    BenchReport,
+    BenchRow,
+    latency_stats,
+    machine_info,
+    measure,
+    runs_per_row,
+    throughput,
+    total_runs,
+)
+from enginekit.bench.plan import BenchPlan, Planned, input_batch, prepare
+from enginekit.bench.plot import plot
+from enginekit.bench.runners import COPIES_EXCLUDED, COPIES_INCLUDED, COPIES_NOT_APPLICABLE, Runner, time_cpu, time_cuda
+from enginekit.bench.settings import (
+    FAMILIES,
+    PRECISIONS,
+    RUNNERS,
+    BenchSettings,
+    parse_backends,
+    parse_batches,
+    parse_image_shape,
+)
+
+__all__ = [
+    "COPIES_EXCLUDED", "COPIES_INCLUDED", "COPIES_NOT_APPLICABLE", "FAMILIES", "PERCENTILES", "PRECISIONS",
+    "RUNNERS", "BenchPlan", "BenchReport", "BenchRow", "BenchSettings", "Planned", "Runner", "input_batch",
+    "latency_stats", "machine_info", "measure", "parse_backends", "parse_batches", "parse_image_shape", "plot",
+    "prepare", "runs_per_row", "throughput", "time_cpu", "time_cuda", "total_runs",
+]

@@ -11,14 +11,17 @@ import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from enginekit.errors import UsageError
-from enginekit.images import IMAGE_SUFFIXES, embedded_image_paths, read_rgb
+from enginekit.images import embedded_image_paths, list_images, read_rgb
 from enginekit.cache import sha256_file
-from enginekit.families.base import ModelAdapter
 from enginekit.shapes import Shape, format_shape
+
+if TYPE_CHECKING:  # families sit above this module; only their type is named here
+    from enginekit.families.base import ModelAdapter
 
 ARRAY_SUFFIXES = {".npy", ".npz"}
 
@@ -54,13 +57,7 @@ class CalibrationData:
             raise UsageError(f"image folder or array not found: {self.source}")
         if not self.source.is_dir():
             raise UsageError(f"expected an image folder or a .npy/.npz file, not {self.source}")
-        try:
-            paths = sorted(p for p in self.source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        except OSError as exc:
-            raise UsageError(f"cannot read image folder {self.source}: {exc.strerror}") from None
-        if not paths:
-            raise UsageError(f"image folder {self.source} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
-        return paths[: self.count]
+        return list_images(self.source)[: self.count]
 
     def digest(self, adapter: ModelAdapter, shape: Shape) -> str:
         """Identity of the calibration batch this would produce at ``shape``."""

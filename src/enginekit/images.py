@@ -45,6 +45,19 @@ def embedded_image_paths() -> list[Path]:
     return paths
 
 
+def list_images(folder: Path, *, what: str = "image folder") -> list[Path]:
+    """The image files in ``folder`` (by suffix), sorted; UsageError when there is none or it is unreadable."""
+    if not folder.is_dir():
+        raise UsageError(f"{what} not found: {folder}")
+    try:
+        paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    except OSError as exc:
+        raise UsageError(f"cannot read {what} {folder}: {exc.strerror}") from None
+    if not paths:
+        raise UsageError(f"{what} {folder} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    return paths
+
+
 @dataclass
 class ImageSet:
     images: list[np.ndarray]  # HxWx3 uint8 RGB
@@ -68,11 +81,7 @@ def load_images(source: Path | None = None, *, limit: int | None = None) -> Imag
         if not paths:
             raise UsageError("no embedded photographs found: install ultralytics or scikit-image, or pass an image folder")
     else:
-        if not source.is_dir():
-            raise UsageError(f"image folder not found: {source}")
-        paths = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        if not paths:
-            raise UsageError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) in {source}")
+        paths = list_images(source)
     result = ImageSet([], [])
     for p in paths:
         if limit is not None and len(result.images) >= limit:

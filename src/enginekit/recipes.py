@@ -195,14 +195,9 @@ class Recipe(_Strict):
     # -- how to verify ----------------------------------------------------------------
     def tolerance(self, precision: str):
         """The parity limits of ``precision``: the recipe's, else the family's defaults."""
-        from dataclasses import replace
+        from enginekit.compare.gate import Gates, parse_overrides
 
-        base = self.adapter().tolerance(precision)
-        spec = self.verification.tolerances.get(precision)
-        if spec is None:
-            return base
-        changes = {k: v for k, v in (("rel_l2", spec.rel_l2), ("cosine", spec.cosine)) if v is not None}
-        return replace(base, **changes)
+        return Gates(self.adapter(), parse_overrides(self.tolerance_overrides())).parity(precision)
 
     def task_gates(self, precision: str) -> dict[str, tuple[str, float]]:
         """Task metric -> (">=" or "<=", limit): the family's gates with the recipe's limits."""

@@ -560,9 +560,18 @@ class RecipeRef:
     origin: str  # "shipped" | "local"
 
 
+SHIPPED_PACKAGE_DIR = "shipped_recipes"  # package data of enginekit (pyproject's package-data)
+
+
 def shipped_dir() -> Path:
-    """The ``recipes/`` folder of the enginekit checkout (src/enginekit/recipes.py -> ../../recipes)."""
-    return Path(__file__).resolve().parents[2] / "recipes"
+    """The recipes installed with enginekit (``enginekit/shipped_recipes``), wheel or checkout alike.
+
+    The checkout's top-level ``recipes/`` is a link to this folder, so ``recipes/yolo12n.yaml``
+    names the same file in the Makefile, CI examples and error messages.
+    """
+    from importlib.resources import files
+
+    return Path(str(files("enginekit").joinpath(SHIPPED_PACKAGE_DIR)))
 
 
 def local_dir() -> Path:
@@ -605,10 +614,16 @@ def find_recipe(name_or_path: str) -> Path:
 
 def display_path(path: Path) -> str:
     """``path`` relative to the working directory when it lies under it (as CI jobs need)."""
-    try:
-        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return str(path)
+    import os
+
+    cwd = Path.cwd()
+    # Links are kept as given first: recipes/ in the checkout links to the package's folder.
+    for absolute, base in ((Path(os.path.abspath(path)), Path(os.path.abspath(cwd))), (Path(path).resolve(), cwd.resolve())):
+        try:
+            return absolute.relative_to(base).as_posix()
+        except ValueError:
+            continue
+    return str(path)
 
 
 def load_recipe(name_or_path: Union[str, Path]) -> Recipe:

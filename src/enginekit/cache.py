@@ -197,6 +197,13 @@ class EntryInfo:
     valid: bool
     reason: str | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "key": self.key, "subject": self.subject, "size_bytes": self.size,
+            "created": self.created.isoformat(timespec="seconds") if self.created else None,
+            "last_used": self.last_used.isoformat(timespec="seconds"), "valid": self.valid, "reason": self.reason,
+        }
+
 
 # --------------------------------------------------------------------------- the store
 

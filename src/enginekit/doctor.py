@@ -44,7 +44,8 @@ def inventory() -> dict[str, Any]:
         "platform": f"{platform.system()} {platform.machine()}",
         "packages": {name: _dist_version(name) for name in PACKAGES},
         "torch_cuda": _torch_cuda_version(),
-        "gpu": _gpu(),
+        "gpu": _gpu(),  # the one builds and runs use
+        "gpus": _gpus(),  # every GPU CUDA sees, with memory
         "onnxruntime_providers": _onnxruntime_providers(),
         "tensorrt_modules": _tensorrt_modules(),
         "cache": _cache_facts(),
@@ -72,10 +73,16 @@ def _torch_cuda_version() -> str | None:
 
 
 def _gpu() -> dict[str, str] | None:
-    from enginekit.trt.backends import gpu_info
+    from enginekit.gpu import gpu_info
 
     gpu = gpu_info()
     return gpu.to_json() if gpu is not None else None
+
+
+def _gpus() -> list[dict[str, Any]]:
+    from enginekit.gpu import gpus
+
+    return [{**g.to_json(), "index": g.index, "memory_bytes": g.memory_bytes} for g in gpus()]
 
 
 def _onnxruntime_providers() -> list[str] | None:

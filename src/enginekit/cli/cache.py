@@ -9,6 +9,8 @@ import typer
 
 from enginekit.cli.common import handles_errors
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
+
 
 def register(app: typer.Typer) -> None:
     cache_app = typer.Typer(help="Inspect and clean the local cache ($ENGINEKIT_CACHE, else ~/.cache/enginekit).",
@@ -17,27 +19,39 @@ def register(app: typer.Typer) -> None:
 
     @cache_app.command("ls")
     @handles_errors
-    def ls_cmd(kind: Annotated[Optional[str], typer.Option("--kind", help="Only this kind (engine, onnx-export, ...).")] = None) -> None:
+    def ls_cmd(
+        kind: Annotated[Optional[str], typer.Option("--kind", help="Only this kind (engine, onnx-export, ...).")] = None,
+        as_json: JsonOpt = False,
+    ) -> None:
         """List entries, most recently used first, with validity and parity.
 
         Example: [bold]enginekit cache ls --kind engine[/]
         """
-        from rich.table import Table
-
         from enginekit.cache import Cache
-        from enginekit.ui import out
 
         cache = Cache()
-        table = Table(title=f"cache {cache.root}")
-        for col in ("key", "kind", "subject", "size", "last used", "state", "parity"):
-            table.add_column(col)
+        rows = []
         for info in cache.ls():
             if kind and info.kind != kind:
                 continue
-            parity = ""
+            parity = None
             if info.kind == "engine" and info.valid:
-                passed = cache.lookup(info.kind, info.key, verify=False).entry.manifest.get("parity", {}).get("passed")
-                parity = {True: "[green]pass[/]", False: "[red]fail[/]"}.get(passed, "-")
+                parity = cache.lookup(info.kind, info.key, verify=False).entry.manifest.get("parity", {}).get("passed")
+            rows.append((info, parity))
+        if as_json:
+            typer.echo(json.dumps({"root": str(cache.root),
+                                   "entries": [{**info.to_json(), "parity_passed": parity} for info, parity in rows]},
+                                  indent=2))
+            return
+        from rich.table import Table
+
+        from enginekit.ui import out
+
+        table = Table(title=f"cache {cache.root}")
+        for col in ("key", "kind", "subject", "size", "last used", "state", "parity"):
+            table.add_column(col)
+        for info, passed in rows:
+            parity = {True: "[green]pass[/]", False: "[red]fail[/]"}.get(passed, "-") if info.kind == "engine" and info.valid else ""
             state = "[green]valid[/]" if info.valid else f"[red]corrupt[/] ({info.reason})"
             table.add_row(info.key[:12], info.kind, info.subject or "", _size(info.size),
                           info.last_used.strftime("%Y-%m-%d %H:%M"), state, parity)
@@ -45,7 +59,10 @@ def register(app: typer.Typer) -> None:
 
     @cache_app.command("show")
     @handles_errors
-    def show_cmd(key: Annotated[str, typer.Argument(help="A key or a unique prefix (6+ characters).")]) -> None:
+    def show_cmd(
+        key: Annotated[str, typer.Argument(help="A key or a unique prefix (6+ characters).")],
+        as_json: Annotated[bool, typer.Option("--json", help="Accepted for symmetry: the manifest is JSON either way.")] = False,
+    ) -> None:
         """Print an entry's manifest (JSON)."""
         from enginekit.cache import Cache
 

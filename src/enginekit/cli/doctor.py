@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         except Exception as exc:  # noqa: BLE001 - a doctor reports, it does not fail
             data = {"error": f"{type(exc).__name__}: {exc}", "warnings": [f"doctor could not finish: {exc}"]}
         if as_json:
-            print(json.dumps(data, indent=2))
+            typer.echo(json.dumps(data, indent=2))
             return
         _render(data)
 
@@ -48,7 +48,10 @@ def _render(data: dict) -> None:
         return
     gpu = data["gpu"]
     out.print(f"enginekit {data['enginekit']}  python {data['python']}  {data['platform']}")
+    others = data.get("gpus", [])[1:]
     out.print(f"GPU: {gpu['name']} (compute {gpu['compute_capability']})" if gpu else "GPU: none found")
+    for other in others:
+        out.print(f"     also {other['name']} (compute {other['compute_capability']})")
     versions = Table(title="packages", title_justify="left", box=box.SIMPLE_HEAD)
     versions.add_column("package")
     versions.add_column("version")

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 
 def register(app: typer.Typer) -> None:
     @app.command("models")
-    def models_cmd() -> None:
+    def models_cmd(
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")] = False,
+    ) -> None:
         """List model families, their variants, default input and where weights come from.
 
-        Example: [bold]enginekit models[/]
+        Example: [bold]enginekit models --json[/]
         """
+        from enginekit.families import families
+
+        if as_json:
+            import dataclasses
+            import json
+
+            typer.echo(json.dumps([dataclasses.asdict(f) for f in families()], indent=2))
+            return
         from rich.table import Table
 
-        from enginekit.families import families
         from enginekit.ui import out
 
         table = Table(title="model families")

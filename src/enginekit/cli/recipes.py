@@ -23,12 +23,17 @@ def register(app: typer.Typer) -> None:
 
     @recipes_app.command("ls")
     @handles_errors
-    def ls_cmd() -> None:
+    def ls_cmd(
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")] = False,
+    ) -> None:
         """List shipped recipes (enginekit's recipes/) and local ones (./recipes/).
 
-        Example: [bold]enginekit recipes ls[/]
+        Example: [bold]enginekit recipes ls --json[/]
         """
-        list_recipes_table()
+        if as_json:
+            typer.echo(json.dumps(recipe_rows(), indent=2))
+        else:
+            list_recipes_table()
 
     @recipes_app.command("show")
     @handles_errors
@@ -65,6 +70,24 @@ def register(app: typer.Typer) -> None:
         if not jobs:
             raise UsageError("no recipes found: give recipe files or folders")
         emit(json.dumps({"include": jobs} if fmt == "github" else jobs, separators=(",", ":")))
+
+
+def recipe_rows() -> list[dict]:
+    """What ``recipes ls --json`` prints: one object per recipe; an invalid one carries its error."""
+    from enginekit.recipes import display_path, list_recipes, load_recipe
+
+    rows = []
+    for ref in list_recipes():
+        row = {"name": ref.name, "origin": ref.origin, "path": display_path(ref.path)}
+        try:
+            r = load_recipe(ref.path)
+        except UsageError as exc:
+            rows.append({**row, "valid": False, "error": str(exc)})
+            continue
+        resolved = r.resolved()
+        rows.append({**row, "valid": True, "model": r.model.variant, "profiles": resolved["profiles"],
+                     "precisions": list(r.precisions), "targets": resolved["targets"]})
+    return rows
 
 
 def list_recipes_table() -> None:

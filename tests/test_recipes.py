@@ -95,6 +95,14 @@ def test_bad_recipe_is_one_line_naming_file_line_and_key(run_cli, tmp_path, case
     ("model: {variant: yolo12n}\nprecisions: [fp16]\nprecisions: [int8]\n", [":3:", "'precisions' is given twice"]),
     ("model: {variant: yolo12n}\ntargets: ['8.6']\n", [":2:", "targets[0]", "need backend: tensorrt-rtx"]),
     ("model: [yolo12n\n", [":2:", "malformed YAML"]),
+    ("model: {variant: yolo12n}\nprecisions: [fp16, fp16]\n", [":2:", "precisions[1]", "listed twice"]),
+    ("model: {variant: yolo12n}\ncalibration:\n  method: avg\n", [":3:", "calibration.method", "'avg'", "entropy"]),
+    ("model: {variant: yolo12n}\ncalibration:\n  exclude:\n    - a\n    - '('\n", [":5:", "calibration.exclude[1]"]),
+    ("model: {variant: yolo12n}\nbuilder:\n  workspace: lots\n", [":3:", "builder.workspace", "malformed size"]),
+    ("model: {variant: yolo12n}\nverification:\n  tolerances:\n    fp16:\n      task: {abs_rel: 1}\n",
+     [":5:", "verification.tolerances.fp16.task.abs_rel", "unknown task metric"]),
+    ("model: {variant: yolo12n}\nprofiles: [1x3x640x640]\nprecisons: [fp16]\ncalibration: {method: avg}\n",
+     [":3:", "unknown key 'precisons'", "(and 1 more)"]),  # the schema's error before a check's
 ])
 def test_more_recipe_problems(tmp_path, text, needles):
     from enginekit.errors import UsageError

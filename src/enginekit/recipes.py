@@ -17,10 +17,20 @@ import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from enginekit.errors import UsageError
 
@@ -62,13 +72,33 @@ class Calibration(_Strict):
     cache: Optional[str] = None  # --calib-cache: read if it exists, else written
     exclude: list[str] = []  # --exclude: node-name regexes kept out of INT8 (on top of the family's)
 
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, method: str) -> str:
+        from enginekit.stages.int8 import CALIBRATION_METHODS
+
+        if method not in CALIBRATION_METHODS:
+            raise _problem(("calibration", "method"),
+                           f"unknown calibration method {method!r}: choose {', '.join(CALIBRATION_METHODS)}")
+        return method
+
+    @field_validator("exclude")
+    @classmethod
+    def _regexes(cls, patterns: list[str]) -> list[str]:
+        for i, pattern in enumerate(patterns):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise _problem(("calibration", "exclude", i), f"bad regex {pattern!r}: {exc}") from None
+        return patterns
+
 
 class ToleranceSpec(_Strict):
     """Parity limits of one precision against the FP32 PyTorch reference."""
 
     rel_l2: Optional[float] = Field(None, gt=0)
     cosine: Optional[float] = Field(None, gt=0, le=1)  # minimum cosine similarity
-    task: dict[str, float] = {}  # task-metric limits (map50, recall, ... / abs_rel, delta1)
+    task: dict[str, Annotated[float, Field(ge=0)]] = {}  # task-metric limits (map50, recall, ... / abs_rel, delta1)
 
 
 class Verification(_Strict):
@@ -89,6 +119,18 @@ class Builder(_Strict):
     # --repair: an fp16/int8 graph that fails parity keeps its fewest offending nodes in FP32
     # (gated by verification.tolerances)
     repair: bool = False
+
+    @field_validator("workspace")
+    @classmethod
+    def _size(cls, workspace: Optional[str]) -> Optional[str]:
+        from enginekit.cache import parse_size
+
+        if workspace is not None:
+            try:
+                parse_size(workspace)
+            except UsageError as exc:
+                raise _problem(("builder", "workspace"), str(exc)) from None
+        return workspace
 
 
 class Recipe(_Strict):
@@ -119,6 +161,30 @@ class Recipe(_Strict):
         if info.field_name == "targets" and isinstance(value, list):
             value = [_target_text(item) for item in value]
         return value
+
+    @field_validator("precisions")
+    @classmethod
+    def _precision_list(cls, precisions: list[str]) -> list[str]:
+        if not precisions:
+            raise _problem(("precisions",), f"names no precision: choose from {', '.join(RECIPE_PRECISIONS)}")
+        for i, precision in enumerate(precisions):
+            if precision in precisions[:i]:
+                raise _problem(("precisions", i), f"{precision} is listed twice")
+        return precisions
+
+    @model_validator(mode="after")
+    def _buildable(self, info: ValidationInfo) -> "Recipe":
+        """What a build would refuse later (model, shapes, targets, files), checked now.
+
+        Paths in the recipe are relative to its file: ``model_validate(data, context={"path": p})``.
+        """
+        if info.context and info.context.get("path") is not None:
+            self._path = Path(info.context["path"])
+        try:
+            _check(self)
+        except _Problem as problem:
+            raise _problem(problem.loc, problem.message) from None
+        return self
 
     # -- identity ---------------------------------------------------------------------
     @property
@@ -390,10 +456,19 @@ def _suggest(loc: Loc) -> Optional[str]:
     return _dotted(anywhere[close[0]]) if close else None
 
 
+def _error_loc(error: dict) -> Loc:
+    """Where an error points: a check's own key, else pydantic's location."""
+    if error["type"] == _CHECK:
+        return tuple(error["ctx"]["at"])
+    return tuple(error["loc"])
+
+
 def _describe(error: dict) -> str:
     """One pydantic error -> 'key: what is wrong', in the recipe's words."""
-    loc = tuple(p for p in error["loc"] if p != "[key]")
+    loc = tuple(p for p in _error_loc(error) if p != "[key]")
     kind = error["type"]
+    if kind == _CHECK:
+        return f"{_dotted(loc)}: {error['ctx']['message']}"
     if kind == "extra_forbidden":
         hint = _suggest(loc)
         return f"unknown key '{_dotted(loc)}'" + (f" (did you mean {hint}?)" if hint else "")
@@ -408,10 +483,12 @@ def _describe(error: dict) -> str:
 def _validation_error(exc: ValidationError, file: str, lines: dict[Loc, int]) -> UsageError:
     """The first problem in file order, as one line naming file, line and key. Unknown keys
     come first: a typo'd key also makes its intended key look missing."""
-    errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", _line_of(tuple(e["loc"]), lines)))
+    # Schema errors before checks: a check may only be failing because of a schema error elsewhere.
+    errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", e["type"] == _CHECK,
+                                                  _line_of(_error_loc(e), lines)))
     first = errors[0]
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return UsageError(f"{file}:{_line_of(tuple(first['loc']), lines)}: {_describe(first)}{more}")
+    return UsageError(f"{file}:{_line_of(_error_loc(first), lines)}: {_describe(first)}{more}")
 
 
 # --- checks a schema cannot express -----------------------------------------------------
@@ -424,22 +501,26 @@ class _Problem(Exception):
         self.message = message
 
 
+_CHECK = "recipe_check"  # the pydantic error type of the checks above and in the schema's validators
+
+
+def _problem(loc: Loc, message: str) -> PydanticCustomError:
+    """A validator's error that names its own key: pydantic gives a field validator's error the
+    field's location, but a check may point into it (``precisions[1]``) or at another key."""
+    return PydanticCustomError(_CHECK, "{message}", {"message": message, "at": loc})
+
+
 def _check(recipe: Recipe) -> None:
     """Everything a build would refuse later: model, shapes, targets, files, tolerances."""
     adapter = _check_model(recipe)
     _check_profiles(recipe, adapter)
-    _check_precisions(recipe)
     _check_calibration(recipe)
     _check_targets(recipe)
     _check_verification(recipe, adapter)
-    if recipe.builder.workspace is not None:
-        from enginekit.cache import parse_size
-
-        _expect(("builder", "workspace"), parse_size, recipe.builder.workspace)
 
 
 def _expect(loc: Loc, fn, *args):
-    """Run a validator from elsewhere in enginekit; its UsageError becomes a problem at ``loc``."""
+    """Run a check from elsewhere in enginekit; its UsageError becomes a problem at ``loc``."""
     try:
         return fn(*args)
     except UsageError as exc:
@@ -476,28 +557,10 @@ def _check_profiles(recipe: Recipe, adapter) -> None:
     _expect(("profiles",), _bind_profiles_to_model, parsed, adapter)  # e.g. one H x W for YOLO
 
 
-def _check_precisions(recipe: Recipe) -> None:
-    if not recipe.precisions:
-        raise _Problem(("precisions",), f"names no precision: choose from {', '.join(RECIPE_PRECISIONS)}")
-    for i, precision in enumerate(recipe.precisions):
-        if precision in recipe.precisions[:i]:
-            raise _Problem(("precisions", i), f"{precision} is listed twice")
-
-
 def _check_calibration(recipe: Recipe) -> None:
-    from enginekit.stages.int8 import CALIBRATION_METHODS
-
     c = recipe.calibration
-    if c.method not in CALIBRATION_METHODS:
-        raise _Problem(("calibration", "method"),
-                       f"unknown calibration method {c.method!r}: choose {', '.join(CALIBRATION_METHODS)}")
     if c.data is not None and not recipe._file(c.data).exists():
         raise _Problem(("calibration", "data"), f"calibration data not found: {recipe._file(c.data)}")
-    for i, pattern in enumerate(c.exclude):
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise _Problem(("calibration", "exclude", i), f"bad regex {pattern!r}: {exc}") from None
 
 
 def _check_targets(recipe: Recipe) -> None:
@@ -539,13 +602,11 @@ def _check_verification(recipe: Recipe, adapter) -> None:
     gates = getattr(adapter, "task_gates", {})
     known = sorted({metric for per_precision in gates.values() for metric in per_precision})
     for precision, spec in v.tolerances.items():
-        for metric, limit in spec.task.items():
-            loc = ("verification", "tolerances", precision, "task", metric)
+        for metric in spec.task:
             if metric not in known:
-                raise _Problem(loc, f"unknown task metric {metric!r} for {adapter.family}: "
-                                    f"choose {', '.join(known) or 'none (no task gates)'}")
-            if limit < 0:
-                raise _Problem(loc, f"limit {limit} must not be negative")
+                raise _Problem(("verification", "tolerances", precision, "task", metric),
+                               f"unknown task metric {metric!r} for {adapter.family}: "
+                               f"choose {', '.join(known) or 'none (no task gates)'}")
 
 
 # --- finding and loading recipes --------------------------------------------------------
@@ -638,15 +699,9 @@ def load_recipe(name_or_path: Union[str, Path]) -> Recipe:
     if not isinstance(data, dict):
         raise UsageError(f"{file}:1: a recipe is a mapping of keys (model, profiles, precisions, ...)")
     try:
-        recipe = Recipe.model_validate(data)
+        return Recipe.model_validate(data, context={"path": path})
     except ValidationError as exc:
         raise _validation_error(exc, file, lines) from None
-    recipe._path = path
-    try:
-        _check(recipe)
-    except _Problem as problem:
-        raise UsageError(f"{file}:{_line_of(problem.loc, lines)}: {_dotted(problem.loc)}: {problem.message}") from None
-    return recipe
 
 
 def collect_recipe_files(paths: list[str]) -> list[Path]:

@@ -645,3 +645,40 @@ def test_tensorrt_build_with_timing_cache(models, tmp_path):
     assert {t["name"]: t["dtype"] for t in result.io} == {"x": "float32", "y": "float16"}
     ok, reason = can_run_here(backend, result.built_for())
     assert ok, reason
+
+
+# --- the runner: polygraphy's TrtRunner over a plan ------------------------------------------
+
+
+def test_repeat_runner_feeds_the_same_inputs_and_releases_the_engine(monkeypatch, tmp_path, rtx):
+    """The benchmark's engine rows go through polygraphy's TrtRunner (checked here with a stand-in)."""
+    from polygraphy.backend import trt as poly_trt
+
+    from enginekit.trt.runner import repeat_runner
+
+    calls: list = []
+
+    class FakeRunner:
+        def __init__(self, engine) -> None:
+            calls.append(("engine", engine))
+
+        def activate(self) -> None:
+            calls.append("activate")
+
+        def deactivate(self) -> None:
+            calls.append("deactivate")
+
+        def infer(self, feed, check_inputs=True, copy_outputs_to_host=True):
+            calls.append(("infer", {k: v.shape for k, v in feed.items()}, copy_outputs_to_host))
+            return {}
+
+    monkeypatch.setattr(poly_trt, "TrtRunner", FakeRunner)
+    monkeypatch.setattr(poly_trt, "EngineFromBytes", lambda loader: "engine")
+    plan = tmp_path / "engine.plan"
+    plan.write_bytes(b"plan")
+    feed = {"x": np.zeros((2, 3, 16, 16), np.float32)}
+    with repeat_runner(plan, rtx, feed, include_copies=True) as run:
+        run()
+        run()
+    assert calls == [("engine", "engine"), "activate", ("infer", {"x": (2, 3, 16, 16)}, True),
+                     ("infer", {"x": (2, 3, 16, 16)}, True), "deactivate"]

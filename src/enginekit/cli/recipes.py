@@ -167,7 +167,7 @@ def _click_context():
 def build_recipe_cmd(target: str, params: dict) -> None:
     """``enginekit build RECIPE.yaml``: every (precision, target set) of the recipe, one engine
     path per line on stdout; flags given on the command line override the file."""
-    from enginekit.pipeline import copy_file_atomic
+    from enginekit.fsutil import atomic_copy
     from enginekit.recipes import iter_build_recipe, load_recipe
     from enginekit.ui import console, emit
 
@@ -188,5 +188,5 @@ def build_recipe_cmd(target: str, params: dict) -> None:
             console.print(f"[yellow]warning:[/] {recipe.name} {cell.precision}: the graph of this engine failed "
                           "its parity check (see parity.json; `enginekit verify` gates on it)")
         if output is not None:
-            copy_file_atomic(outcome.engine, output)
+            atomic_copy(outcome.engine, output)
         emit(str(output or outcome.engine))

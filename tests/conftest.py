@@ -26,6 +26,25 @@ def cache():
 
 
 @pytest.fixture(scope="session")
+def trained_detector():
+    """yolov8n trained by Ultralytics' trainer on generated coloured shapes (cached; see trained_detector.py).
+
+    Returns a TrainedDetector: ``.weights`` (best.pt), ``.names``, ``.model`` (``"yolov8n"``).
+    """
+    from trained_detector import trained_detector as find_or_train
+
+    return find_or_train()
+
+
+@pytest.fixture(scope="session")
+def detector_images(tmp_path_factory):
+    """A folder for ``--images``: 4 generated held-out shape images (640x640) and Ultralytics' photographs."""
+    from trained_detector import write_test_images
+
+    return write_test_images(tmp_path_factory.mktemp("detector-images"))
+
+
+@pytest.fixture(scope="session")
 def yolo_export(tmp_path_factory, cache):
     """yolo12n, random weights, exported at 640 (FP32 and FP16)."""
     from enginekit import api

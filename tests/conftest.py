@@ -18,6 +18,54 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # fail fast instead of retrying an unreachab
 os.environ["ENGINEKIT_CACHE"] = str(_ENV_ROOT / "cache")
 
 
+# --- capability markers: skip with the reason where the capability is missing, run where it is present ---
+
+
+def _gpu_missing() -> str | None:
+    """Why CUDA code cannot run here, or None. The engine backend's own fit is the test's to check."""
+    try:
+        import torch
+    except ImportError:
+        return "needs PyTorch with CUDA"
+    if not torch.cuda.is_available():
+        return "needs an NVIDIA GPU that PyTorch can use (torch.cuda.is_available() is False)"
+    return None
+
+
+def _tensorrt_missing() -> str | None:
+    try:
+        import tensorrt  # noqa: F401  TensorRT proper (10/11), not tensorrt_rtx
+    except Exception as exc:  # ImportError, or a wheel whose libraries do not load
+        return f"needs TensorRT proper (import tensorrt: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    return None
+
+
+_CAPABILITIES = {"gpu": _gpu_missing, "tensorrt": _tensorrt_missing}
+
+
+def pytest_collection_modifyitems(config, items):
+    answers: dict[str, str | None] = {}
+    for item in items:
+        for name, probe in _CAPABILITIES.items():
+            if item.get_closest_marker(name) is None:
+                continue
+            if name not in answers:
+                answers[name] = probe()  # asked once, and only when a collected test needs it
+            if answers[name] is not None:
+                item.add_marker(pytest.mark.skip(reason=answers[name]))
+
+
+@pytest.fixture
+def hide_gpu(monkeypatch):
+    """The code paths of a machine without a GPU, on any machine (CUDA_VISIBLE_DEVICES hides them all)."""
+    from enginekit.trt.backends import gpu_info
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    gpu_info.cache_clear()
+    yield
+    gpu_info.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def cache():
     from enginekit.cache import Cache

@@ -1,4 +1,4 @@
-"""Engines through TensorRT-RTX on a machine with no GPU, and the engine cache contract."""
+"""Engines through TensorRT-RTX (which builds without a GPU) or TensorRT, and the engine cache contract."""
 
 from __future__ import annotations
 
@@ -29,9 +29,14 @@ def assert_manifest(outcome, *, precision, input_name, profile_min, profile_max,
     assert outcome.engine.is_file() and outcome.engine.stat().st_size > 100_000
     # the plan is raw: no JSON header in front (trtexec and C++ loaders read it as is)
     assert not outcome.engine.read_bytes()[:1] == b"{"
-    assert m["backend"] == "tensorrt-rtx" and m["backend_version"].startswith("1.")
-    # portable set (no GPU here), less what RTX cannot compile (FP32 GEMM on Turing)
-    assert set(m["targets"]) | set(m["dropped_targets"]) == {"7.5", "8.0", "8.6", "8.9", "12.0"}
+    from enginekit.trt.backends import default_targets, gpu_info, resolve_backend
+
+    backend = resolve_backend()  # TensorRT-RTX, or TensorRT proper where it can build (a GPU)
+    assert m["backend"] == backend.name and m["backend_version"] == backend.version
+    # this GPU where the backend targets it, else the portable set (7.5, 8.0, 8.6, 8.9, 12.0),
+    # less what RTX cannot compile (FP32 GEMM on Turing)
+    expected = set(default_targets(backend, gpu_info()))
+    assert set(m["targets"]) | set(m.get("dropped_targets", [])) == expected
     (prof,) = m["profiles"]
     assert prof[input_name]["min"] == profile_min and prof[input_name]["max"] == profile_max
     io = {t["name"]: t for t in m["io"]}
@@ -40,7 +45,7 @@ def assert_manifest(outcome, *, precision, input_name, profile_min, profile_max,
     outputs = [t for t in m["io"] if t["mode"] == "output"]
     assert outputs and all(t["dtype"] == out_dtype for t in outputs)
     assert m["precision"]["mode"] == precision
-    assert m["parts"]["backend"] == {"name": "tensorrt-rtx", "version": m["backend_version"]}
+    assert m["parts"]["backend"] == {"name": backend.name, "version": backend.version}
     parity = json.loads((outcome.engine.parent / "parity.json").read_text())
     assert parity["checked"] and parity["passed"], parity.get("failures")
 

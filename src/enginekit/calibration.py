@@ -32,6 +32,8 @@ class CalibrationData:
     count: int = 8
     skipped: list[str] = field(default_factory=list)  # "name: reason" of unreadable files
     used_paths: list[Path] = field(default_factory=list)  # images in the last batch, in order
+    # Fewer readable images than this: add views of them up to it (augmented_views, below). 0: off.
+    augment_to: int = 0
 
     def __post_init__(self) -> None:
         if self.count <= 0:
@@ -63,6 +65,8 @@ class CalibrationData:
         """Identity of the calibration batch this would produce at ``shape``."""
         h = hashlib.sha256()
         h.update(f"{adapter.family}|{adapter.input_description}|{format_shape(shape[1:])}|{self.count}".encode())
+        if self.augment_to and not self.is_array:
+            h.update(f"|views{AUGMENT_VERSION}x{self.augment_to}".encode())
         if self.is_array:
             if not self.source.is_file():
                 raise UsageError(f"image folder or array not found: {self.source}")
@@ -79,17 +83,20 @@ class CalibrationData:
         """N x C x H x W float32, preprocessed exactly as the PyTorch reference expects."""
         if self.is_array:
             return self._array_batch(shape)
-        arrays = []
+        images = []
         self.skipped, self.used_paths = [], []
         for p in self.image_paths:
             img = read_rgb(p)
             if img is None:
                 self.skipped.append(f"{p.name}: not a readable image")
                 continue
-            arrays.append(adapter.preprocess(img, (shape[2], shape[3])))
+            images.append(img)
             self.used_paths.append(p)
-        if not arrays:
+        if not images:
             raise UsageError(f"no readable images in {self.source or 'the embedded set'} ({len(self.skipped)} broken)")
+        if self.augment_to > len(images):
+            images = augmented_views(images, self.augment_to)
+        arrays = [adapter.preprocess(img, (shape[2], shape[3])) for img in images]
         return np.concatenate(arrays).astype(np.float32)
 
     def _array_batch(self, shape: Shape) -> np.ndarray:
@@ -105,3 +112,43 @@ class CalibrationData:
                 f"expected Nx{format_shape(shape[1:])}"
             )
         return array[: self.count]
+
+
+# -- more calibration inputs from few photographs ----------------------------------------------
+# INT8 ranges come from what calibration sees; a handful of photographs shows few object sizes and
+# positions. These views (flips, crops that zoom in, 2x2 mosaics that zoom out) add sizes and places
+# without new pictures. Deterministic: the same images and count give the same views.
+
+AUGMENT_VERSION = 1  # part of the calibration digest: bump when the views change
+
+
+def augmented_views(images: list[np.ndarray], count: int, seed: int = 0) -> list[np.ndarray]:
+    """``count`` HxWx3 uint8 views of ``images``: the originals first, then flips, crops and mosaics."""
+    import cv2
+
+    if not images or count <= len(images):
+        return list(images[:count])
+    rng = np.random.default_rng(seed)
+    views = list(images)
+    kinds = ("flip", "crop", "mosaic", "crop-flip")
+    flips = 0
+    while len(views) < count:
+        kind = kinds[(len(views) - len(images)) % len(kinds)]
+        if kind == "flip" and flips >= len(images):  # each image is flipped once; then crops
+            kind = "crop"
+        img = images[int(rng.integers(len(images)))]
+        h, w = img.shape[:2]
+        if kind == "flip":
+            view, flips = images[flips][:, ::-1], flips + 1
+        elif kind in ("crop", "crop-flip"):
+            side = rng.uniform(0.4, 0.8)  # zoom in: objects 1.25x to 2.5x larger after resizing
+            ch, cw = max(8, int(h * side)), max(8, int(w * side))
+            y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+            view = img[y:y + ch, x:x + cw]
+            view = view[:, ::-1] if kind == "crop-flip" else view
+        else:  # zoom out: four images (or flips of them) at half size in one frame
+            tiles = [images[int(rng.integers(len(images)))] for _ in range(4)]
+            tiles = [cv2.resize(t, (w // 2, h // 2), interpolation=cv2.INTER_AREA) for t in tiles]
+            view = np.concatenate([np.concatenate(tiles[:2], 1), np.concatenate(tiles[2:], 1)], 0)
+        views.append(np.ascontiguousarray(view))
+    return views

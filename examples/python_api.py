@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("YOLO_OFFLINE", "1")
+os.environ.setdefault("YOLO_VERBOSE", "False")  # keep Ultralytics' model summaries off the output
 
 import enginekit
 

@@ -126,15 +126,15 @@ def test_flags_override_the_file(tmp_path):
     (tmp_path / "w").mkdir()
     write(tmp_path / "w", "calib", "")
     recipe = load_recipe(write(tmp_path, "r.yaml", TINY_RECIPE + "calibration: {data: w/calib, count: 4}\n"))
-    kwargs = recipe.build_kwargs("fp32")
-    assert kwargs["target_cc"] == "8.6" and kwargs["random_init"] and kwargs["profiles"] == ["1x3x256x256"]
-    assert kwargs["calib_data"] == tmp_path / "w" / "calib"  # relative to the recipe file
+    request = recipe.build_request("fp32")
+    assert request.target_cc == "8.6" and request.random_init and request.profiles == ["1x3x256x256"]
+    assert request.calib_data == tmp_path / "w" / "calib"  # relative to the recipe file
     overrides = {"precision": "fp16", "target_cc": "8.9,8.6", "weights": Path("best.pt"), "calib_count": 2}
     (cell,) = recipe.cells(overrides)
     assert (cell.precision, cell.targets) == ("fp16", ("8.6", "8.9"))
-    kwargs = recipe.build_kwargs(cell, overrides)
-    assert kwargs["weights"] == Path("best.pt") and not kwargs["random_init"] and kwargs["calib_count"] == 2
-    assert kwargs["precision"] == "fp16" and kwargs["target_cc"] == "8.6,8.9"
+    request = recipe.build_request(cell, overrides)
+    assert request.weights == Path("best.pt") and not request.random_init and request.calib_count == 2
+    assert request.precision == "fp16" and request.target_cc == "8.6,8.9"
 
 
 # --- CI matrix and workflows ---------------------------------------------------------------
@@ -224,14 +224,25 @@ def test_build_recipe_then_all_cache_hits(run_cli, tmp_path):
     assert "cached" in second.stderr and "built" not in second.stderr, second.stderr
 
 
-def test_verify_kwargs_fit_the_verify_api():
-    import inspect
+def test_verify_request_builds_the_cell_and_lets_the_command_line_win():
+    from enginekit.recipes import load_recipe
+    from enginekit.requests import parse_tolerances
 
-    from enginekit import api
+    recipe = load_recipe(REPO / "recipes" / "yolo12n.yaml")
+    request = recipe.verify_request("int8", {"tolerances": ["int8.map50=0.3"], "junit": Path("j.xml")})
+    assert request.kind == "model" and request.junit == Path("j.xml")
+    assert request.build_request == recipe.build_request("int8")  # the engine the build made
+    assert request.tolerances[-1] == "int8.map50=0.3"  # the command line's --tol wins
+    assert parse_tolerances(request.tolerances)["int8.map50"] == 0.3
+
+
+def test_a_bad_override_is_a_one_line_usage_error():
+    from enginekit.errors import UsageError
     from enginekit.recipes import load_recipe
 
     recipe = load_recipe(REPO / "recipes" / "yolo12n.yaml")
-    kwargs = recipe.verify_kwargs("int8", {"tolerances": ["int8.map50=0.3"], "junit": Path("j.xml")})
-    inspect.signature(api.verify).bind(**kwargs)
-    inspect.signature(api.build).bind(kwargs["target"], precision=kwargs["precision"], **kwargs["build_options"])
-    assert kwargs["tolerances"][-1] == "int8.map50=0.3"  # the command line's --tol wins
+    with pytest.raises(UsageError, match="--calib-count") as err:
+        recipe.build_request("int8", {"calib_count": 0})
+    assert "\n" not in str(err.value)
+    with pytest.raises(UsageError, match="unknown tolerance 'map5'"):
+        recipe.verify_request("int8", {"tolerances": ["int8.map5=0.3"]})

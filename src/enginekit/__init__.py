@@ -1,7 +1,8 @@
 """enginekit: PyTorch vision models to verified TensorRT engines.
 
-The Python API mirrors the CLI verbs. Heavy libraries load on first use, so importing
-enginekit stays cheap.
+The Python API mirrors the CLI verbs: ``export``, ``build``, ``verify`` (see ``enginekit.api``).
+They are real functions of this package, so no submodule can shadow them, and they import their
+work on first call: importing enginekit stays cheap.
 """
 
 from __future__ import annotations
@@ -11,9 +12,25 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "export", "build", "verify"]
 
 
-def __getattr__(name: str):
-    if name in ("export", "build", "verify"):
-        from enginekit import api
+def export(*args, **kwargs):
+    """PyTorch -> simplified ONNX, parity-checked: ``enginekit.api.export``."""
+    from enginekit.api import export as run
 
-        return getattr(api, name)
-    raise AttributeError(name)
+    return run(*args, **kwargs)
+
+
+def build(*args, **kwargs):
+    """A model name or an ONNX file -> a cached TensorRT engine: ``enginekit.api.build``."""
+    from enginekit.api import build as run
+
+    return run(*args, **kwargs)
+
+
+def verify(*args, **kwargs):
+    """Engines and their ONNX artifacts against PyTorch: ``enginekit.api.verify``."""
+    from enginekit.api import verify as run
+
+    return run(*args, **kwargs)
+
+
+# load() joins these with the runtime (a lazy call of enginekit.api.load, like the three above).

@@ -25,7 +25,7 @@ from enginekit.errors import UsageError
 from enginekit.families import ModelAdapter, resolve
 from enginekit.families.base import LoadedModel, folder_sha256
 from enginekit.shapes import Shape, format_shape
-from enginekit.ui import step
+from enginekit import reporting
 
 ONNX_FILE = "model.onnx"
 CALIB_FILE = "calibration.cache"
@@ -131,11 +131,11 @@ class Pipeline:
         self.subject = request.subject if request is not None else subject
         self.cache = cache or Cache()
         self.force = force
-        self.quiet = quiet
+        self.quiet = quiet  # kept for callers; what is shown is the current reporter's business
 
     @cached_property
     def loaded(self) -> LoadedModel:
-        with step(f"load {self.request.name}", quiet=self.quiet) as s:
+        with reporting.stage(f"load {self.request.name}") as s:
             model = self.adapter.load(self.request.weights, random_init=self.request.random_init,
                                       seed=self.request.seed)
             s.detail = model.weights.identity[:40]
@@ -143,10 +143,10 @@ class Pipeline:
 
     # -- stages --------------------------------------------------------------------------
     def _stage(self, stage: str, parts: dict, produce, label: str) -> Artifact:
-        with step(label, quiet=self.quiet) as s:
+        with reporting.stage(label) as s:
             entry, status = self.cache.get_or_create(f"onnx-{stage}", parts, timed(produce), force=self.force,
                                                      subject=self.subject)
-            s.status = status if status != "forced" else "rebuilt"
+            s.status = status
         return Artifact(stage, entry, status)
 
     def export_parts(self, shape: Shape, opset: int) -> dict:
@@ -256,11 +256,9 @@ class Pipeline:
                     "calibration_source": "user cache" if user_cache else ("calibration cache" if found else data.describe())}
 
         artifact = self._stage("int8", parts, produce, f"int8 ({method})")
-        if not self.quiet and artifact.status != "hit":
+        if artifact.status != "hit":
             how = "calibrated" if artifact.manifest.get("calibrated") else "from calibration cache (no calibration)"
-            from enginekit.ui import console
-
-            console.print(f"    calibration: {how}; {artifact.manifest.get('qdq_nodes')} Q/DQ pairs")
+            reporting.note(f"calibration: {how}; {artifact.manifest.get('qdq_nodes')} Q/DQ pairs", level=1)
         return artifact
 
     def fp8(self, source: Artifact, shape: Shape, data: CalibrationData, *, exclude: list[str] | None = None) -> Artifact:
@@ -286,7 +284,7 @@ class Pipeline:
         return data.digest(self.adapter, shape) if self.adapter else sha256_file(data.source)
 
     def _calibration_batch(self, data: CalibrationData, shape: Shape) -> np.ndarray:
-        with step(f"calibration data {format_shape(shape[1:])}", quiet=self.quiet) as s:
+        with reporting.stage(f"calibration data {format_shape(shape[1:])}") as s:
             batch = data.batch(self.adapter, shape)
             s.detail = f"{batch.shape[0]} inputs" + (f", {len(data.skipped)} skipped" if data.skipped else "")
         return batch
@@ -321,7 +319,7 @@ class Pipeline:
             timing_cache.parent.mkdir(parents=True, exist_ok=True)
 
         def produce(tmp: Path) -> dict:
-            with step(f"build ({backend.label})", quiet=self.quiet) as s:
+            with reporting.stage(f"build ({backend.label})") as s:
                 result = build_engine(source.path, profiles, backend, options, timing_cache=timing_cache)
                 (tmp / PLAN_FILE).write_bytes(result.plan)
                 s.detail = f"{len(result.plan) / 2**20:.1f} MiB for {', '.join(result.targets) or result.gpu}"
@@ -340,10 +338,10 @@ class Pipeline:
                 **(extra or {}),
             }
 
-        with step("engine", quiet=self.quiet) as s:
+        with reporting.stage("engine") as s:
             entry, status = self.cache.get_or_create("engine", parts, timed(produce), force=self.force,
                                                      subject=self.subject)
-            s.status = status if status != "forced" else "rebuilt"
+            s.status = status
         return entry, status
 
     def check_shapes(self, shape: Shape) -> list[Shape]:

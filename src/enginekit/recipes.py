@@ -36,7 +36,7 @@ from enginekit.errors import UsageError
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 RECIPE_PRECISIONS = ("fp32", "fp16", "int8", "fp8")
-VERIFY_ONLY = ("images", "image_count", "require_engine", "tolerances", "report_dir", "junit")  # api.verify names
+VERIFY_ONLY = ("images", "image_count", "require_engine", "tolerances", "report_dir", "junit")  # VerifyRequest names
 DEFAULT_TARGETS = "default"  # a target set meaning: this GPU, else the backend's portable set
 
 Precision = Literal["fp32", "fp16", "int8", "fp8"]
@@ -215,19 +215,24 @@ class Recipe(_Strict):
             target_sets = self.target_sets()
         return [Cell(p, t) for p in precisions for t in target_sets]
 
-    def build_kwargs(self, cell: Union["Cell", str], overrides: Optional[dict] = None) -> dict:
-        """Keyword arguments of ``enginekit.api.build`` for one cell; ``overrides`` (api.build
-        names, from command-line flags) win over the file.
+    def build_request(self, cell: Union["Cell", str], overrides: Optional[dict] = None):
+        """The ``BuildRequest`` of one cell; ``overrides`` (BuildRequest names, from command-line
+        flags) win over the file.
 
         All profiles of the recipe go into ONE engine per cell, as several optimization
         profiles: that is what repeating ``--profile`` does on the command line, a deployment
         ships one plan per precision and picks the profile by input size, and the export and
         calibration are shared anyway. A profile that needs its own plan gets its own recipe.
         """
+        from enginekit.requests import BuildRequest
+
+        return BuildRequest(**self._build_options(cell, overrides))
+
+    def _build_options(self, cell: Union["Cell", str], overrides: Optional[dict] = None) -> dict:
         if isinstance(cell, str):
             cell = Cell(cell, self.cells(overrides)[0].targets)
         m, c = self.model, self.calibration
-        kwargs = {
+        options = {
             "target": m.variant,
             "profiles": list(self.profiles),
             "precision": cell.precision,
@@ -247,16 +252,16 @@ class Recipe(_Strict):
             "verify": self.verification.on_build,
         }
         if self.builder.repair:  # passed only when asked for, like the flag
-            kwargs.update(repair=True, tolerances=self.tolerance_overrides())
+            options.update(repair=True, tolerances=self.tolerance_overrides())
         extra = {k: v for k, v in (overrides or {}).items() if k not in ("precision", "target_cc")}
         if extra.get("tolerances"):  # --tol adds to the recipe's tolerances (later ones win)
             extra["tolerances"] = self.tolerance_overrides() + list(extra["tolerances"])
         if extra.get("weights") is not None:  # real weights on the command line beat random init
-            kwargs["random_init"] = False
+            options["random_init"] = False
         if extra.get("random_init"):
-            kwargs["weights"] = None
-        kwargs.update(extra)
-        return kwargs
+            options["weights"] = None
+        options.update(extra)
+        return options
 
     # -- how to verify ----------------------------------------------------------------
     def tolerance(self, precision: str):
@@ -286,25 +291,27 @@ class Recipe(_Strict):
             items += [f"{precision}.{name}={value}" for name, value in values.items() if value is not None]
         return items
 
-    def verify_kwargs(self, cell: Union["Cell", str], overrides: Optional[dict] = None) -> dict:
-        """Keyword arguments of ``enginekit.api.verify`` for one cell: the engine that
-        ``build_kwargs`` makes, checked on the recipe's images against its tolerances.
+    def verify_request(self, cell: Union["Cell", str], overrides: Optional[dict] = None):
+        """The ``VerifyRequest`` of one cell: the engine that ``build_request`` makes, checked on
+        the recipe's images against its tolerances.
 
-        ``overrides`` holds api.build and api.verify names; verify's ``tolerances`` (``--tol``)
-        come after the recipe's, so they win.
+        ``overrides`` holds BuildRequest and VerifyRequest names; verify's ``tolerances``
+        (``--tol``) come after the recipe's, so they win.
         """
+        from enginekit.requests import BuildRequest, VerifyRequest
+
         overrides = dict(overrides or {})
         given = {k: overrides.pop(k) for k in VERIFY_ONLY if k in overrides}
-        build = self.build_kwargs(cell, overrides)
-        for run_option in ("force", "explain", "quiet", "cache"):
+        build = self._build_options(cell, overrides)
+        for run_option in ("force", "explain"):
             build.pop(run_option, None)
-        kwargs = {"target": build.pop("target"), "precision": build.pop("precision"), "images": self.images(),
-                  "image_count": self.verification.image_count,
-                  "require_engine": self.verification.require_engine,
-                  "tolerances": self.tolerance_overrides() + list(given.pop("tolerances", None) or []),
-                  "build_options": build}
-        kwargs.update(given)
-        return kwargs
+        options = {"target": build["target"], "precision": build["precision"], "images": self.images(),
+                   "image_count": self.verification.image_count,
+                   "require_engine": self.verification.require_engine,
+                   "tolerances": self.tolerance_overrides() + list(given.pop("tolerances", None) or []),
+                   "build": BuildRequest(**build)}
+        options.update(given)
+        return VerifyRequest(**options)
 
     # -- rendering --------------------------------------------------------------------
     def resolved(self) -> dict:
@@ -544,8 +551,7 @@ def _check_model(recipe: Recipe):
 
 
 def _check_profiles(recipe: Recipe, adapter) -> None:
-    from enginekit.api import _bind_profiles_to_model
-    from enginekit.shapes import parse_profile
+    from enginekit.shapes import bind_to_model, parse_profile
 
     parsed = []
     for i, text in enumerate(recipe.profiles):
@@ -554,7 +560,7 @@ def _check_profiles(recipe: Recipe, adapter) -> None:
         rng = bound.inputs[adapter.input_name]
         _expect(("profiles", i), lambda: adapter.constraint.check_range(rng, what="profile"))
         parsed.append(profile)
-    _expect(("profiles",), _bind_profiles_to_model, parsed, adapter)  # e.g. one H x W for YOLO
+    _expect(("profiles",), bind_to_model, parsed, adapter)  # e.g. one H x W for YOLO
 
 
 def _check_calibration(recipe: Recipe) -> None:
@@ -718,64 +724,3 @@ def collect_recipe_files(paths: list[str]) -> list[Path]:
         else:
             files.append(find_recipe(item))
     return files
-
-
-# --- using recipes ----------------------------------------------------------------------
-
-
-def build_recipe(path: Union[str, Path, Recipe], overrides: Optional[dict] = None, *, cache=None,
-                 quiet: bool = False) -> list:
-    """Build every cell of a recipe (``overrides``: api.build keyword arguments that win over
-    the file). Returns one ``api.BuildOutcome`` per cell; cached cells cost nothing."""
-    return [outcome for _, outcome in iter_build_recipe(path, overrides, cache=cache, quiet=quiet)]
-
-
-def iter_build_recipe(path: Union[str, Path, Recipe], overrides: Optional[dict] = None, *, cache=None,
-                      quiet: bool = False, on_cell=None):
-    """Like ``build_recipe``, yielding ``(cell, outcome)`` as each engine is ready.
-
-    Every cell's arguments are made before the first build, so a bad one stops all work.
-    ``on_cell(recipe, cell, index, total)`` is called before each cell (progress display).
-    """
-    from enginekit import api
-
-    recipe = path if isinstance(path, Recipe) else load_recipe(path)
-    jobs = [(cell, recipe.build_kwargs(cell, overrides)) for cell in recipe.cells(overrides)]
-    for i, (cell, kwargs) in enumerate(jobs, 1):
-        if on_cell is not None:
-            on_cell(recipe, cell, i, len(jobs))
-        yield cell, api.build(**kwargs, cache=cache, quiet=quiet)
-
-
-def matrix_jobs(paths: list[str]) -> list[dict[str, str]]:
-    """One CI job per (recipe, precision, target set), for every recipe (validated first)."""
-    jobs = []
-    for path in collect_recipe_files(paths):
-        recipe = load_recipe(path)
-        for cell in recipe.cells():
-            jobs.append({"recipe": display_path(path), "name": recipe.name, "precision": cell.precision,
-                         "targets": cell.targets_label})
-    return jobs
-
-
-def verify_recipe(path: Union[str, Path, Recipe], overrides: Optional[dict] = None, *,
-                  report_dir: Optional[Path] = None, junit: Optional[Path] = None, cache=None,
-                  quiet: bool = False) -> list:
-    """Verify every cell of a recipe (``api.verify`` once per cell); one ``VerifyOutcome`` each.
-
-    With several cells, each writes its reports under ``report_dir/<precision>-<targets>/``
-    and its JUnit file next to ``junit`` with the same suffix, so none overwrites another.
-    """
-    from enginekit import api
-
-    recipe = path if isinstance(path, Recipe) else load_recipe(path)
-    cells = recipe.cells(overrides)
-    outcomes = []
-    for cell in cells:
-        label = f"{cell.precision}-{cell.targets_label}"
-        own_report = Path(report_dir) / label if report_dir and len(cells) > 1 else report_dir
-        own_junit = Path(junit).with_stem(f"{Path(junit).stem}-{label}") if junit and len(cells) > 1 else junit
-        kwargs = recipe.verify_kwargs(cell, overrides)
-        kwargs.update(report_dir=own_report, junit=own_junit)
-        outcomes.append(api.verify(**kwargs, cache=cache, quiet=quiet))
-    return outcomes

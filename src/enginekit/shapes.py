@@ -194,3 +194,52 @@ def check_against_onnx_input(
                         f"profile {rng} for input {name!r}: {label} dimension {i} is {s[i]}, "
                         f"but the ONNX fixes it at {dim}"
                     )
+
+
+# --------------------------------------------------------------------------- binding profiles
+
+
+def bind_to_model(parsed: list[Profile], adapter) -> tuple[list[Profile], Shape, Shape]:
+    """Profiles for a model name: defaults, the family's constraints, and the shape to export at.
+
+    Returns (bound profiles, the first profile's opt shape, the export shape). ``adapter`` is the
+    family's (``families.resolve``): its input name, default input, constraint and dynamic axes.
+    """
+    if not parsed:
+        s = adapter.default_input
+        parsed = [Profile({None: InputRange(s, s, s)})]
+    bound = [p.bind([adapter.input_name]) for p in parsed]
+    ranges = [p.inputs[adapter.input_name] for p in bound]
+    for rng in ranges:
+        adapter.constraint.check_range(rng, what="profile")
+    if 2 in adapter.dynamic_axes.get(adapter.input_name, {}):  # dynamic H/W
+        export_shape = adapter.default_input
+    else:
+        sides = {s[2:] for r in ranges for s in (r.min, r.opt, r.max)}
+        if len(sides) != 1:
+            raise UsageError(
+                f"{adapter.variant} exports with fixed H/W: every profile shape must share one H x W "
+                f"(got {', '.join('x'.join(map(str, s)) for s in sorted(sides))})"
+            )
+        (hw,) = sides
+        export_shape = (1, adapter.default_input[1], *hw)
+    return bound, ranges[0].opt, export_shape
+
+
+def bind_to_inputs(parsed: list[Profile], dims: dict[str, list], adapter, file_name: str) -> tuple[list[Profile], Shape]:
+    """Profiles for an ONNX file whose inputs are ``dims`` (name -> dims, from the graph).
+
+    Returns (bound profiles, the first input's opt shape of the first profile).
+    """
+    if not parsed:
+        if any(not isinstance(d, int) for ds in dims.values() for d in ds):
+            raise UsageError(f"{file_name} has dynamic inputs: give --profile min:opt:max (or NxCxHxW)")
+        parsed = [parse_profile(",".join(f"{n}={'x'.join(map(str, d))}" for n, d in dims.items()))]
+    bound = [p.bind(list(dims)) for p in parsed]
+    for profile in bound:
+        for name, rng in profile.inputs.items():
+            check_against_onnx_input(name, rng, dims[name])
+            if adapter is not None and name == adapter.input_name:
+                adapter.constraint.check_range(rng, what="profile")
+    first = bound[0].inputs[next(iter(bound[0].inputs))]
+    return bound, first.opt

@@ -1,6 +1,6 @@
 """bench planning: which runners can run here, and the ONNX graphs and engines they need.
 
-Engines are built through ``enginekit.api.build`` (the cache makes a second run free).
+Engines are built through the build flow (``enginekit.flows.build``) (the cache makes a second run free).
 """
 
 from __future__ import annotations
@@ -150,7 +150,9 @@ def _onnx_for(plan: BenchPlan) -> Path:
 
 def _prepare_engines(plan: BenchPlan, item: Planned) -> None:
     """One static engine per batch size (static shapes are the fast case; see TensorRT#3364)."""
-    from enginekit import api
+    from enginekit.flows import run
+    from enginekit.flows.build import run_build
+    from enginekit.requests import BuildRequest
     from enginekit.trt.backends import resolve_backend
     from enginekit.trt.builder import can_run_here
 
@@ -160,9 +162,9 @@ def _prepare_engines(plan: BenchPlan, item: Planned) -> None:
     for batch in s.batches:
         profile = format_shape((batch, *plan.image_shape))
         try:
-            outcome = api.build(s.model, profiles=[profile], precision=s.precision, backend=requested,
-                                weights=s.weights, random_init=s.random_init, seed=s.seed, opset=s.opset,
-                                cache=plan.pipeline.cache, quiet=plan.pipeline.quiet)
+            request = BuildRequest(target=s.model, profiles=[profile], precision=s.precision, backend=requested,
+                                   weights=s.weights, random_init=s.random_init, seed=s.seed, opset=s.opset)
+            outcome = run(run_build, request, plan.pipeline.cache, quiet=plan.pipeline.quiet)
         except (CapabilityError, UsageError) as exc:
             item.engine_skips[batch] = f"build failed: {exc}"
             continue

@@ -79,12 +79,10 @@ def _settings(model, batch, input, precision, backend, warmup, iters, include_co
 
 
 def _measure_with_progress(plan):
-    from enginekit import bench
-    from enginekit.ui import progress_bar
+    from enginekit import bench, reporting
 
-    bar, task = progress_bar("timing", bench.total_runs(plan))
-    with bar:
-        return bench.measure(plan, tick=lambda n: bar.advance(task, n))
+    with reporting.progress("timing", bench.total_runs(plan)) as progress:
+        return bench.measure(plan, tick=progress.advance)
 
 
 def _render(report) -> None:
@@ -92,7 +90,7 @@ def _render(report) -> None:
     from rich import box
     from rich.table import Table
 
-    from enginekit.ui import out
+    from enginekit.cli.render import out
 
     table = Table(title=_title(report), title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("backend", "batch", "device", "H2D copies", "CUDA graph", "p50", "p90", "p95", "p99", "mean",
@@ -135,7 +133,7 @@ def _collapsed(rows):
 
 
 def _write_plot(report, plot_path: Optional[Path]) -> None:
-    from enginekit.ui import console
+    from enginekit.cli.render import console
 
     if plot_path is not None:
         if report.measured:

@@ -56,16 +56,18 @@ def register(app: typer.Typer) -> None:
 
             return build_recipe_cmd(target, locals())
         from enginekit import api
+        from enginekit.requests import BuildRequest
 
-        quiet_third_party()
-        outcome = api.build(
-            target, profiles=profile or [], precision=precision, backend=backend, target_cc=target_cc,
+        request = BuildRequest(
+            target=target, profiles=profile or [], precision=precision, backend=backend, target_cc=target_cc,
             workspace=workspace, opt_level=opt_level, calib_data=calib_data, calib_count=calib_count,
             calib_method=calib_method, calib_cache=calib_cache, exclude=exclude or [], weights=weights,
             random_init=random_init, seed=seed, explain=explain, verify=not no_verify, force=force,
             repair=repair, tolerances=tol or [],
         )
-        from enginekit.ui import console, emit
+        quiet_third_party()
+        outcome = api.build(request)
+        from enginekit.cli.render import console, emit
 
         parity = outcome.manifest.get("parity", {})
         checked = json.loads((outcome.engine.parent / "parity.json").read_text())

@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
             return
         from rich.table import Table
 
-        from enginekit.ui import out
+        from enginekit.cli.render import out
 
         table = Table(title=f"cache {cache.root}")
         for col in ("key", "kind", "subject", "size", "last used", "state", "parity"):
@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Remove least recently used entries; never one in use by a running build."""
         from enginekit.cache import Cache, parse_age, parse_size
-        from enginekit.ui import console
+        from enginekit.cli.render import console
 
         removed = Cache().gc(parse_size(max_size) if max_size else None, parse_age(max_age) if max_age else None)
         console.print(f"removed {len(removed)} entries")
@@ -97,7 +97,7 @@ def register(app: typer.Typer) -> None:
     def purge_cmd() -> None:
         """Remove every entry (entries in use are kept)."""
         from enginekit.cache import Cache
-        from enginekit.ui import console
+        from enginekit.cli.render import console
 
         removed = Cache().purge()
         console.print(f"removed {len(removed)} entries")

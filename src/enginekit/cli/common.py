@@ -13,15 +13,19 @@ from enginekit.errors import EnginekitError
 
 
 def handles_errors(fn: Callable) -> Callable:
-    """Expected failures become one red line on stderr and their exit code; no traceback."""
+    """Expected failures become one red line on stderr and their exit code; no traceback.
+
+    The verb runs with the terminal renderer listening to the library's reports."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except EnginekitError as exc:
-            from enginekit.ui import console
+        from enginekit import reporting
+        from enginekit.cli.render import RichReporter, console
 
+        try:
+            with reporting.using(RichReporter()):
+                return fn(*args, **kwargs)
+        except EnginekitError as exc:
             console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:

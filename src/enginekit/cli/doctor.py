@@ -41,7 +41,7 @@ def _render(data: dict) -> None:
     from rich import box
     from rich.table import Table
 
-    from enginekit.ui import out
+    from enginekit.cli.render import out
 
     if "error" in data:
         out.print(f"[yellow]warning:[/] {data['warnings'][0]}")

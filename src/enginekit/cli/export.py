@@ -43,13 +43,15 @@ def register(app: typer.Typer) -> None:
           enginekit export depth --input 1x3x518x518 --weights depth_anything_v2_vits.pth
         """
         from enginekit import api
+        from enginekit.requests import ExportRequest
 
+        request = ExportRequest(model=model, input=input, fp16=fp16, output=output, weights=weights,
+                                random_init=random_init, seed=seed, opset=opset, simplifier=simplifier, images=images,
+                                rel_l2=rel_l2, force=force)
         quiet_third_party()
-        result = api.export(model, input=input, fp16=fp16, output=output, weights=weights, random_init=random_init,
-                            seed=seed, opset=opset, simplifier=simplifier, images=images, rel_l2=rel_l2,
-                            force=force)
+        result = api.export(request)
         from enginekit.cli.render import parity_table
-        from enginekit.ui import console, emit
+        from enginekit.cli.render import console, emit
 
         parity_table(result.parity)
         if result.fp16_share is not None:

@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
             return
         from rich.table import Table
 
-        from enginekit.ui import out
+        from enginekit.cli.render import out
 
         table = Table(title="model families")
         for col in ("family", "variants", "default input", "weights", "note"):

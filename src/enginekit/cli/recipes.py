@@ -11,7 +11,7 @@ import typer
 from enginekit.cli.common import handles_errors, quiet_third_party
 from enginekit.errors import UsageError
 
-# build's CLI parameter -> api.build keyword, for flags that override a recipe
+# build's CLI parameter -> BuildRequest name, for flags that override a recipe
 _FLAG_TO_KWARG = {"profile": "profiles", "tol": "tolerances"}
 _NOT_OVERRIDES = ("target",)
 
@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
 
         Example: [bold]enginekit recipes show yolo12n[/]
         """
-        from enginekit.ui import emit
+        from enginekit.cli.render import emit
 
         emit(resolved_yaml(recipe))
 
@@ -61,8 +61,8 @@ def register(app: typer.Typer) -> None:
 
         Example: [bold]echo "matrix=$(enginekit matrix recipes/ --format github)" >> $GITHUB_OUTPUT[/]
         """
-        from enginekit.recipes import matrix_jobs
-        from enginekit.ui import emit
+        from enginekit.flows.recipes import matrix_jobs
+        from enginekit.cli.render import emit
 
         if fmt not in ("github", "json"):
             raise UsageError(f"unknown --format {fmt!r}: choose github or json")
@@ -95,7 +95,7 @@ def list_recipes_table() -> None:
     from rich.table import Table
 
     from enginekit.recipes import display_path, list_recipes, load_recipe, local_dir, shipped_dir
-    from enginekit.ui import out
+    from enginekit.cli.render import out
 
     folders = {"shipped": shipped_dir()}
     if local_dir().resolve() != shipped_dir().resolve():
@@ -134,7 +134,7 @@ def resolved_yaml(name_or_path: str) -> str:
 
 
 def given_flags(params: dict) -> dict:
-    """The build flags the user typed (not their defaults), as api.build keyword arguments."""
+    """The build flags the user typed (not their defaults), as BuildRequest names."""
     ctx = _click_context()
     given = {}
     for name, value in params.items():
@@ -167,9 +167,10 @@ def _click_context():
 def build_recipe_cmd(target: str, params: dict) -> None:
     """``enginekit build RECIPE.yaml``: every (precision, target set) of the recipe, one engine
     path per line on stdout; flags given on the command line override the file."""
+    from enginekit.flows.recipes import iter_build_recipe
     from enginekit.fsutil import atomic_copy
-    from enginekit.recipes import iter_build_recipe, load_recipe
-    from enginekit.ui import console, emit
+    from enginekit.recipes import load_recipe
+    from enginekit.cli.render import console, emit
 
     quiet_third_party()
     overrides = given_flags(params)

@@ -1,11 +1,82 @@
-"""rich renderings shared by verbs."""
+"""Terminal output: the reporting interface drawn with rich on stderr, and tables.
+
+stdout is kept for results a script captures (an engine or file path, JSON); everything else
+(spinners, stage lines, notes, warnings, tables about checks) goes to stderr.
+"""
 
 from __future__ import annotations
 
+import sys
+
 from rich import box
+from rich.console import Console
 from rich.table import Table
 
-from enginekit.ui import console
+from enginekit import reporting
+
+# rich falls back to 80 columns when not on a terminal (CI logs): tables need more.
+console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)  # stdout, for results a script may capture
+
+STATUS_TAGS = {
+    "hit": "[green]cached[/]",
+    "miss": "[yellow]built[/]",
+    "forced": "[yellow]rebuilt (--force)[/]",
+    "corrupt": "[yellow]rebuilt: the cached entry was corrupt[/]",
+    "pass": "[green]pass[/]",
+    "fail": "[red]FAIL[/]",
+    "not-checked": "[yellow]not checked[/]",
+}
+
+
+def emit(text: str) -> None:
+    """A result on stdout (an engine or file path), never wrapped: scripts capture it."""
+    print(text, flush=True)
+
+
+class RichReporter(reporting.Reporter):
+    """Today's look: a spinner while a stage runs, then ``  ✓ label  1.23s  cached``."""
+
+    def __init__(self, target: Console | None = None):
+        self.console = target or console
+        self._spinners: list = []
+        self._bars: dict[int, tuple] = {}
+
+    def stage_started(self, stage: reporting.Stage) -> None:
+        status = self.console.status(f"[bold]{stage.label}[/]…", spinner="dots")
+        status.start()
+        self._spinners.append(status)
+
+    def stage_done(self, stage: reporting.Stage) -> None:
+        if self._spinners:
+            self._spinners.pop().stop()
+        if not stage.failed:
+            tag = STATUS_TAGS.get(stage.status, stage.status)
+            detail = f"  {stage.detail}" if stage.detail else ""
+            self.console.print(f"  [green]✓[/] {stage.label:<28} {stage.seconds:6.2f}s  {tag}{detail}")
+
+    def note(self, text: str, level: int = 0) -> None:
+        self.console.print("  " * (level + 1) + text, markup=False)
+
+    def warning(self, text: str) -> None:
+        self.console.print(f"[yellow]warning:[/] {text}")
+
+    def progress_started(self, progress: reporting.Progress) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("  [bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), console=self.console, transient=True)
+        task = bar.add_task(progress.label, total=progress.total)
+        bar.start()
+        self._bars[id(progress)] = (bar, task)
+
+    def progress_advanced(self, progress: reporting.Progress) -> None:
+        bar, task = self._bars[id(progress)]
+        bar.update(task, completed=progress.done)
+
+    def progress_done(self, progress: reporting.Progress) -> None:
+        bar, _ = self._bars.pop(id(progress))
+        bar.stop()
 
 
 def parity_table(results) -> None:

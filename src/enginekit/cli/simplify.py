@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         """
         from enginekit.stages.simplify import simplify_onnx
         from enginekit.shapes import format_shape, parse_shape
-        from enginekit.ui import console, emit
+        from enginekit.cli.render import console, emit
 
         quiet_third_party()
         shapes = None

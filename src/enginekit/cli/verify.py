@@ -51,17 +51,20 @@ def register(app: typer.Typer) -> None:
         quiet_third_party()
         if target is not None and target.endswith((".yaml", ".yml")):  # a recipe: every cell in it
             from enginekit.cli.recipes import given_flags
-            from enginekit.recipes import verify_recipe
+            from enginekit.flows.recipes import verify_recipe
 
             flags = given_flags(locals())
             for key in ("report", "junit", "reference", "model"):
                 flags.pop(key, None)
             outcomes = verify_recipe(target, flags, report_dir=report, junit=junit)
         else:
+            from enginekit.requests import VerifyRequest
+
             build_options = {"profiles": profile or [], "weights": weights, "random_init": random_init, "seed": seed}
-            outcomes = [api.verify(target, precision=precision, images=images, image_count=image_count,
-                                   report_dir=report, junit=junit, tolerances=tol or [], reference=reference,
-                                   model=model, require_engine=require_engine, build_options=build_options)]
+            request = VerifyRequest(target=target, precision=precision, images=images, image_count=image_count,
+                                    report_dir=report, junit=junit, tolerances=tol or [], reference=reference,
+                                    model=model, require_engine=require_engine, build_options=build_options)
+            outcomes = [api.verify(request)]
         for outcome in outcomes:
             _render(outcome)
         if not all(o.passed for o in outcomes):
@@ -71,7 +74,7 @@ def register(app: typer.Typer) -> None:
 
 def _render(outcome) -> None:
     from enginekit.cli.render import verify_table
-    from enginekit.ui import console
+    from enginekit.cli.render import console
 
     for r in outcome.reports:
         verify_table(r)

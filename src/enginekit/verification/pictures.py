@@ -48,3 +48,26 @@ def depth_error_heatmap(reference: np.ndarray, candidate: np.ndarray, path: Path
                 cv2.FONT_HERSHEY_SIMPLEX, 0.5, (255, 255, 255), 1)
     cv2.imwrite(str(path), panel)
     return path
+
+
+def draw_pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -> None:
+    """One picture per checked ONNX artifact of an engine entry, on the first photograph."""
+    from enginekit.compare.gate import onnx_runner
+
+    photo = next((c for c in refs.cases if c.kind == "photo"), None)
+    if photo is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    by_name = {f"onnx-{link['stage']}": link for link in entry.manifest.get("chain", []) if "kind" in link}
+    for art in report.artifacts:
+        if not art.ran or art.kind != "onnx" or art.name not in by_name:
+            continue
+        link = by_name[art.name]
+        got = onnx_runner(cache.lookup(link["kind"], link["key"]).entry.file("model.onnx"))(photo.feed)
+        stem = f"{report.subject}-{report.precision}-{art.name}"
+        if adapter.family == "yolo":
+            path = detection_overlay(photo.feed[adapter.input_name][0], photo.outputs["output0"], got["output0"],
+                                     folder / f"{stem}-detections.png", end2end=metadata.get("end2end") == "True")
+        else:
+            path = depth_error_heatmap(photo.outputs["depth"], got["depth"], folder / f"{stem}-depth-error.png")
+        art.pictures.append(str(path))

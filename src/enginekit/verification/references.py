@@ -81,9 +81,9 @@ def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: in
         _save(tmp, cases)
         return {"cases": len(cases), "skipped_images": images.skipped}
 
-    from enginekit.ui import step
+    from enginekit import reporting
 
-    with step("references (PyTorch)", quiet=pipe.quiet) as s:
+    with reporting.stage("references (PyTorch)") as s:
         entry, status = pipe.cache.get_or_create("reference", parts, produce, subject=pipe.subject)
         s.status = status
     return References(_load(entry.path), entry.key, status, entry.manifest.get("skipped_images", []))

@@ -1,0 +1,187 @@
+"""The build flow: a model name or an ONNX file -> a cached engine.
+
+export -> simplify -> fp16 | int8 | fp8 (-> repair) -> engine, each stage a cache entry. Every
+option is validated before heavy work; a cache hit loads no model and no ONNX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from enginekit import reporting
+from enginekit.errors import UsageError
+from enginekit.requests import BuildRequest
+
+
+@dataclass
+class BuildOutcome:
+    engine: Path
+    entry: object  # cache.Entry
+    status: str
+    artifacts: list
+    explanations: list[tuple[str, str]] = field(default_factory=list)
+    events: list = field(default_factory=list)  # reporting.Event, what the run reported
+
+    @property
+    def manifest(self) -> dict:
+        return self.entry.manifest
+
+
+@dataclass
+class PrecisionRecipe:
+    """The precision part of the engine key: mode, and for Q/DQ graphs how they were made."""
+
+    mode: str
+    method: str | None = None
+    exclude: list[str] | None = None
+    calibration: str | None = None
+    repaired_nodes: list[str] | None = None
+
+    def to_json(self) -> dict:
+        """The key's dict: only the fields a mode has (fp32/fp16: mode alone)."""
+        out: dict = {"mode": self.mode}
+        if self.method is not None:
+            out.update(method=self.method, exclude=self.exclude or [], calibration=self.calibration)
+        if self.repaired_nodes is not None:
+            out["repaired_nodes"] = self.repaired_nodes
+        return out
+
+
+def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
+    from enginekit.cache import Cache, parse_size
+    from enginekit.calibration import CalibrationData
+    from enginekit.compare.gate import parse_overrides
+    from enginekit.pipeline import Artifact, Pipeline
+    from enginekit.shapes import bind_to_inputs, bind_to_model, parse_profile
+    from enginekit.trt.backends import gpu_info, resolve_backend, resolve_targets
+    from enginekit.trt.builder import BuildOptions
+
+    r = request
+    parsed = [parse_profile(p) for p in r.profiles]
+    be = resolve_backend(r.backend)
+    options = BuildOptions(
+        workspace_bytes=parse_size(r.workspace) if r.workspace else None,
+        optimization_level=r.opt_level,
+        target_cc=r.target_ccs,
+    )
+    targets = resolve_targets(be, options.target_cc, gpu_info())  # refuse bad --target-cc before any work
+    if r.precision == "fp8":
+        _check_fp8(targets)
+    overrides = parse_overrides(list(r.tolerances))
+    calib_cache = Path(r.calib_cache) if r.calib_cache else None
+    data = CalibrationData(Path(r.calib_data) if r.calib_data else None, count=r.calib_count)
+    if r.precision in ("int8", "fp8") and not data.is_array and not (calib_cache and calib_cache.is_file()):
+        data.image_paths  # noqa: B018 - refuse a missing or empty image folder before any work
+    cache = cache or Cache()
+
+    if r.is_file:
+        source_path = Path(r.target)
+        adapter, subject = adapter_from_onnx(source_path)
+        pipe = Pipeline(None, cache, force=r.force, adapter=adapter, subject=subject)
+        from enginekit.onnx.graph import input_dims, load_model
+
+        dims = input_dims(load_model(source_path))
+        bound, opt_shape = bind_to_inputs(parsed, dims, adapter, source_path.name)
+        chain = [Artifact.given(source_path)]
+    else:
+        pipe = Pipeline(r.model_request, cache, force=r.force)
+        bound, opt_shape, export_shape = bind_to_model(parsed, pipe.adapter)
+        if r.explain:
+            explain(pipe, "onnx-export", pipe.export_parts(export_shape, r.opset))
+        chain = [pipe.export(export_shape, r.opset)]
+        chain.append(pipe.simplify(chain[-1], export_shape))
+
+    precision = PrecisionRecipe(r.precision)
+    if r.precision == "fp16":
+        chain.append(pipe.fp16(chain[-1], opt_shape, CalibrationData(None, count=2)))
+    elif r.precision == "int8":
+        chain.append(pipe.int8(chain[-1], opt_shape, data, method=r.calib_method, exclude=list(r.exclude),
+                               calibration_cache=calib_cache))
+        precision.method = r.calib_method
+    elif r.precision == "fp8":
+        chain.append(pipe.fp8(chain[-1], opt_shape, data, exclude=list(r.exclude)))
+        precision.method = "max"
+    if precision.method is not None:
+        precision.exclude = chain[-1].manifest.get("exclude", [])
+        precision.calibration = chain[-1].manifest.get("calibration_source")
+    repair_record = None
+    if r.repair:
+        from enginekit.flows.repair import repair
+
+        repaired, repair_record = repair(pipe, chain, r.precision, opt_shape, overrides, data, r.calib_method,
+                                         list(r.exclude))
+        chain[-1] = repaired
+        if r.precision == "int8":
+            precision.exclude = repaired.manifest.get("exclude", [])
+    source = chain[-1]
+
+    verify_fn = None
+    if r.verify and not r.is_file:
+        verify_fn = source_parity(pipe, r.precision, opt_shape)
+    if r.explain:
+        from enginekit.pipeline import engine_key_parts
+
+        gpu = gpu_info()
+        parts = engine_key_parts(source.sha256, precision.to_json(), bound, be,
+                                 resolve_targets(be, options.target_cc, gpu), gpu, options)
+        explain(pipe, "engine", parts)
+    if repair_record is not None:
+        precision.repaired_nodes = repair_record["nodes"]
+    entry, status = pipe.engine(source, bound, be, options, precision.to_json(), verify_fn, chain,
+                                extra={"repair": repair_record} if repair_record is not None else None)
+    return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
+
+
+def _check_fp8(targets) -> None:
+    from enginekit.trt.backends import fp8_unsupported
+
+    lacking = fp8_unsupported(targets) if targets else ["this machine (no GPU)"]
+    if lacking:
+        raise UsageError(f"fp8 needs compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
+                         f"{', '.join(lacking)} lack it: build for --target-cc 8.9,12.0 (TensorRT-RTX)")
+
+
+def explain(pipe, kind: str, parts: dict) -> None:
+    """``--explain``: hit or miss, and which part of the key changed."""
+    reporting.note(f"explain {kind}: {pipe.cache.explain(kind, parts, subject=pipe.subject)}")
+
+
+def adapter_from_onnx(path: Path):
+    """The family adapter named in an enginekit-written ONNX's metadata, else None."""
+    from enginekit.onnx.graph import get_metadata, load_model
+
+    meta = get_metadata(load_model(path))
+    name = meta.get("model")
+    if name:
+        from enginekit.families import resolve
+
+        try:
+            return resolve(name), name
+        except UsageError:
+            pass
+    return None, path.stem
+
+
+def source_parity(pipe, precision: str, shape):
+    """Parity of the graph an engine is built from, against PyTorch, for its manifest."""
+
+    def check(onnx_path: Path) -> dict:
+        from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
+        from enginekit.images import load_images
+
+        with reporting.stage(f"parity {precision} (ONNX Runtime)") as s:
+            refs = ReferenceCache(pipe.adapter, pipe.loaded)
+            cases = parity_inputs(pipe.adapter, shape, load_images(None, limit=2))
+            try:
+                result = check_onnx(refs, onnx_path, cases, precision)
+            except Exception as exc:  # noqa: BLE001 - ORT refuses some graphs (FP8 Q/DQ around Transpose)
+                reason = f"ONNX Runtime cannot run this graph: {str(exc).splitlines()[0][:200]}"
+                s.status = "not-checked"
+                return {"checked": False, "candidate": "onnxruntime-cpu", "passed": None, "reason": reason}
+            s.status = "pass" if result.passed else "fail"
+        summary = {name: {k: round(v, 8) for k, v in w.items()} for name, w in result.worst().items()}
+        return {"checked": True, "candidate": "onnxruntime-cpu", "passed": result.passed,
+                "failures": result.failures(), "summary": summary, "report": result.to_json()}
+
+    return check

@@ -1,0 +1,201 @@
+"""The verify flow: engines and every ONNX artifact they came from, against the PyTorch reference.
+
+Which engines (all cached, a key, a model name built or found, or an ONNX file with its
+checkpoint) -> stored references -> each ONNX artifact on ONNX Runtime and the engine where it
+can run -> gates -> pictures and reports (JSON, markdown, JUnit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from enginekit import reporting
+from enginekit.errors import UsageError
+from enginekit.requests import VerifyRequest
+
+
+@dataclass
+class VerifyOutcome:
+    reports: list  # compare.gate.VerifyReport
+    files: dict[str, Path] = field(default_factory=dict)
+    events: list = field(default_factory=list)  # reporting.Event, what the run reported
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.reports) and all(r.passed for r in self.reports)
+
+    @property
+    def engine_ran(self) -> bool:
+        return all(r.engine_ran for r in self.reports)
+
+
+def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
+    from enginekit.cache import Cache
+    from enginekit.calibration import CalibrationData
+    from enginekit.compare.gate import parse_overrides
+
+    r = request
+    cache = cache or Cache()
+    overrides = parse_overrides(list(r.tolerances))
+    data = CalibrationData(Path(r.images) if r.images else None, count=r.image_count)
+    data.image_paths  # noqa: B018 - refuse a missing or empty folder before any work
+
+    if r.kind == "onnx":
+        reports = [verify_onnx_file(Path(r.target), r.reference, r.model, data, overrides, cache)]
+    else:
+        entries = entries_to_verify(r, cache)
+        reports = [verify_entry(e, data, overrides, cache, r.report_dir) for e in entries]
+    outcome = VerifyOutcome(reports)
+    write_reports(outcome, r.report_dir, r.junit)
+    if r.require_engine and not outcome.engine_ran:
+        from enginekit.errors import CapabilityError
+
+        reasons = {a.reason for rep in reports for a in rep.artifacts if a.kind == "engine" and not a.ran}
+        raise CapabilityError("--require-engine: the engine could not run here: " + "; ".join(sorted(reasons)))
+    return outcome
+
+
+def entries_to_verify(request: VerifyRequest, cache) -> list:
+    """The engine entries a request names: every cached one, a key, or a model name's build."""
+    if request.kind == "all":
+        entries = [cache.lookup(i.kind, i.key).entry for i in cache.ls() if i.kind == "engine" and i.valid]
+        entries = [e for e in entries if e is not None and e.manifest.get("model_request")]
+        if not entries:
+            raise UsageError("no engines in the cache to verify: build one first (enginekit build MODEL)")
+        return entries
+    if request.kind == "key":
+        entry = cache.resolve(request.target)
+        if entry.kind != "engine":
+            raise UsageError(f"cache entry {request.target} is a {entry.kind}, not an engine")
+        return [entry]
+    from enginekit.flows.build import run_build
+
+    return [run_build(request.build_request, cache).entry]
+
+
+def verify_entry(entry, data, overrides, cache, report_dir):
+    from enginekit.compare.gate import STAGE_PRECISION, Gates, VerifyReport, check_candidate, onnx_runner, skipped, unrunnable
+    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.verification.references import get_references
+
+    m = entry.manifest
+    if not m.get("model_request"):
+        raise UsageError(f"engine {entry.key[:12]} was built from an ONNX file with no PyTorch model to compare "
+                         "against: verify that file with --reference CHECKPOINT")
+    pipe = Pipeline(ModelRequest.from_json(m["model_request"]), cache)
+    precision = m["precision"]["mode"]
+    refs = get_references(pipe, m["profiles"], data)
+    gates = Gates(pipe.adapter, overrides)
+    report = VerifyReport(pipe.subject, entry.key, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
+    metadata: dict[str, str] = {}
+    for link in m.get("chain", []):
+        name = f"onnx-{link['stage']}"
+        found = cache.lookup(link["kind"], link["key"]) if "kind" in link else None
+        stage_precision = STAGE_PRECISION.get(link["stage"]) or precision
+        if found is None or found.entry is None:
+            report.artifacts.append(skipped(name, "onnx", stage_precision, "not in the cache any more (removed by gc?)"))
+            continue
+        path = found.entry.file("model.onnx")
+        if not metadata:
+            metadata = onnx_metadata(path)
+        with reporting.stage(f"verify {name}") as s:
+            try:
+                art = check_candidate(name, "onnx", stage_precision, onnx_runner(path), refs, gates, pipe.adapter,
+                                      metadata)
+            except Exception as exc:  # noqa: BLE001 - ORT refuses FP8 Q/DQ graphs: say so, and fail
+                art = unrunnable(name, "onnx", stage_precision,
+                                 f"ONNX Runtime cannot run it ({str(exc).splitlines()[0][:160]})")
+            s.status = "pass" if art.passed else "fail"
+        report.artifacts.append(art)
+    report.artifacts.append(verify_engine(entry, pipe, refs, gates, metadata, precision))
+    if report_dir is not None:
+        from enginekit.verification.pictures import draw_pictures
+
+        draw_pictures(report, refs, entry, cache, pipe.adapter, metadata, Path(report_dir))
+    return report
+
+
+def verify_engine(entry, pipe, refs, gates, metadata, precision):
+    """The engine itself, where it can run here; else said skipped, and why."""
+    from enginekit.compare.gate import check_candidate, skipped
+    from enginekit.trt.backends import resolve_backend
+    from enginekit.trt.builder import can_run_here
+
+    m = entry.manifest
+    family = "tensorrt-rtx" if m["backend"] == "tensorrt-rtx" else "tensorrt"
+    try:
+        backend = resolve_backend(family)
+    except Exception:  # noqa: BLE001 - not installed: can_run_here says so
+        backend = None
+    ok, reason = can_run_here(backend, m)
+    if not ok:
+        return skipped("engine", "engine", precision, f"{reason}; its source graph was checked instead")
+    from enginekit.trt.runner import engine_runner
+
+    with engine_runner(entry.file("engine.plan"), backend, m["profiles"], pipe.adapter.input_name) as run:
+        with reporting.stage("verify engine") as s:
+            art = check_candidate("engine", "engine", precision, run, refs, gates, pipe.adapter, metadata)
+            s.status = "pass" if art.passed else "fail"
+    return art
+
+
+def verify_onnx_file(path: Path, reference, model, data, overrides, cache):
+    """Any ONNX against its PyTorch checkpoint (enginekit-written ONNX names its family)."""
+    from enginekit.compare.gate import Gates, VerifyReport, check_candidate, onnx_runner
+    from enginekit.onnx.graph import input_dims, load_model, output_names
+    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.verification.references import get_references
+
+    if reference is None:
+        raise UsageError("verify of an ONNX file needs --reference CHECKPOINT (its PyTorch weights)")
+    onnx_model = load_model(path)
+    metadata = onnx_metadata(path)
+    name = model or metadata.get("model")
+    if not name:
+        raise UsageError(f"{path.name} does not say which model it is: pass --model NAME (yolo12n, depth, ...)")
+    request = ModelRequest(name, Path(reference), False, 0)
+    adapter = request.adapter
+    dims = input_dims(onnx_model)
+    outs = output_names(onnx_model)
+    if list(dims) != [adapter.input_name] or list(outs) != list(adapter.output_names):
+        raise UsageError(
+            f"{path.name} (inputs {', '.join(dims)}; outputs {', '.join(outs)}) does not match {adapter.variant} "
+            f"(input {adapter.input_name}; outputs {', '.join(adapter.output_names)})"
+        )
+    shape = [d if isinstance(d, int) and d > 0 else None for d in dims[adapter.input_name]]
+    default = adapter.default_input
+    opt = tuple(s if s is not None else default[i] for i, s in enumerate(shape))
+    opt = (1, *opt[1:])
+    profile = {adapter.input_name: {"min": list(opt), "opt": list(opt), "max": list(opt)}}
+    pipe = Pipeline(request, cache)
+    refs = get_references(pipe, [profile], data)
+    precision = metadata.get("precision", "fp32")
+    report = VerifyReport(adapter.variant, None, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
+    try:
+        art = check_candidate(path.name, "onnx", precision, onnx_runner(path), refs, Gates(adapter, overrides),
+                              adapter, metadata)
+    except (KeyError, ValueError) as exc:
+        raise UsageError(f"{path.name} does not compute {adapter.variant}'s outputs: {exc}") from None
+    report.artifacts.append(art)
+    return report
+
+
+def onnx_metadata(path: Path) -> dict[str, str]:
+    import onnx
+
+    from enginekit.onnx.graph import get_metadata
+
+    return get_metadata(onnx.load(str(path), load_external_data=False))
+
+
+def write_reports(outcome: VerifyOutcome, report_dir: Path | None, junit: Path | None) -> None:
+    from enginekit.verification.report import write_json, write_junit, write_markdown
+
+    if report_dir is not None:
+        folder = Path(report_dir)
+        outcome.files["json"] = write_json(outcome.reports, folder / "report.json")
+        outcome.files["markdown"] = write_markdown(outcome.reports, folder / "summary.md")
+        outcome.files["junit"] = write_junit(outcome.reports, Path(junit) if junit else folder / "junit.xml")
+    elif junit is not None:
+        outcome.files["junit"] = write_junit(outcome.reports, Path(junit))

@@ -1,0 +1,352 @@
+"""What to do, as one validated object per verb: ExportRequest, BuildRequest, VerifyRequest.
+
+Every option lives here once, with its validation. The CLI parses flags into a request, a
+recipe produces requests, and the Python API takes a request or the same names as keywords::
+
+    enginekit.build("yolo12n", precision="fp16", random_init=True)
+    enginekit.build(BuildRequest(target="yolo12n", precision="fp16", random_init=True))
+
+A bad value is a one-line ``UsageError`` naming the option (``--calib-count: ...``), raised
+before any work. Checks that need the machine (GPU, TensorRT) stay with the flows.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from enginekit.errors import UsageError
+
+PRECISIONS = ("fp32", "fp16", "int8", "fp8")
+SIMPLIFIERS = ("onnxsim", "onnxslim")
+BACKENDS = ("auto", "tensorrt", "tensorrt-rtx")
+SEED_MAX = 2**32 - 1
+
+
+
+def _choice(value: Any, choices: tuple[str, ...], what: str) -> Any:
+    if value is not None and value not in choices:
+        raise UsageError(f"unknown {what} {value!r}: choose {', '.join(choices)}")
+    return value
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _one_line(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    loc = [str(p) for p in error["loc"] if not isinstance(p, int)]
+    where = _flag(loc[-1]) if loc else "options"
+    if error["type"] == "extra_forbidden":
+        return f"unknown option {loc[-1]!r}" if loc else "unknown option"
+    message = error["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    message = message[0].lower() + message[1:]
+    if error["type"] not in ("missing", "value_error"):
+        message += f" (got {error.get('input')!r})"
+    return f"{where}: {message}"
+
+
+class Options(BaseModel):
+    """Unknown names are refused; any invalid value is one UsageError naming its option."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    def __init__(self, **data: Any):
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise UsageError(_one_line(exc)) from None
+
+    def replace(self, **changes: Any):
+        """A copy with ``changes``, validated again."""
+        return type(self)(**{**self.model_dump(exclude_unset=False), **changes})
+
+
+class _ModelOptions(Options):
+    """Weights options shared by the verbs that may load a PyTorch model."""
+
+    weights: Optional[Path] = None
+    random_init: bool = False
+    seed: int = Field(0, ge=0, le=SEED_MAX)
+
+    @model_validator(mode="after")
+    def _weights_or_random(self):
+        if self.weights is not None and self.random_init:
+            raise UsageError("--weights and --random-init exclude each other")
+        return self
+
+    def model_spec(self, name: str) -> "ModelSpec":
+        return ModelSpec(name=name, weights=self.weights, random_init=self.random_init, seed=self.seed)
+
+
+class ModelSpec(_ModelOptions):
+    """Which network, with which weights: enough to key every stage without loading it."""
+
+    name: str
+
+    def request(self):
+        """The pipeline's ModelRequest (resolves the family; checks the weights file exists)."""
+        from enginekit.pipeline import ModelRequest
+
+        return ModelRequest(self.name, Path(self.weights) if self.weights else None, self.random_init, self.seed)
+
+
+@lru_cache(maxsize=1)
+def tolerance_names() -> tuple[str, ...]:
+    """Names a ``--tol`` may set: parity limits, then every family's task metrics."""
+    from enginekit.families.depth_anything import DepthAnythingAdapter
+    from enginekit.families.yolo import YoloAdapter
+
+    metrics = {m for cls in (YoloAdapter, DepthAnythingAdapter) for per in getattr(cls, "task_gates", {}).values()
+               for m in per}
+    return ("rel_l2", "cosine", *sorted(metrics))
+
+
+def parse_tolerances(items: list[str] | tuple[str, ...]) -> dict[str, float]:
+    """``["rel_l2=1e-3", "fp16.map50=0.8"]`` -> ``{"rel_l2": 0.001, "fp16.map50": 0.8}``.
+
+    Names must be known (optionally prefixed by a precision), values finite and positive.
+    """
+    from enginekit.compare.gate import parse_overrides
+
+    parsed = parse_overrides(list(items))
+    known = tolerance_names()
+    for key, value in parsed.items():
+        precision, _, name = key.rpartition(".")
+        if precision and precision not in PRECISIONS:
+            raise UsageError(f"--tol {key}: unknown precision {precision!r}: choose {', '.join(PRECISIONS)}")
+        if name not in known:
+            raise UsageError(f"--tol {key}: unknown tolerance {name!r}: choose {', '.join(known)}")
+        if not math.isfinite(value) or value <= 0:
+            raise UsageError(f"--tol {key}: {value} is not a positive finite number")
+    return parsed
+
+
+def _check_tolerances(items: list[str]) -> list[str]:
+    parse_tolerances(items)
+    return list(items)
+
+
+class ExportRequest(_ModelOptions):
+    """``enginekit export``: PyTorch -> simplified ONNX (and FP16), parity-checked."""
+
+    model: str
+    input: Optional[str] = None  # NxCxHxW; default: the family's
+    fp16: bool = False
+    output: Optional[Path] = None
+    opset: int = Field(18, ge=7)
+    simplifier: str = "onnxsim"
+    images: Optional[Path] = None
+    rel_l2: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    force: bool = False
+
+    @field_validator("simplifier")
+    @classmethod
+    def _simplifier(cls, value: str) -> str:
+        return _choice(value, SIMPLIFIERS, "simplifier")
+
+    @field_validator("input")
+    @classmethod
+    def _shape(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None:
+            from enginekit.shapes import parse_shape
+
+            parse_shape(value, what="--input")
+        return value
+
+    @property
+    def model_request(self):
+        return self.model_spec(self.model).request()
+
+
+class BuildRequest(_ModelOptions):
+    """``enginekit build``: a model name or an ONNX file -> a cached engine."""
+
+    target: str
+    profiles: list[str] = []
+    precision: str = "fp32"
+    backend: str = "auto"
+    target_cc: Optional[str] = None
+    workspace: Optional[str] = None
+    opt_level: Optional[int] = Field(None, ge=0, le=5)
+    calib_data: Optional[Path] = None
+    calib_count: int = Field(8, ge=1)
+    calib_method: str = "entropy"
+    calib_cache: Optional[Path] = None
+    exclude: list[str] = []
+    opset: int = Field(18, ge=7)
+    force: bool = False
+    explain: bool = False
+    verify: bool = True
+    repair: bool = False
+    tolerances: list[str] = []
+
+    @field_validator("profiles", "exclude", "tolerances", mode="before")
+    @classmethod
+    def _list(cls, value: Any) -> Any:
+        return [] if value is None else list(value) if isinstance(value, tuple) else value
+
+    @field_validator("precision")
+    @classmethod
+    def _precision(cls, value: str) -> str:
+        return _choice(value, PRECISIONS, "precision")
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        return _choice(value, BACKENDS, "backend")
+
+    @field_validator("profiles")
+    @classmethod
+    def _profiles(cls, value: list[str]) -> list[str]:
+        from enginekit.shapes import parse_profile
+
+        for text in value:
+            parse_profile(text)
+        return value
+
+    @field_validator("calib_method")
+    @classmethod
+    def _method(cls, value: str) -> str:
+        from enginekit.stages.int8 import CALIBRATION_METHODS
+
+        if value not in CALIBRATION_METHODS:
+            raise UsageError(f"unknown calibration method {value!r}: choose {', '.join(CALIBRATION_METHODS)}")
+        return value
+
+    @field_validator("exclude")
+    @classmethod
+    def _regexes(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise UsageError(f"--exclude: bad regex {pattern!r}: {exc}") from None
+        return value
+
+    @field_validator("workspace")
+    @classmethod
+    def _size(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None:
+            from enginekit.cache import parse_size
+
+            parse_size(value)
+        return value
+
+    @field_validator("tolerances")
+    @classmethod
+    def _tolerances(cls, value: list[str]) -> list[str]:
+        return _check_tolerances(value)
+
+    @model_validator(mode="after")
+    def _repair_needs(self) -> "BuildRequest":
+        if self.repair and (self.is_file or self.precision not in ("fp16", "int8")):
+            raise UsageError("--repair works on fp16 and int8 builds of a model name (it needs the PyTorch reference)")
+        return self
+
+    @property
+    def is_file(self) -> bool:
+        """An ONNX file rather than a model name."""
+        return self.target.endswith(".onnx") or Path(self.target).is_file()
+
+    @property
+    def target_ccs(self) -> Optional[tuple[str, ...]]:
+        if not self.target_cc:
+            return None
+        return tuple(t.strip() for t in self.target_cc.split(",") if t.strip())
+
+    @property
+    def model_request(self):
+        return self.model_spec(self.target).request()
+
+
+class VerifyRequest(Options):
+    """``enginekit verify``: engines and their ONNX artifacts against the PyTorch reference.
+
+    ``target``: None (every engine in the cache), a cache key (prefix), a model name (built or
+    found with ``build``), or an ONNX file with ``reference`` (its PyTorch checkpoint).
+    ``build_options`` (BuildRequest names) is accepted in place of ``build``.
+    """
+
+    target: Optional[str] = None
+    precision: Optional[str] = None
+    images: Optional[Path] = None
+    image_count: int = Field(4, ge=1)
+    report_dir: Optional[Path] = None
+    junit: Optional[Path] = None
+    tolerances: list[str] = []
+    reference: Optional[Path] = None
+    model: Optional[str] = None
+    require_engine: bool = False
+    build: Optional[BuildRequest] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _build_options(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "build_options" not in data:
+            return data
+        data = dict(data)
+        options = dict(data.pop("build_options") or {})
+        target = data.get("target")
+        kind = _target_kind(target, data.get("reference"))
+        if kind == "model":
+            precision = data.get("precision") or "fp32"
+            data["build"] = BuildRequest(target=target, precision=precision, **options)
+        return data
+
+    @field_validator("tolerances", mode="before")
+    @classmethod
+    def _list(cls, value: Any) -> Any:
+        return [] if value is None else list(value) if isinstance(value, tuple) else value
+
+    @field_validator("tolerances")
+    @classmethod
+    def _tolerances(cls, value: list[str]) -> list[str]:
+        return _check_tolerances(value)
+
+    @field_validator("precision")
+    @classmethod
+    def _precision(cls, value: Optional[str]) -> Optional[str]:
+        return _choice(value, PRECISIONS, "precision")
+
+    @property
+    def kind(self) -> str:
+        """all | key | model | onnx: what ``target`` names."""
+        return _target_kind(self.target, self.reference)
+
+    @property
+    def build_request(self) -> BuildRequest:
+        """How a model-name target is built (or found in the cache)."""
+        if self.build is not None:
+            return self.build
+        return BuildRequest(target=self.target, precision=self.precision or "fp32")
+
+
+def _target_kind(target: Optional[str], reference: Any) -> str:
+    if target is None:
+        return "all"
+    if target.endswith(".onnx") or reference is not None:
+        return "onnx"
+    if re.fullmatch(r"[0-9a-f]{6,64}", target):
+        return "key"
+    return "model"
+
+
+def coerce(cls: type[Options], request: Any, options: dict[str, Any], first: str) -> Options:
+    """``request`` as ``cls``: a request as is (``options`` then refused), else ``cls(first=request,
+    **options)``."""
+    if isinstance(request, cls):
+        if options:
+            raise UsageError(f"pass a {cls.__name__} or options, not both (got {', '.join(sorted(options))})")
+        return request
+    if request is not None:
+        options = {first: request, **options}
+    return cls(**options)

@@ -27,7 +27,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-# Stage statuses a renderer knows how to draw; any other text is shown as is.
+# Stage statuses a renderer knows how to draw; any other text is shown as is. A Collector
+# records a stage that raised as "error".
 STATUSES = ("hit", "miss", "forced", "corrupt", "pass", "fail", "not-checked")
 
 
@@ -120,7 +121,8 @@ class Collector(Reporter):
         self.forward.stage_started(stage)
 
     def stage_done(self, stage: Stage) -> None:
-        self.events.append(Event("stage", stage.label, stage.status, stage.detail, round(stage.seconds, 3)))
+        status = "error" if stage.failed else stage.status
+        self.events.append(Event("stage", stage.label, status, stage.detail, round(stage.seconds, 3)))
         self.forward.stage_done(stage)
 
     def note(self, text: str, level: int = 0) -> None:

@@ -15,6 +15,9 @@ os.environ.setdefault("YOLO_OFFLINE", "1")
 os.environ.setdefault("YOLO_VERBOSE", "False")  # keep Ultralytics' model summaries off the output
 
 import enginekit
+from enginekit.requests import BuildRequest
+
+PROFILE = "1x3x320x320:2x3x320x320:4x3x320x320"  # dynamic batch 1..4
 
 
 def main() -> None:
@@ -25,15 +28,16 @@ def main() -> None:
                                 output=out / "yolo12n.fp16.onnx", quiet=True)
     print(f"export:  {exported.output}  passed={exported.passed}  fp16 share={exported.fp16_share:.0%}")
 
-    # 2. -> TensorRT engine (TensorRT-RTX builds without a GPU), dynamic batch 1..4.
-    built = enginekit.build("yolo12n", random_init=True, precision="fp16",
-                            profiles=["1x3x320x320:2x3x320x320:4x3x320x320"], quiet=True)
+    # 2. -> TensorRT engine (TensorRT-RTX builds without a GPU). Options as keywords, as in 1., or
+    #    as one request object (validated at once; the CLI and recipes make the same ones).
+    request = BuildRequest(target="yolo12n", random_init=True, precision="fp16", profiles=[PROFILE])
+    built = enginekit.build(request, quiet=True)
     m = built.manifest
     print(f"build:   {built.engine}  ({m['backend']} {m['backend_version']}, targets {', '.join(m['targets'])})")
 
     # 3. The parity gate: every artifact against the PyTorch reference; reports on disk.
-    checked = enginekit.verify("yolo12n", precision="fp16", report_dir=out / "report", quiet=True,
-                               build_options={"random_init": True, "profiles": ["1x3x320x320:2x3x320x320:4x3x320x320"]})
+    #    `build=request` names the engine of step 2 (a cache hit: nothing is built again).
+    checked = enginekit.verify("yolo12n", precision="fp16", build=request, report_dir=out / "report", quiet=True)
     for report in checked.reports:
         for artifact in report.artifacts:
             state = "pass" if artifact.passed and artifact.ran else ("skipped: " + artifact.reason if not artifact.ran else "FAIL")

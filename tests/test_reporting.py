@@ -112,4 +112,6 @@ def test_the_api_takes_a_request_or_named_options_not_both():
     assert request.kind == "model"
     assert request.build_request == BuildRequest(target="yolo12n", precision="int8", random_init=True)
     assert VerifyRequest(target="abcdef12").kind == "key" and VerifyRequest().kind == "all"
+    with pytest.raises(UsageError, match="does not match its build request"):
+        VerifyRequest(target="yolo12n", precision="fp16", build=request.build)
     assert VerifyRequest(target="m.onnx", reference="m.pt").kind == "onnx"

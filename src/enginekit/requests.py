@@ -312,6 +312,14 @@ class VerifyRequest(Options):
     def _tolerances(cls, value: list[str]) -> list[str]:
         return _check_tolerances(value)
 
+    @model_validator(mode="after")
+    def _build_matches(self) -> "VerifyRequest":
+        b = self.build
+        if b is not None and (b.target != self.target or (self.precision or b.precision) != b.precision):
+            raise UsageError(f"verify {self.target} {self.precision or ''} does not match its build request "
+                             f"({b.target} {b.precision})".replace("  ", " "))
+        return self
+
     @field_validator("precision")
     @classmethod
     def _precision(cls, value: Optional[str]) -> Optional[str]:

@@ -226,7 +226,8 @@ def bind_to_model(parsed: list[Profile], adapter) -> tuple[list[Profile], Shape,
     return bound, ranges[0].opt, export_shape
 
 
-def bind_to_inputs(parsed: list[Profile], dims: dict[str, list], adapter, file_name: str) -> tuple[list[Profile], Shape]:
+def bind_to_inputs(parsed: list[Profile], dims: dict[str, list], adapter,
+                   file_name: str) -> tuple[list[Profile], Shape]:
     """Profiles for an ONNX file whose inputs are ``dims`` (name -> dims, from the graph).
 
     Returns (bound profiles, the first input's opt shape of the first profile).

@@ -1,4 +1,7 @@
-"""The ``enginekit`` command. Thin: parse, call a stage, render. Heavy imports live in the verbs."""
+"""The ``enginekit`` command. Thin: flags -> a request -> the API, its reports rendered on stderr.
+
+Heavy imports live in the verbs.
+"""
 
 from __future__ import annotations
 

@@ -75,7 +75,8 @@ def entries_to_verify(request: VerifyRequest, cache) -> list:
 
 
 def verify_entry(entry, data, overrides, cache, report_dir):
-    from enginekit.compare.gate import STAGE_PRECISION, Gates, VerifyReport, check_candidate, onnx_runner, skipped, unrunnable
+    from enginekit.compare.gate import (STAGE_PRECISION, Gates, VerifyReport, check_candidate, onnx_runner, skipped,
+                                        unrunnable)
     from enginekit.pipeline import ModelRequest, Pipeline
     from enginekit.verification.references import get_references
 
@@ -94,7 +95,8 @@ def verify_entry(entry, data, overrides, cache, report_dir):
         found = cache.lookup(link["kind"], link["key"]) if "kind" in link else None
         stage_precision = STAGE_PRECISION.get(link["stage"]) or precision
         if found is None or found.entry is None:
-            report.artifacts.append(skipped(name, "onnx", stage_precision, "not in the cache any more (removed by gc?)"))
+            gone = "not in the cache any more (removed by gc?)"
+            report.artifacts.append(skipped(name, "onnx", stage_precision, gone))
             continue
         path = found.entry.file("model.onnx")
         if not metadata:

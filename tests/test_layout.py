@@ -30,12 +30,10 @@ LEVELS: list[tuple[str, ...]] = [
 ]
 LEVEL = {name: depth for depth, names in enumerate(LEVELS) for name in names}
 
-# Upward imports being removed on their own branches: compare/ takes its Tolerance and family
-# protocol from compare/ itself (gates), onnx/runtime asks gpu.py whether a GPU exists (helpers).
-# Delete a line here once its fix has landed.
+# Upward imports being removed on their own branch: compare/ takes its Tolerance and family
+# protocol from compare/ itself. Delete a line here once its fix has landed.
 PENDING = {
     ("compare/gate.py", "families"), ("compare/gate.py", "verification"), ("compare/parity.py", "families"),
-    ("onnx/runtime.py", "trt"),
 }
 
 # Who may write to the terminal: the CLI and the reporting interface. checks/setup.py is the

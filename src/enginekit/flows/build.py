@@ -54,7 +54,8 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     from enginekit.compare.gate import parse_overrides
     from enginekit.pipeline import Artifact, Pipeline
     from enginekit.shapes import bind_to_inputs, bind_to_model, parse_profile
-    from enginekit.trt.backends import gpu_info, resolve_backend, resolve_targets
+    from enginekit.gpu import gpu_info
+    from enginekit.trt.backends import require_fp8, resolve_backend, resolve_targets
     from enginekit.trt.builder import BuildOptions
 
     r = request
@@ -67,7 +68,7 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     )
     targets = resolve_targets(be, options.target_cc, gpu_info())  # refuse bad --target-cc before any work
     if r.precision == "fp8":
-        _check_fp8(targets)
+        require_fp8(targets)
     overrides = parse_overrides(list(r.tolerances))
     calib_cache = Path(r.calib_cache) if r.calib_cache else None
     data = CalibrationData(Path(r.calib_data) if r.calib_data else None, count=r.calib_count)
@@ -131,15 +132,6 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     entry, status = pipe.engine(source, bound, be, options, precision.to_json(), verify_fn, chain,
                                 extra={"repair": repair_record} if repair_record is not None else None)
     return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
-
-
-def _check_fp8(targets) -> None:
-    from enginekit.trt.backends import fp8_unsupported
-
-    lacking = fp8_unsupported(targets) if targets else ["this machine (no GPU)"]
-    if lacking:
-        raise UsageError(f"fp8 needs compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
-                         f"{', '.join(lacking)} lack it: build for --target-cc 8.9,12.0 (TensorRT-RTX)")
 
 
 def explain(pipe, kind: str, parts: dict) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "export", "build", "verify"]
+__all__ = ["__version__", "export", "build", "verify", "load"]
 
 
 def __getattr__(name: str):
@@ -16,4 +16,8 @@ def __getattr__(name: str):
         from enginekit import api
 
         return getattr(api, name)
+    if name == "load":
+        from enginekit.runtime.loader import load
+
+        return load
     raise AttributeError(name)

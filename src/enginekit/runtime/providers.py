@@ -47,7 +47,35 @@ def _preload(ort) -> str | None:
             fn()
     except Exception as exc:  # noqa: BLE001
         return f"preload_dlls failed: {str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}"
+    _preload_from_other_site(ort)
     return None
+
+
+def _preload_from_other_site(ort) -> None:
+    """preload_dlls looks for the nvidia-* wheels beside onnxruntime only; an onnxruntime installed
+    elsewhere (``pip install --target``) finds them where Python imports ``nvidia`` from."""
+    import importlib.util
+
+    paths = getattr(ort, "_get_nvidia_dll_paths", None)
+    spec = importlib.util.find_spec("nvidia")
+    if paths is None or spec is None or not spec.submodule_search_locations:
+        return
+    own = Path(ort.__file__).resolve().parent.parent
+    for root in spec.submodule_search_locations:
+        site = Path(root).resolve().parent
+        if site == own:
+            continue
+        try:
+            relative = paths(False, True, True)
+        except TypeError:
+            return
+        for rel in relative:
+            lib = site.joinpath(*rel)
+            if lib.is_file():
+                try:
+                    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+                except OSError:
+                    pass
 
 
 def _missing_library(message: str) -> str:
@@ -125,6 +153,10 @@ def onnxruntime_providers(*, gpu: bool | None = None) -> list[ProviderStatus]:
             out.append(ProviderStatus(name, True, None, "not checked"))
             continue
         ok, detail = library_loads(ort, name)
+        if not ok and not gpu and "libcuda.so.1" in detail:  # everything else loaded; the driver needs a GPU
+            out.append(ProviderStatus(name, True, None, "its CUDA libraries load; the NVIDIA driver (libcuda.so.1) "
+                                                        "is absent: no GPU here"))
+            continue
         if ok and gpu:
             ok, detail = _session_starts(ort, name)
         elif ok:

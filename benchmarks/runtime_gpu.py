@@ -215,7 +215,7 @@ def section_agree(ctx) -> None:
         for pic in pics or [None]:
             img = cv2.imread(str(pic)) if pic else frame
             a, b = t_ort(img), t_torch(img)
-            ref = ref_model.predict(img, rect=False, device=0, verbose=False)[0].boxes
+            ref = ref_model.predict(img, imgsz=640, rect=False, device=0, verbose=False)[0].boxes
             note(f"agree trained {ctx['trained_model']} on {pic.name if pic else 'bus.jpg'}: ORT CUDA vs torch CUDA: "
                  f"{match_detections(a, b)}; enginekit ORT CUDA vs Ultralytics predict: {len(ref)} reference boxes, "
                  f"min IoU {box_iou(a.boxes, ref.xyxy.cpu().numpy()).max(1).min() if len(a) and len(ref) else float('nan'):.4f}")

@@ -70,30 +70,24 @@ def small_photo(tmp_path_factory):
 
 
 # -- the external oracle: Ultralytics' own predictor ----------------------------------------------------
-def test_onnx_cpu_matches_ultralytics_predict_on_trained_detector(request, tmp_path, cache):
-    try:
-        weights = request.getfixturevalue("trained_detector")
-    except pytest.FixtureLookupError:
-        pytest.skip("the trained_detector fixture is not available in this checkout")
-    weights = Path(getattr(weights, "weights", weights))
+def test_onnx_cpu_matches_ultralytics_predict_on_trained_detector(trained_detector, detector_images, cache):
+    """FP32 ONNX on ORT CPU through load() == Ultralytics' own YOLO(weights).predict, per photograph."""
     from ultralytics import YOLO
 
     import enginekit
-    from enginekit.images import embedded_image_paths
 
-    photos = list(getattr(request.getfixturevalue("trained_detector"), "images", []) or [])[:3] or \
-        embedded_image_paths()[:2]
-    model = YOLO(str(weights), task="detect")
-    name = "yolo12n" if "12" in str(model.model.yaml.get("yaml_file", "yolo12n")) else "yolo11n"
-    predictor = enginekit.load(name, weights=weights, backend="onnxruntime-cpu", cache=cache)
+    model = YOLO(str(trained_detector.weights), task="detect")
+    predictor = enginekit.load(trained_detector.model, weights=trained_detector.weights, backend="onnxruntime-cpu",
+                               cache=cache)
     assert predictor.backend == "onnxruntime-cpu"
     compared = 0
-    for photo in photos:
-        # rect=False: the 640x640 letterbox the fixed-size ONNX takes (Ultralytics' default for a .pt is 640x480)
-        ref = model.predict(str(photo), rect=False, verbose=False, device="cpu")[0].boxes
+    for photo in sorted(Path(detector_images).iterdir()):
+        # the same input as the fixed 640x640 ONNX: imgsz 640 (the checkpoint was trained at 160) and the
+        # square letterbox (rect=False; for a .pt Ultralytics would pad to the nearest multiple of 32 instead)
+        ref = model.predict(str(photo), imgsz=640, rect=False, verbose=False, device="cpu")[0].boxes
         ours = predictor(photo)
         if len(ref) == 0:
-            assert len(ours) == 0
+            assert len(ours) == 0, photo.name
             continue
         _same_detections(ours, ref.xyxy.numpy(), ref.conf.numpy(), ref.cls.numpy().astype(int))
         assert ours.names == [model.names[int(c)] for c in ours.class_ids]

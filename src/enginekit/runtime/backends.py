@@ -99,8 +99,8 @@ class OrtCudaSession:
     input shape replays ORT's captured graph.
     """
 
-    def __init__(self, path: Path, device: str = "cuda:0", *, cuda_graph: bool = False, prefer_nhwc: bool | None = None,
-                 stream=None):
+    def __init__(self, path: Path, device: str = "cuda:0", *, cuda_graph: bool | None = None,
+                 prefer_nhwc: bool | None = None, stream=None):
         import torch
 
         from enginekit.runtime.providers import require_cuda_provider
@@ -116,6 +116,8 @@ class OrtCudaSession:
         self.session = self._make_session(graph=False)  # runs every shape; learns output shapes
         name, shape, dtype, outs = _io(self.session)
         self.info = SessionInfo("onnxruntime-cuda", f"cuda:{self.index}", name, outs, shape, dtype, _max_batch(shape))
+        if cuda_graph is None:  # default: replay a captured graph where H/W are fixed (one graph per batch size)
+            self.cuda_graph = self.info.fixed_hw is not None
         self.run_options = self.ort.RunOptions()
         # ordering on our stream is enough: no device-wide sync at the end of each run
         self.run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
@@ -166,7 +168,15 @@ class OrtCudaSession:
         state = self._buffers.get(tuple(x.shape)) or self._prepare(x)
         if self.cuda_graph:
             state["inp"].copy_(x)
-            state["session"].run_with_iobinding(state["binding"], self.run_options)
+            try:
+                state["session"].run_with_iobinding(state["binding"], self.run_options)
+            except Exception:  # noqa: BLE001 - ORT refuses graph capture when a node runs on the CPU
+                if state.get("ran"):
+                    raise
+                self.cuda_graph = False
+                self._buffers.clear()
+                return self(x)
+            state["ran"] = True
         else:
             self.session.run_with_iobinding(self._bind(self.session, x, state["outs"]), self.run_options)
         return state["outs"]

@@ -282,7 +282,7 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
         else:
             from enginekit.runtime.backends import OrtCudaSession
 
-            session = OrtCudaSession(path, dev, cuda_graph=bool(cuda_graph))
+            session = OrtCudaSession(path, dev, cuda_graph=cuda_graph)
         source = str(path)
     else:  # tensorrt
         if t.kind == "model":

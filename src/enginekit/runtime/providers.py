@@ -178,6 +178,7 @@ def require_cuda_provider():
         raise CapabilityError(f"onnxruntime {ort.__version__} has no CUDA provider: install onnxruntime-gpu")
     if not _has_gpu():
         raise CapabilityError("onnxruntime-cuda needs an NVIDIA GPU, and this machine has none")
+    ort.set_default_logger_severity(3)  # its plugin-EP lookup warns on every CUDA session otherwise
     _preload(ort)
     ok, detail = library_loads(ort, "CUDAExecutionProvider")
     if ok:

@@ -124,8 +124,8 @@ def test_depth_equals_pytorch_output_resized(small_photo, cache):
 def test_onnxruntime_cpu_and_torch_cpu_agree(yolo_onnx, cache):
     import enginekit
 
-    ort_p = enginekit.load(str(yolo_onnx), backend="onnxruntime-cpu", conf=0.001, max_det=50)
-    torch_p = enginekit.load("yolo12n", random_init=True, backend="torch", device="cpu", conf=0.001, max_det=50,
+    ort_p = enginekit.load(str(yolo_onnx), backend="onnxruntime-cpu", conf=1e-4, max_det=50)
+    torch_p = enginekit.load("yolo12n", random_init=True, backend="torch", device="cpu", conf=1e-4, max_det=50,
                              cache=cache)
     assert (ort_p.backend, torch_p.backend) == ("onnxruntime-cpu", "torch")
     bgr = __import__("cv2").imread(str(_bus()))
@@ -165,7 +165,7 @@ def test_predict_writes_overlays_and_json(run_cli, tmp_path, yolo_onnx, small_ph
     folder.mkdir()
     (folder / "a.png").write_bytes(Path(small_photo).read_bytes())
     (folder / "b.png").write_bytes(Path(small_photo).read_bytes())
-    r = run_cli("predict", str(yolo_onnx), str(folder), "--backend", "onnxruntime-cpu", "--conf", "0.001",
+    r = run_cli("predict", str(yolo_onnx), str(folder), "--backend", "onnxruntime-cpu", "--conf", "0.0001",
                 "--save", str(tmp_path / "out"))
     assert r.code == 0, r.stderr
     data = json.loads((tmp_path / "out" / "results.json").read_text())

@@ -105,7 +105,7 @@ def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=Non
 
 # -- backend choice ---------------------------------------------------------------------------------
 def _gpu():
-    from enginekit.trt.backends import gpu_info
+    from enginekit.gpu import gpu_info
 
     return gpu_info()
 

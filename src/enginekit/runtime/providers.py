@@ -126,7 +126,7 @@ def _session_starts(ort, provider: str) -> tuple[bool, str]:
 
 
 def _has_gpu() -> bool:
-    from enginekit.trt.backends import gpu_info
+    from enginekit.gpu import gpu_info
 
     return gpu_info() is not None
 

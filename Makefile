@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.enginekit-setup
+# ONNX Runtime built for CUDA 13 (see setup); constraints.txt keeps ModelOpt's pin for the resolver
+ORT_GPU := onnxruntime-gpu==1.31.1
 OUT    ?= out
 export YOLO_OFFLINE ?= 1
 export YOLO_CONFIG_DIR ?= $(CURDIR)/$(VENV)/ultralytics-config
@@ -12,10 +14,14 @@ export YOLO_CONFIG_DIR ?= $(CURDIR)/$(VENV)/ultralytics-config
 setup: $(STAMP)
 
 # torch is pinned together with everything else: pip may otherwise pick another build.
+# Then ONNX Runtime for CUDA 13 (the libraries torch's wheels bring): 1.24.x, which ModelOpt 0.47 pins,
+# links CUDA 12 and cannot use a GPU with them; ModelOpt's INT8/FP8/AutoCast paths pass on 1.31.1, and
+# pip's resolver refuses the pin conflict, so a second step replaces it without resolving again.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e ".[all,tensorrt-rtx,test]"
+	$(BIN)/pip install -q --no-deps $(ORT_GPU)
 	$(BIN)/python -m enginekit.checks.setup
 	touch $@
 

@@ -1,6 +1,6 @@
 """enginekit: PyTorch vision models to verified TensorRT engines.
 
-The Python API mirrors the CLI verbs: ``export``, ``build``, ``verify`` (see ``enginekit.api``).
+The Python API mirrors the CLI verbs: ``export``, ``build``, ``verify``, ``load`` (see ``enginekit.api``).
 They are real functions of this package, so no submodule can shadow them, and they import their
 work on first call: importing enginekit stays cheap.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "export", "build", "verify"]
+__all__ = ["__version__", "export", "build", "verify", "load"]
 
 
 def export(*args, **kwargs):
@@ -33,4 +33,8 @@ def verify(*args, **kwargs):
     return run(*args, **kwargs)
 
 
-# load() joins these with the runtime (a lazy call of enginekit.api.load, like the three above).
+def load(*args, **kwargs):
+    """A predictor over the best backend this machine can run: ``enginekit.api.load``."""
+    from enginekit.api import load as run
+
+    return run(*args, **kwargs)

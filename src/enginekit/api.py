@@ -59,5 +59,12 @@ def verify(target: VerifyRequest | str | None = None, /, *, cache=None, quiet: b
     return run(run_verify, coerce(VerifyRequest, target, options, "target"), cache, quiet=quiet)
 
 
-# load(): frames -> predictions over an engine, ONNX Runtime or PyTorch. It belongs here beside
-# the verbs, as a lazy re-export of ``enginekit.runtime.load`` (added with the runtime).
+def load(target, precision: str = "fp32", backend: str = "auto", **options: Any):
+    """Frames -> predictions over an engine, ONNX Runtime or PyTorch: ``enginekit.runtime.load``.
+
+    ``predictor(images)`` returns per image the family's results in the original image's pixels;
+    ``predictor.backend`` and ``predictor.reason`` say which backend runs and why.
+    """
+    from enginekit.runtime.loader import load as run_load
+
+    return run_load(target, precision, backend, **options)

@@ -50,10 +50,13 @@ class Progress:
     label: str
     total: int
     done: int = 0
+    detail: str = ""  # shown beside the bar (a rate such as "58.1 FPS")
     _reporter: "Reporter | None" = field(default=None, repr=False)
 
-    def advance(self, n: int = 1) -> None:
+    def advance(self, n: int = 1, detail: str | None = None) -> None:
         self.done += n
+        if detail is not None:
+            self.detail = detail
         if self._reporter is not None:
             self._reporter.progress_advanced(self)
 

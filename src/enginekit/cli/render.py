@@ -65,14 +65,15 @@ class RichReporter(reporting.Reporter):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         bar = Progress(TextColumn("  [bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), console=self.console, transient=True)
-        task = bar.add_task(progress.label, total=progress.total)
+                       TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=self.console,
+                       transient=True)
+        task = bar.add_task(progress.label, total=progress.total, detail=progress.detail)
         bar.start()
         self._bars[id(progress)] = (bar, task)
 
     def progress_advanced(self, progress: reporting.Progress) -> None:
         bar, task = self._bars[id(progress)]
-        bar.update(task, completed=progress.done)
+        bar.update(task, completed=progress.done, detail=progress.detail)
 
     def progress_done(self, progress: reporting.Progress) -> None:
         bar, _ = self._bars.pop(id(progress))

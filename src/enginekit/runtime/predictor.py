@@ -1,0 +1,204 @@
+"""A predictor: images in (paths, numpy HWC, torch CUDA tensors), results out, on one backend."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from enginekit.errors import UsageError
+
+PROCESSORS = {
+    "yolo": "enginekit.runtime.yolo:YoloProcessor",
+    "depth-anything-v2": "enginekit.runtime.depth:DepthProcessor",
+}
+
+
+def processor_for(family: str):
+    import importlib
+
+    if family not in PROCESSORS:
+        raise UsageError(f"no runtime pre/postprocessing for the {family!r} family (known: {', '.join(PROCESSORS)})")
+    module, name = PROCESSORS[family].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def read_image(path) -> np.ndarray:
+    """BGR uint8 HxWx3, as OpenCV reads it; UsageError for a missing or unreadable file."""
+    import cv2
+
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"image not found: {p}")
+    img = cv2.imread(str(p), cv2.IMREAD_COLOR)
+    if img is None:
+        raise UsageError(f"not a readable image: {p}")
+    return img
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+class Predictor:
+    """``predictor(images, rgb=False)`` -> one result per image (a single image: one result).
+
+    ``backend`` says what runs the network and ``reason`` why it was chosen.
+    """
+
+    def __init__(self, session, processor, *, model: str, family: str, reason: str, precision: str, source: str):
+        self.session = session
+        self.processor = processor
+        self.model = model
+        self.family = family
+        self.reason = reason
+        self.precision = precision
+        self.source = source
+        self.info = session.info
+        self.stream = getattr(session, "stream", None)
+        self._pinned: dict[tuple, object] = {}
+
+    @property
+    def backend(self) -> str:
+        return self.info.backend
+
+    @property
+    def device(self) -> str:
+        return self.info.device
+
+    def describe(self) -> dict:
+        return {"model": self.model, "family": self.family, "backend": self.backend, "device": self.device,
+                "precision": self.precision, "source": self.source, "reason": self.reason}
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def _frames(self, images) -> tuple[list, list[str | None], bool]:
+        single = isinstance(images, (str, Path)) or (
+            (isinstance(images, np.ndarray) or _is_torch(images)) and images.ndim == 3)
+        if single:
+            items = [images]
+        elif isinstance(images, np.ndarray) or _is_torch(images):
+            if images.ndim != 4:
+                raise UsageError(f"expected an HxWx3 image or an NxHxWx3 batch, got shape {tuple(images.shape)}")
+            items = list(images)
+        else:
+            items = list(images)
+        frames, names = [], []
+        for item in items:
+            if isinstance(item, (str, Path)):
+                frames.append(read_image(item))
+                names.append(str(item))
+            else:
+                if item.ndim != 3 or item.shape[-1] != 3:
+                    raise UsageError(f"expected an HxWx3 image, got shape {tuple(item.shape)}")
+                frames.append(item)
+                names.append(None)
+        return frames, names, single
+
+    # -- running --------------------------------------------------------------------------------
+    def __call__(self, images, *, rgb: bool = False):
+        frames, names, single = self._frames(images)
+        results = self.predict_frames(frames, rgb=rgb)
+        for r, n in zip(results, names):
+            r.source = n
+        return results[0] if single else results
+
+    def predict_frames(self, frames: list, *, rgb: bool = False) -> list:
+        groups: dict[tuple, list[int]] = {}
+        for i, f in enumerate(frames):
+            groups.setdefault(tuple(self.processor.input_hw(tuple(f.shape[:2]))), []).append(i)
+        results: list = [None] * len(frames)
+        limit = self.info.max_batch or 16
+        for hw, idx in groups.items():
+            for start in range(0, len(idx), limit):
+                chunk = idx[start:start + limit]
+                out = (self._run_gpu if self.info.on_gpu else self._run_cpu)([frames[i] for i in chunk], hw, rgb)
+                for i, r in zip(chunk, out):
+                    results[i] = r
+        return results
+
+    def _run_cpu(self, frames: list, hw, rgb: bool) -> list:
+        t0 = time.perf_counter()
+        batch = []
+        for f in frames:
+            f = f.cpu().numpy() if _is_torch(f) else np.asarray(f)
+            if f.dtype != np.uint8:
+                raise UsageError(f"expected uint8 images, got {f.dtype}")
+            batch.append(self.processor.preprocess_cpu(f if rgb else np.ascontiguousarray(f[..., ::-1]), hw))
+        x = np.stack(batch)
+        t1 = time.perf_counter()
+        outputs = self.session(x)
+        t2 = time.perf_counter()
+        results = self.processor.postprocess(outputs, [tuple(f.shape[:2]) for f in frames], hw)
+        t3 = time.perf_counter()
+        for r in results:
+            r.timings.preprocess, r.timings.infer, r.timings.postprocess = (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
+        return results
+
+    def _upload(self, f, device):
+        """A host frame to the GPU through a reused pinned buffer (an asynchronous copy)."""
+        import torch
+
+        f = np.asarray(f)
+        if f.dtype != np.uint8:
+            raise UsageError(f"expected uint8 images, got {f.dtype}")
+        key = f.shape
+        pinned = self._pinned.get(key)
+        if pinned is None:
+            pinned = self._pinned[key] = torch.empty(key, dtype=torch.uint8).pin_memory()
+        np.copyto(pinned.numpy(), f)
+        return pinned.to(device, non_blocking=True)
+
+    def _run_gpu(self, frames: list, hw, rgb: bool) -> list:
+        import torch
+
+        device = torch.device(self.info.device)
+        stream = self.stream or torch.cuda.current_stream(device)
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        with torch.cuda.stream(stream), torch.inference_mode():
+            events[0].record(stream)
+            batch = []
+            for f in frames:
+                t = f if _is_torch(f) else self._upload(f, device)
+                if t.device != device:
+                    t = t.to(device, non_blocking=True)
+                chw = t.permute(2, 0, 1).float()
+                if not rgb:
+                    chw = chw.flip(0)
+                batch.append(self.processor.preprocess_gpu(chw, hw))
+            x = torch.stack(batch).contiguous()
+            if x.dtype != torch.float32:
+                x = x.float()
+            events[1].record(stream)
+            outputs = self.session(x)
+            events[2].record(stream)
+            results = self.processor.postprocess(outputs, [tuple(f.shape[:2]) for f in frames], hw)
+            events[3].record(stream)
+        events[3].synchronize()
+        pre, inf, post = (events[i].elapsed_time(events[i + 1]) for i in range(3))
+        for r in results:
+            r.timings.preprocess, r.timings.infer, r.timings.postprocess = pre, inf, post
+        return results
+
+
+class Pipeline:
+    """Several predictors on one stream of frames; on a GPU each runs on its own CUDA stream, concurrently."""
+
+    def __init__(self, predictors: list[Predictor]):
+        self.predictors = predictors
+        self._pool = None
+        if len(predictors) > 1 and any(p.info.on_gpu for p in predictors):
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=len(predictors))
+
+    def __call__(self, frame, *, rgb: bool = False) -> list:
+        """One frame -> one result per predictor, in order."""
+        if self._pool is None:
+            return [p(frame, rgb=rgb) for p in self.predictors]
+        futures = [self._pool.submit(p, frame, rgb=rgb) for p in self.predictors]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()

@@ -1,0 +1,109 @@
+"""Frame sources for ``enginekit predict``: an image, a folder of images, a video file, a camera index.
+
+Every source is opened (and its first frame read) before any model loads, so bad input fails
+at once with one line: an unreadable image, a video that does not open, an absent camera.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from enginekit.errors import UsageError
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
+VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
+
+
+@dataclass
+class FrameSource:
+    kind: str  # "image" | "folder" | "video" | "camera"
+    name: str
+    count: int | None  # None: a camera (endless)
+    fps: float
+    _frames: Iterator[tuple[str, np.ndarray]]
+
+    def __iter__(self) -> Iterator[tuple[str, np.ndarray]]:
+        return self._frames
+
+
+def _read(path: Path) -> np.ndarray:
+    import cv2
+
+    img = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if img is None:
+        raise UsageError(f"not a readable image: {path}")
+    return img
+
+
+def _capture(cap, first, stem: str, limit: int | None) -> Iterator[tuple[str, np.ndarray]]:
+    try:
+        i = 0
+        frame = first
+        while frame is not None and (limit is None or i < limit):
+            yield f"{stem}:{i}", frame
+            i += 1
+            ok, frame = cap.read()
+            if not ok:
+                frame = None
+    finally:
+        cap.release()
+
+
+def open_source(source: str, *, max_frames: int | None = None) -> FrameSource:
+    import cv2
+
+    if source.isdigit():
+        index = int(source)
+        cap = cv2.VideoCapture(index)
+        ok, first = cap.read() if cap.isOpened() else (False, None)
+        if not ok:
+            cap.release()
+            raise UsageError(f"camera {index} is absent or gives no frames")
+        return FrameSource("camera", f"camera{index}", max_frames, cap.get(cv2.CAP_PROP_FPS) or 30.0,
+                           _capture(cap, first, f"camera{index}", max_frames))
+    path = Path(source)
+    if not path.exists():
+        raise UsageError(f"source not found: {path} (an image, a folder, a video file, or a camera index)")
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise UsageError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) in {path}")
+        files = files[:max_frames] if max_frames else files
+        frames = [(str(p), _read(p)) for p in files]  # all readable, or nothing runs
+        return FrameSource("folder", path.name, len(frames), 0.0, iter(frames))
+    if path.suffix.lower() in IMAGE_SUFFIXES:
+        return FrameSource("image", path.stem, 1, 0.0, iter([(str(path), _read(path))]))
+    cap = cv2.VideoCapture(str(path))
+    ok, first = cap.read() if cap.isOpened() else (False, None)
+    if not ok:
+        cap.release()
+        if path.suffix.lower() in VIDEO_SUFFIXES:
+            raise UsageError(f"video {path} does not open")
+        raise UsageError(f"{path} is neither a readable image nor a video")
+    n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) or None
+    if max_frames and n:
+        n = min(n, max_frames)
+    return FrameSource("video", path.stem, n, cap.get(cv2.CAP_PROP_FPS) or 30.0, _capture(cap, first, path.stem, max_frames))
+
+
+def draw(frame: np.ndarray, result) -> np.ndarray:
+    """An overlay: boxes with labels, or the depth map in a colour map beside nothing else."""
+    import cv2
+
+    if getattr(result, "kind", "") == "depth":
+        d = result.depth
+        lo, hi = float(np.nanmin(d)), float(np.nanmax(d))
+        norm = ((d - lo) / (hi - lo + 1e-12) * 255).astype(np.uint8)
+        return cv2.applyColorMap(norm, cv2.COLORMAP_INFERNO)
+    out = frame.copy()
+    for (x1, y1, x2, y2), s, c, n in zip(result.boxes, result.scores, result.class_ids, result.names):
+        color = tuple(int(v) for v in np.random.default_rng(int(c)).integers(64, 255, 3))
+        p1, p2 = (int(x1), int(y1)), (int(x2), int(y2))
+        cv2.rectangle(out, p1, p2, color, 2)
+        cv2.putText(out, f"{n} {s:.2f}", (p1[0], max(p1[1] - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX, 0.5, color, 1,
+                    cv2.LINE_AA)
+    return out

@@ -1,0 +1,99 @@
+"""YOLO pre- and postprocessing, as Ultralytics' own predictor does it.
+
+CPU: the adapter's preprocessing (Ultralytics ``LetterBox``, auto=False, gray 114) on numpy.
+GPU: the same letterbox with torch ops on the predictor's stream (bilinear resize, as
+cv2.INTER_LINEAR; pixel values may differ by one grey level from cv2's fixed-point rounding).
+Postprocessing: ``ultralytics.utils.nms.non_max_suppression`` (or the end-to-end head's top-k,
+which that function handles with ``end2end=True``) and ``ultralytics.utils.ops.scale_boxes``.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import numpy as np
+
+from enginekit.runtime.results import Detections
+
+
+def letterbox_geometry(shape: tuple[int, int], new: tuple[int, int]) -> tuple[tuple[int, int], int, int, int, int]:
+    """Ultralytics LetterBox(auto=False, scaleup=True, center=True): resized (h, w) and the padding."""
+    h, w = shape
+    r = min(new[0] / h, new[1] / w)
+    unpad_w, unpad_h = int(round(w * r)), int(round(h * r))
+    dw, dh = (new[1] - unpad_w) / 2, (new[0] - unpad_h) / 2
+    top, bottom = int(round(dh - 0.1)), int(round(dh + 0.1))
+    left, right = int(round(dw - 0.1)), int(round(dw + 0.1))
+    return (unpad_h, unpad_w), top, bottom, left, right
+
+
+def parse_names(value) -> dict[int, str]:
+    if isinstance(value, dict):
+        return {int(k): str(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return dict(enumerate(map(str, value)))
+    if isinstance(value, str) and value:
+        try:
+            return parse_names(ast.literal_eval(value))
+        except (ValueError, SyntaxError):
+            pass
+    return {}
+
+
+class YoloProcessor:
+    family = "yolo"
+
+    def __init__(self, adapter, metadata: dict, info, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
+                 input_size=None, **_):
+        self.adapter = adapter
+        self.info = info
+        self.names = parse_names(metadata.get("names"))
+        self.end2end = str(metadata.get("end2end")) == "True"
+        self.conf, self.iou, self.max_det = conf, iou, max_det
+        fixed = info.fixed_hw
+        if input_size is not None:
+            size = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
+            if fixed and tuple(size) != fixed:
+                from enginekit.errors import UsageError
+
+                raise UsageError(f"the model takes {fixed[0]}x{fixed[1]} inputs, not {size[0]}x{size[1]}")
+            self.hw = tuple(size)
+        else:
+            self.hw = fixed or tuple(adapter.default_input[2:])
+
+    def input_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
+        return self.hw
+
+    def preprocess_cpu(self, rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        return self.adapter.preprocess(rgb, hw)[0]
+
+    def preprocess_gpu(self, chw, hw: tuple[int, int]):
+        """``chw``: 3xHxW float32 RGB in 0..255 on the GPU -> 3xhxw letterboxed in 0..1."""
+        import torch
+        import torch.nn.functional as F
+
+        (uh, uw), top, bottom, left, right = letterbox_geometry(tuple(chw.shape[1:]), hw)
+        x = chw[None]
+        if (uh, uw) != tuple(chw.shape[1:]):
+            x = F.interpolate(x, size=(uh, uw), mode="bilinear", align_corners=False)
+        out = torch.full((1, 3, hw[0], hw[1]), 114.0, dtype=x.dtype, device=x.device)
+        out[:, :, top:top + uh, left:left + uw] = x
+        return out[0].mul_(1.0 / 255.0)
+
+    def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Detections]:
+        import torch
+        from ultralytics.utils import nms, ops
+
+        pred = outputs[self.info.output_names[0]]
+        if isinstance(pred, np.ndarray):
+            pred = torch.from_numpy(pred)
+        pred = pred.float()
+        kept = nms.non_max_suppression(pred, self.conf, self.iou, max_det=self.max_det, end2end=self.end2end)
+        results = []
+        for det, shape in zip(kept, image_hws):
+            boxes = ops.scale_boxes(hw, det[:, :4].clone(), shape) if len(det) else det[:, :4]
+            det = torch.cat([boxes, det[:, 4:6]], 1).cpu().numpy() if len(det) else np.zeros((0, 6), np.float32)
+            ids = det[:, 5].astype(np.int64)
+            results.append(Detections(det[:, :4].astype(np.float32), det[:, 4].astype(np.float32), ids,
+                                      [self.names.get(int(i), str(int(i))) for i in ids], tuple(shape)))
+        return results

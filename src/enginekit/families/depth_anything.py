@@ -228,10 +228,13 @@ class DepthAnythingAdapter(ModelAdapter):
         "fp8": {"abs_rel": ("<=", 0.15), "delta1": (">=", 0.8)},
     }
 
-    def task_metrics(self, reference, candidate, metadata):
+    def task_metrics(self, reference, candidate, metadata, options=None):
         from enginekit.compare.tasks import depth_metrics
 
         return depth_metrics(reference["depth"], candidate["depth"])
+
+    def nothing_to_compare(self, task):
+        return "the reference depth has no pixels above 1e-3 of its maximum"
 
     @property
     def size(self) -> str:

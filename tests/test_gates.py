@@ -6,6 +6,8 @@ changes is known exactly; the tests on the trained detector check the same gates
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -192,3 +194,150 @@ def test_statistics_agree_with_polygraphy():
     assert ours.max_abs == pytest.approx(theirs.max_absdiff, rel=1e-6)
     assert ours.median_abs == pytest.approx(theirs.median_absdiff, rel=1e-6)
     assert ours.p99_abs == pytest.approx(theirs.quantile_absdiff, rel=1e-3)
+
+
+# --- on the detector the suite trains (tests/trained_detector.py) ----------------------------------------
+
+TRAINED_SHAPE = "1x3x320x320"
+
+
+@pytest.fixture(scope="module")
+def trained(trained_detector, tmp_path_factory):
+    """The trained detector's checkpoint, its FP32 and FP16 ONNX at 320, and held-out images of shapes."""
+    from trained_detector import write_held_out_images
+
+    from enginekit import api
+    from enginekit.cache import Cache
+
+    root = tmp_path_factory.mktemp("trained")
+    images = write_held_out_images(root / "images", count=8, size=320)
+    cache = Cache(root / "cache")
+    fp32 = api.export(trained_detector.model, weights=trained_detector.weights, input=TRAINED_SHAPE,
+                      output=root / "fp32.onnx", images=images, cache=cache, quiet=True)
+    fp16 = api.export(trained_detector.model, weights=trained_detector.weights, input=TRAINED_SHAPE, fp16=True,
+                      output=root / "fp16.onnx", images=images, cache=cache, quiet=True)
+    assert fp32.passed and fp16.passed, fp32.failures() + fp16.failures()
+    return {"weights": trained_detector.weights, "model": trained_detector.model, "images": images,
+            "fp32": fp32.output, "fp16": fp16.output, "root": root}
+
+
+def _verify(trained, onnx_path, tmp_path, **kw):
+    from enginekit import api
+    from enginekit.cache import Cache
+
+    return api.verify(str(onnx_path), reference=trained["weights"], images=trained["images"], image_count=8,
+                      cache=Cache(trained["root"] / "cache"), quiet=True, report_dir=tmp_path / "report", **kw)
+
+
+def test_trained_reference_has_something_to_compare(trained, tmp_path):
+    """Before any gate on it is trusted: the FP32 reference detects shapes, with scores that spread."""
+    from enginekit.compare.tasks import nms_detections
+
+    scores = np.concatenate([nms_detections(out, 0.001)[0].scores for out in _reference_outputs(trained)])
+    assert scores.max() > 0.7 and np.std(scores) > 0.1 and (scores < 0.25).sum() > 0
+    outcome = _verify(trained, trained["fp32"], tmp_path)
+    (report,) = outcome.reports
+    assert outcome.passed, [str(c) for c in report.failures()]
+    assert report.artifacts[0].task["reference_detections"] >= 16  # about 3 shapes per image at conf 0.25
+
+
+def _reference_outputs(trained) -> list[np.ndarray]:
+    """PyTorch outputs of the trained detector on the held-out images."""
+    from enginekit.families import resolve
+    from enginekit.images import load_images
+
+    adapter = resolve(trained["model"])
+    loaded = adapter.load(trained["weights"], random_init=False, seed=0)
+    return [adapter.reference(loaded, adapter.preprocess(img, (320, 320)))["output0"]
+            for img in load_images(trained["images"]).images]
+
+
+def test_honest_fp16_passes_with_figures_that_are_not_trivial(trained, tmp_path):
+    outcome = _verify(trained, trained["fp16"], tmp_path)
+    (report,) = outcome.reports
+    (art,) = report.artifacts
+    assert outcome.passed, [str(c) for c in report.failures()]
+    assert art.precision == "fp16"
+    assert art.task["reference_detections"] >= 16 and art.task["recall"] >= 0.95
+    assert 0 < art.task["score_shift_max"] < 0.02  # FP16 moves the scores, a little
+    assert 0 < art.parts["scores"]["worst"]["max_abs"] and 0 < art.parts["boxes"]["worst"]["max_abs"]
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "| scores: output0[axis 1: 4:] (probabilities)" in summary and "map50_95" in summary
+
+
+def perturb_class_scores(src, dst, delta=-1.0):
+    """Subtract 1 from the bias of the class branch's last convolution (Detect cv3.*.2) at every scale."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(src))
+    inits = {i.name: i for i in model.graph.initializer}
+    biases = [n.input[2] for n in model.graph.node
+              if n.op_type == "Conv" and len(n.input) > 2 and "cv3" in n.name and n.name.split("/")[-2].endswith(".2")]
+    assert len(biases) == 3, [n.name for n in model.graph.node if "cv3" in n.name]
+    for name in biases:
+        arr = numpy_helper.to_array(inits[name]).copy() + delta
+        inits[name].CopyFrom(numpy_helper.from_array(arr.astype(np.float32), name))
+    onnx.save(model, str(dst))
+    return dst
+
+
+def wrong_normalisation(src, dst, kind: str):
+    """A graph fed differently than the model was trained: 0-255 pixels, or ImageNet mean/std."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(src))
+    graph = model.graph
+    first = graph.input[0].name
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name == first:
+                node.input[i] = "renormalised"
+    if kind == "0-255":
+        graph.initializer.append(numpy_helper.from_array(np.array(255.0, dtype=np.float32), "wrong_scale"))
+        graph.node.insert(0, helper.make_node("Mul", [first, "wrong_scale"], ["renormalised"]))
+    else:
+        mean = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(1, 3, 1, 1)
+        std = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(1, 3, 1, 1)
+        graph.initializer.extend([numpy_helper.from_array(mean, "wrong_mean"), numpy_helper.from_array(std, "wrong_std")])
+        graph.node.insert(0, helper.make_node("Sub", [first, "wrong_mean"], ["centred"]))
+        graph.node.insert(1, helper.make_node("Div", ["centred", "wrong_std"], ["renormalised"]))
+    onnx.save(model, str(dst))
+    return dst
+
+
+def test_class_score_shift_fails_naming_scores(trained, tmp_path, run_cli):
+    bad = perturb_class_scores(trained["fp32"], tmp_path / "scores-1.onnx")
+    r = run_cli("verify", str(bad), "--reference", str(trained["weights"]), "--images", str(trained["images"]),
+                "--image-count", "8", "--report", "rep", env={"ENGINEKIT_CACHE": str(trained["root"] / "cache")})
+    from conftest import assert_one_line_error
+
+    line = assert_one_line_error(r, 1)
+    assert "scores" in line or "task" in line, line
+    data = json.loads((tmp_path / "rep" / "report.json").read_text())
+    failures = data["entries"][0]["failures"]
+    assert any("parity scores" in f for f in failures) and not any("parity boxes" in f for f in failures)
+    assert any("task recall" in f for f in failures)
+
+
+@pytest.mark.parametrize("kind", ["0-255", "imagenet"])
+def test_wrong_normalisation_fails(trained, tmp_path, kind):
+    bad = wrong_normalisation(trained["fp32"], tmp_path / f"wrong-{kind}.onnx", kind)
+    outcome = _verify(trained, bad, tmp_path)
+    (report,) = outcome.reports
+    assert not outcome.passed
+    failed = {c.name for c in report.failures()}
+    assert {"task recall", "parity boxes rel_l2"} <= failed, failed
+
+
+def test_broken_image_is_skipped_and_reported(run_cli, tmp_path, trained):
+    import shutil
+
+    photos = tmp_path / "photos"
+    shutil.copytree(trained["images"], photos)
+    (photos / "broken.jpg").write_bytes(b"not a jpeg")
+    r = run_cli("verify", str(trained["fp16"]), "--reference", str(trained["weights"]), "--images", "photos",
+                "--image-count", "9", env={"ENGINEKIT_CACHE": str(trained["root"] / "cache")})
+    assert r.code == 0, r.stderr
+    assert "skipped images" in r.stderr and "broken.jpg" in r.stderr

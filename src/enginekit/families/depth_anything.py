@@ -19,6 +19,7 @@ from enginekit.errors import UsageError
 from enginekit.families.base import (
     LoadedModel,
     ModelAdapter,
+    OutputPart,
     Tolerance,
     WeightsSource,
     check_weights_file,
@@ -227,6 +228,9 @@ class DepthAnythingAdapter(ModelAdapter):
         "int8": {"abs_rel": ("<=", 0.15), "delta1": (">=", 0.8)},
         "fp8": {"abs_rel": ("<=", 0.15), "delta1": (">=", 0.8)},
     }
+
+    def output_parts(self, metadata=None):
+        return (OutputPart("depth", "depth", kind="depth"),)
 
     def task_metrics(self, reference, candidate, metadata, options=None):
         from enginekit.compare.tasks import depth_metrics

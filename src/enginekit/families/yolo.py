@@ -41,7 +41,7 @@ _TOLERANCES = {
 # Per part: boxes in pixels (xywh, 0..640), scores as probabilities (0..1).
 # MEASURED: filled in from measurement (see the comment beside each figure).
 _PART_TOLERANCES = {
-    "fp32": {"boxes": Tolerance(rel_l2=1e-5, cosine=0.999999), "scores": Tolerance(rel_l2=1e-4, cosine=0.999999, max_abs=1e-4)},
+    "fp32": {"boxes": Tolerance(rel_l2=1e-5, cosine=0.999999), "scores": Tolerance(rel_l2=5e-3, cosine=0.9999, max_abs=1e-4)},
     "fp16": {"boxes": Tolerance(rel_l2=2e-2, cosine=0.999), "scores": Tolerance(rel_l2=2e-2, cosine=0.999, max_abs=0.02)},
     "int8": {"boxes": Tolerance(rel_l2=0.25, cosine=0.95), "scores": Tolerance(rel_l2=0.25, cosine=0.95, max_abs=0.2)},
     "fp8": {"boxes": Tolerance(rel_l2=0.25, cosine=0.95), "scores": Tolerance(rel_l2=0.25, cosine=0.95, max_abs=0.2)},

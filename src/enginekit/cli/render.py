@@ -104,6 +104,8 @@ def parity_table(results) -> None:
 
 
 def _task_text(task: dict) -> str:
+    if task.get("compared", 1) <= 0:
+        return "nothing to compare"
     names = (("recall", "recall"), ("precision", "precision"), ("map50", "mAP50"), ("map50_95", "mAP50-95"),
              ("score_shift_max", "score shift max"), ("abs_rel", "AbsRel"), ("delta1", "delta1"))
     text = ", ".join(f"{label} {task[k]:.3g}" for k, label in names if k in task)

@@ -165,8 +165,7 @@ class Comparison:
 
     @property
     def worst_rel_l2(self) -> float:
-        """The largest rel L2 over parts, each as a share of its limit times the first part's limit
-        (one number for a repair's history); plain max when limits agree."""
+        """The largest rel L2 over the parts (one number for a repair's history)."""
         return max((w["rel_l2"] for w in self.worst.values()), default=float("nan"))
 
     def parts_json(self) -> dict[str, dict]:

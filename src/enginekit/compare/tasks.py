@@ -47,8 +47,10 @@ def nms_detections(output: np.ndarray, conf: float, *, end2end: bool = False) ->
     import torch
     from ultralytics.utils.nms import non_max_suppression
 
+    # no time limit: Ultralytics' NMS stops after 2 s + 0.05 s per image, which on a busy machine
+    # would drop detections and make a verdict depend on the load
     preds = non_max_suppression(torch.from_numpy(np.ascontiguousarray(output, dtype=np.float32)), conf_thres=conf,
-                                iou_thres=IOU_NMS, max_det=MAX_DET)
+                                iou_thres=IOU_NMS, max_det=MAX_DET, max_time_img=1e6)
     return [Detections(p[:, :4].numpy(), p[:, 4].numpy(), p[:, 5].numpy().astype(int)) for p in preds]
 
 

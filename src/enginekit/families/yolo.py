@@ -39,12 +39,29 @@ _TOLERANCES = {
 }
 
 # Per part: boxes in pixels (xywh, 0..640), scores as probabilities (0..1).
-# MEASURED: filled in from measurement (see the comment beside each figure).
+# Measured 2026-11-26, ONNX Runtime CPU (2-core CPU) against PyTorch FP32: yolov8n trained on generated
+# coloured shapes (tests/trained_detector.py, 3 classes), 1x3x320x320, 8 held-out shape images
+# (49 FP32 detections at conf 0.25) + 1 random input; worst over the 9 inputs:
+#   fp32 (simplified): boxes rel L2 1.0e-7;  scores rel L2 1.4e-5, max abs 1.0e-6
+#   fp16 (AutoCast):   boxes rel L2 2.6e-4 (max abs 0.51 px), cosine 1 - 3e-8;
+#                      scores rel L2 1.4e-3, cosine 1 - 7e-7, max abs 6.0e-4;
+#                      task: recall 1, precision 1, score shift max 4.1e-4, mAP50 0.995, mAP50-95 0.995
+#   int8 (entropy, 8 shape images, Detect head excluded): boxes rel L2 0.015, cosine 0.99988;
+#                      scores rel L2 0.10, cosine 0.9958, max abs 0.17;
+#                      task: recall 1, precision 0.98, score shift mean 0.006 / max 0.059, mAP50 0.994
+#   yolo12n, random weights, 1x3x256x256, 2 photographs + 1 random: fp16 scores rel L2 2.1e-3 (its
+#   scores are ~1e-5, so relative figures are large where absolute ones are 3e-7), fp32 5.3e-4.
+# Limits: ~10-20x the fp16 figures, ~2-3x the int8 ones. The class-score shift of the issue (every
+# class logit - 1) moves scores by up to 0.13 and fails the fp16 scores gates and the task recall.
 _PART_TOLERANCES = {
-    "fp32": {"boxes": Tolerance(rel_l2=1e-5, cosine=0.999999), "scores": Tolerance(rel_l2=5e-3, cosine=0.9999, max_abs=1e-4)},
-    "fp16": {"boxes": Tolerance(rel_l2=2e-2, cosine=0.999), "scores": Tolerance(rel_l2=2e-2, cosine=0.999, max_abs=0.02)},
-    "int8": {"boxes": Tolerance(rel_l2=0.25, cosine=0.95), "scores": Tolerance(rel_l2=0.25, cosine=0.95, max_abs=0.2)},
-    "fp8": {"boxes": Tolerance(rel_l2=0.25, cosine=0.95), "scores": Tolerance(rel_l2=0.25, cosine=0.95, max_abs=0.2)},
+    "fp32": {"boxes": Tolerance(rel_l2=1e-5, cosine=0.999999),
+             "scores": Tolerance(rel_l2=5e-3, cosine=0.9999, max_abs=1e-4)},
+    "fp16": {"boxes": Tolerance(rel_l2=5e-3, cosine=0.9999),
+             "scores": Tolerance(rel_l2=2e-2, cosine=0.9999, max_abs=0.01)},
+    "int8": {"boxes": Tolerance(rel_l2=0.05, cosine=0.999),
+             "scores": Tolerance(rel_l2=0.25, cosine=0.98, max_abs=0.35)},
+    "fp8": {"boxes": Tolerance(rel_l2=0.05, cosine=0.999),
+            "scores": Tolerance(rel_l2=0.25, cosine=0.98, max_abs=0.35)},
 }
 
 
@@ -96,7 +113,9 @@ class YoloAdapter(ModelAdapter):
     int8_exclude = (r"/model\.\d+/(one2one_)?cv[23]\.\d+/.*", r"/model\.\d+/(one2one_)?dfl/.*")
 
     # Against the FP32 detections at the operating point (conf 0.25): a graph fails when it loses
-    # more than 5% of them (recall), adds more than 5% (precision), or ranks them below mAP50 0.9.
+    # more than 5% of them (recall), adds more than 5% (precision), or ranks them below mAP50 0.9
+    # (measured above: fp16 1 / 1 / 0.995, int8 1 / 0.98 / 0.994 on the trained detector). FP32
+    # graphs differ from PyTorch by ~1e-6 in score: one flip in 100 detections is already a fault.
     _DEFAULT_TASK = {"recall": (">=", 0.95), "precision": (">=", 0.95), "map50": (">=", 0.9)}
     task_gates = {
         "fp32": {"recall": (">=", 0.99), "precision": (">=", 0.99), "map50": (">=", 0.98)},

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 
 from enginekit.compare.comparison import (  # noqa: F401 - Check, Gates, parse_overrides: public here too
-    Case,
     Check,
     Family,
     Gates,

@@ -22,36 +22,51 @@ def verify(cache, model, precision, tmp_path, **kw):
                       build_options={"profiles": [PROFILES[model]], "random_init": True}, **kw)
 
 
-@pytest.mark.parametrize("model", ["yolo12n", "depth"])
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
-def test_verify_passes_and_writes_reports(cache, tmp_path, model, precision):
-    outcome = verify(cache, model, precision, tmp_path)
+def test_verify_passes_and_writes_reports(cache, tmp_path, precision):
+    """Depth-Anything on random weights (neck and head re-initialised: its depth spreads)."""
+    outcome = verify(cache, "depth", precision, tmp_path)
     (report,) = outcome.reports
     assert outcome.passed, [str(c) for c in report.failures()]
     names = [a.name for a in report.artifacts]
     expected_stage = {"fp32": [], "fp16": ["onnx-fp16"], "int8": ["onnx-int8"]}[precision]
     assert names == ["onnx-export", "onnx-simplify", *expected_stage, "engine"]
     engine = report.artifacts[-1]
-    if not engine.ran:  # no GPU, or one the engine's backend cannot use: said plainly; the source graph was checked
-        assert engine.reason
+    assert engine.ran or engine.reason  # an engine that cannot run here says why; its source graph was checked
     final = report.artifacts[-2]
-    task_keys = {"map50", "recall", "precision"} if model == "yolo12n" else {"abs_rel", "delta1"}
-    assert task_keys <= set(final.task)
-    if model == "yolo12n":
-        assert final.task["reference_detections"] > 0  # a check that compares nothing would fail
+    assert {"abs_rel", "delta1"} <= set(final.task)
+    assert final.task["compared"] > 0 and final.task["relative_spread"] > 0.01  # the reference has something to compare
+    assert list(final.parts) == ["depth"] and final.parts["depth"]["worst"]["rel_l2"] > 0
 
     data = json.loads((tmp_path / "report" / "report.json").read_text())
     assert data["passed"] is True
+    assert data["entries"][0]["artifacts"][-2]["parts"]["depth"]["limits"]["rel_l2"] > 0
     checks = sum(len(a.checks) for a in report.artifacts)
+    skipped = [a for a in report.artifacts if not a.ran]
     root = ET.parse(tmp_path / "report" / "junit.xml").getroot()
     cases = root.findall(".//testcase")
-    skipped = 0 if engine.ran else 1
-    assert len(cases) == checks + skipped  # one per artifact x check, plus the engine's run where skipped
-    assert len(root.findall(".//skipped")) == skipped and not root.findall(".//failure")
+    assert len(cases) == checks + len(skipped)  # one per artifact x check, plus each skipped run
+    assert len(root.findall(".//skipped")) == len(skipped) and not root.findall(".//failure")
     pngs = sorted((tmp_path / "report").glob("*.png"))
     assert len(pngs) >= len(names) - 1  # one per ONNX artifact (and the engine's where it ran)
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
-    assert "PASS" in (tmp_path / "report" / "summary.md").read_text()
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "PASS" in summary and "| depth: depth (depth)" in summary and "abs_rel" in summary
+
+
+def test_random_yolo_compares_nothing_and_fails(cache, tmp_path):
+    """A random YOLO detects nothing at conf 0.25: its task check must fail (it used to pass with
+    "precision 1, recall 1" on noise), while its parity parts pass."""
+    outcome = verify(cache, "yolo12n", "fp32", tmp_path)
+    (report,) = outcome.reports
+    assert not outcome.passed
+    failed = {c.name for c in report.failures()}
+    assert failed and all("nothing to compare" in name and "no detections at conf 0.25" in name for name in failed)
+    final = report.artifacts[-2]
+    assert final.task["reference_detections"] == 0
+    assert set(final.parts) == {"boxes", "scores"}
+    assert all(c.passed for c in final.checks if c.name.startswith("parity "))
+    assert "nothing to compare" in json.dumps(json.loads((tmp_path / "report" / "report.json").read_text()))
 
 
 def test_second_verify_reuses_references(cache, tmp_path):
@@ -97,40 +112,24 @@ def tamper_one_weight(src, dst, factor=50.0):
     onnx.save(model, str(dst))
 
 
-def test_any_onnx_against_its_checkpoint(run_cli, tmp_path, yolo_onnx_and_checkpoint):
+def test_any_onnx_of_random_weights_fails_for_want_of_detections(run_cli, tmp_path, yolo_onnx_and_checkpoint):
+    """The ONNX computes what its checkpoint computes, but the photographs give a random YOLO
+    nothing to detect: verify says so and fails (the trained detector passes: test_gates.py)."""
     good, ckpt = yolo_onnx_and_checkpoint
     r = run_cli("verify", str(good), "--reference", str(ckpt))
-    assert r.code == 0, r.stderr
+    assert_one_line_error(r, 1, "nothing to compare", "no detections at conf 0.25")
 
 
-def test_tampered_onnx_fails_naming_output_and_metric(run_cli, tmp_path, yolo_onnx_and_checkpoint):
+def test_tampered_onnx_fails_naming_the_part_and_metric(run_cli, tmp_path, yolo_onnx_and_checkpoint):
     good, ckpt = yolo_onnx_and_checkpoint
     bad = tmp_path / "tampered.onnx"
     tamper_one_weight(good, bad)
     r = run_cli("verify", str(bad), "--reference", str(ckpt), "--report", "rep")
-    line = assert_one_line_error(r, 1, "output0")
+    line = assert_one_line_error(r, 1, "parity boxes")
     assert "rel_l2" in line or "cosine" in line
     data = json.loads((tmp_path / "rep" / "report.json").read_text())
-    assert data["passed"] is False and any("output0" in f for f in data["entries"][0]["failures"])
-
-
-def test_wrong_normalisation_in_graph_fails(run_cli, tmp_path, yolo_onnx_and_checkpoint):
-    """A graph that scales its input (0-255 images fed as 0-1, say) is caught."""
-    good, ckpt = yolo_onnx_and_checkpoint
-    model = onnx.load(str(good))
-    graph = model.graph
-    scale = onnx.numpy_helper.from_array(np.array(255.0, dtype=np.float32), "wrong_scale")
-    graph.initializer.append(scale)
-    first = graph.input[0].name
-    for node in graph.node:
-        for i, name in enumerate(node.input):
-            if name == first:
-                node.input[i] = "scaled_images"
-    graph.node.insert(0, onnx.helper.make_node("Mul", [first, "wrong_scale"], ["scaled_images"]))
-    bad = tmp_path / "wrong_norm.onnx"
-    onnx.save(model, str(bad))
-    r = run_cli("verify", str(bad), "--reference", str(ckpt))
-    assert r.code == 1, r.stderr
+    assert data["passed"] is False and any("parity boxes" in f for f in data["entries"][0]["failures"])
+    assert not any("parity scores" in f for f in data["entries"][0]["failures"])  # the box branch only
 
 
 def test_verify_bad_inputs(run_cli, tmp_path, yolo_onnx_and_checkpoint):
@@ -148,22 +147,6 @@ def test_verify_bad_inputs(run_cli, tmp_path, yolo_onnx_and_checkpoint):
     depth.save_checkpoint(depth.load(None, random_init=True, seed=0), depth_ckpt)
     r = run_cli("verify", str(good), "--reference", str(depth_ckpt), "--model", "depth", env=env)
     assert_one_line_error(r, 2, "does not match")
-
-
-def test_broken_image_is_skipped_and_reported(run_cli, tmp_path, yolo_onnx_and_checkpoint):
-    import shutil
-
-    from enginekit.images import embedded_image_paths
-
-    good, ckpt = yolo_onnx_and_checkpoint
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    shutil.copy(embedded_image_paths()[0], photos / "a.jpg")
-    (photos / "broken.jpg").write_bytes(b"not a jpeg")
-    r = run_cli("verify", str(good), "--reference", str(ckpt), "--images", "photos",
-                env={"ENGINEKIT_CACHE": str(tmp_path / "cache")})
-    assert r.code == 0, r.stderr
-    assert "skipped images" in r.stderr and "broken.jpg" in r.stderr
 
 
 def test_repair_moves_few_nodes_and_passes(cache):
@@ -187,12 +170,15 @@ def test_repair_moves_few_nodes_and_passes(cache):
 
 
 def test_verify_a_recipe(run_cli, tmp_path):
+    """A recipe's cells are verified with its tolerances; a random YOLO fails for the right reason."""
     (tmp_path / "tiny.yaml").write_text(
         "model:\n  variant: yolo12n\n  random_init: true\nprofiles:\n  - 1x3x256x256\nprecisions: [fp32]\n"
     )
     r = run_cli("verify", "tiny.yaml", "--report", "rep", env={"ENGINEKIT_CACHE": str(tmp_path / "cache")})
-    assert r.code == 0, r.stderr
-    assert json.loads((tmp_path / "rep" / "report.json").read_text())["passed"] is True
+    assert_one_line_error(r, 1, "nothing to compare")
+    data = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert data["passed"] is False
+    assert all("nothing to compare" in f for e in data["entries"] for f in e["failures"])
 
 
 @pytest.mark.parametrize("needed,total", [(3, 100), (1, 10), (37, 200), (10, 10)])
@@ -217,7 +203,7 @@ def test_repair_that_cannot_pass_says_so():
 @pytest.mark.gpu
 def test_engine_runs_through_polygraphy_where_a_gpu_allows(cache, tmp_path):
     """Needs a GPU that the engine's backend supports (TensorRT-RTX: not compute capability 9.0)."""
-    outcome = verify(cache, "yolo12n", "fp16", tmp_path)
+    outcome = verify(cache, "depth", "fp16", tmp_path)
     engine = outcome.reports[0].artifacts[-1]
     if not engine.ran:
         pytest.skip(f"the engine cannot run here: {engine.reason}")
@@ -233,4 +219,4 @@ def test_fp8_graph_that_cannot_run_here_fails_the_gate(cache, tmp_path, hide_gpu
     (report,) = outcome.reports
     fp8 = next(a for a in report.artifacts if a.name == "onnx-fp8")
     assert not outcome.passed and not fp8.ran and "ONNX Runtime cannot run it" in fp8.reason
-    assert [c.name for c in report.failures()] == ["runs on ONNX Runtime"]
+    assert [c.name for c in fp8.checks] == ["runs on ONNX Runtime"] and not fp8.passed

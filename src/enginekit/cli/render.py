@@ -81,17 +81,38 @@ class RichReporter(reporting.Reporter):
 
 
 def parity_table(results) -> None:
-    """One row per artifact x output: worst errors over all inputs, against tolerance."""
+    """One row per artifact x output part: worst errors over all inputs, against that part's limits."""
     table = Table(title="parity vs FP32 PyTorch (ONNX Runtime CPU)", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("graph", "output", "n", "max abs", "rel L2", "cosine", "limit", "gate"):
-        table.add_column(col, justify="left" if col in ("graph", "output", "gate") else "right", no_wrap=True)
+    for col in ("graph", "part", "n", "max abs", "rel L2", "cosine", "limit", "gate"):
+        table.add_column(col, justify="left" if col in ("graph", "part", "gate") else "right", no_wrap=True)
     for r in results:
-        limit = f"{r.tolerance.rel_l2:.0e}"
-        gate = "[green]pass[/]" if r.passed else "[bold red]FAIL[/]"
+        limits = r.limits() if hasattr(r, "limits") else {}
         for name, w in r.worst().items():
+            tol = limits.get(name, r.tolerance)
+            failed = [f.split(" = ")[0] for f in r.failures() if f.startswith(f"parity {name} ")]
+            gate = "[bold red]FAIL[/] " + ", ".join(failed) if failed else "[green]pass[/]"
             table.add_row(f"{r.artifact} {r.precision}", name, str(len(r.cases)), f"{w['max_abs']:.2e}",
-                          f"{w['rel_l2']:.2e}", f"{w['cosine']:.6f}", limit, gate)
+                          f"{w['rel_l2']:.2e}", f"{w['cosine']:.6f}", f"{tol.rel_l2:.0e}", gate)
+        task_failed = [f for f in r.failures() if f.startswith("task")]
+        if task_failed:
+            table.add_row(f"{r.artifact} {r.precision}", "task", "", "", "", "", "", "[bold red]FAIL[/] " + "; ".join(task_failed))
     console.print(table)
+    for r in results:
+        task = _task_text(getattr(r, "task", {}))
+        notes = getattr(r.comparison, "notes", []) if getattr(r, "comparison", None) else []
+        if task or notes:
+            console.print(f"  {r.artifact} {r.precision} task: {task or '-'}" + "".join(f" [yellow]({n})[/]" for n in notes))
+
+
+def _task_text(task: dict) -> str:
+    if task.get("compared", 1) <= 0:
+        return "nothing to compare"
+    names = (("recall", "recall"), ("precision", "precision"), ("map50", "mAP50"), ("map50_95", "mAP50-95"),
+             ("score_shift_max", "score shift max"), ("abs_rel", "AbsRel"), ("delta1", "delta1"))
+    text = ", ".join(f"{label} {task[k]:.3g}" for k, label in names if k in task)
+    if "conf" in task:
+        text = f"@conf {task['conf']:g} ({int(task.get('reference_detections', 0))} ref. det.): " + text
+    return text
 
 
 def verify_table(report) -> None:
@@ -99,16 +120,21 @@ def verify_table(report) -> None:
     table = Table(title=f"verify {report.subject} {report.precision}  (references {report.references_key[:10]}: "
                         f"{'stored' if report.references_status == 'hit' else 'computed'})",
                   title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("artifact", "ran", "rel L2", "cosine", "task", "gate"):
+    for col in ("artifact", "ran", "part", "max abs", "rel L2", "cosine", "task", "gate"):
         table.add_column(col, no_wrap=col not in ("task", "gate"), overflow="fold")
     for a in report.artifacts:
         if not a.ran:
-            table.add_row(a.name, "[yellow]no[/]", "", "", a.reason, "[yellow]skipped[/]")
+            table.add_row(a.name, "[yellow]no[/]", "", "", "", "", a.reason, "[yellow]skipped[/]")
             continue
-        rel = max((c.value for c in a.checks if c.name.endswith("rel_l2")), default=float("nan"))
-        cos = min((c.value for c in a.checks if c.name.endswith("cosine")), default=float("nan"))
-        task = ", ".join(f"{k} {v:.3g}" for k, v in a.task.items() if k in ("map50", "recall", "precision", "abs_rel", "delta1"))
-        failed = [c.name for c in a.checks if not c.passed]
-        gate = "[green]pass[/]" if not failed else "[bold red]FAIL[/] " + ", ".join(failed)
-        table.add_row(a.name, "yes", f"{rel:.2e}", f"{cos:.6f}", task, gate)
+        rows = list(a.parts.items()) or [("", {"worst": {}})]
+        task = _task_text(a.task)
+        task_failed = [c.name for c in a.checks if not c.passed and not c.name.startswith("parity ")]
+        for i, (part, info) in enumerate(rows):
+            w = info["worst"]
+            failed = [c.name for c in a.checks if not c.passed and c.name.startswith(f"parity {part} ")]
+            failed += task_failed if i == len(rows) - 1 else []
+            gate = "[green]pass[/]" if not failed else "[bold red]FAIL[/] " + ", ".join(failed)
+            table.add_row(a.name if i == 0 else "", "yes" if i == 0 else "", part, f"{w.get('max_abs', float('nan')):.2e}",
+                          f"{w.get('rel_l2', float('nan')):.2e}", f"{w.get('cosine', float('nan')):.6f}",
+                          task if i == 0 else "", gate)
     console.print(table)

@@ -1,4 +1,5 @@
-"""Parity of an ONNX artifact against the PyTorch reference, on ONNX Runtime (CPU).
+"""Parity of an ONNX artifact against the PyTorch reference, on ONNX Runtime (CPU), for export,
+build and repair: a caller of the one comparison (:func:`enginekit.compare.comparison.compare`).
 
 Every candidate is compared with the FP32 PyTorch reference, never with another candidate:
 ONNX Runtime's CPU FP16 kernels do not compute what a GPU does.
@@ -11,89 +12,81 @@ from pathlib import Path
 
 import numpy as np
 
+from enginekit.compare.comparison import Comparison, Family, Gates, SimpleCase, compare
+from enginekit.compare.parts import Tolerance
 from enginekit.images import ImageSet
-from enginekit.families.base import LoadedModel, ModelAdapter, Tolerance
 from enginekit.onnx import runtime
 from enginekit.shapes import Shape, format_shape
-from enginekit.compare.metrics import OutputStats, output_stats
 
 
 @dataclass
 class InputCase:
     label: str
     array: np.ndarray
-
-
-@dataclass
-class CaseResult:
-    label: str
-    outputs: list[OutputStats]
+    kind: str = "photo"  # "photo" | "random"
 
 
 @dataclass
 class ParityResult:
+    """Export/build parity of one graph: the comparison, shown per output part."""
+
     artifact: str
     precision: str
-    tolerance: Tolerance
-    cases: list[CaseResult] = field(default_factory=list)
+    tolerance: Tolerance  # the whole-output default; per-part limits are in ``comparison.limits``
+    comparison: Comparison | None = None
+    cases: list = field(default_factory=list)
 
     def worst(self) -> dict[str, dict[str, float]]:
-        """Per output: the worst rel L2 / max abs and lowest cosine over all cases."""
-        agg: dict[str, dict[str, float]] = {}
-        for case in self.cases:
-            for s in case.outputs:
-                a = agg.setdefault(s.name, {"rel_l2": 0.0, "max_abs": 0.0, "cosine": 1.0, "finite": 1.0})
-                a["rel_l2"] = max(a["rel_l2"], s.rel_l2)
-                a["max_abs"] = max(a["max_abs"], s.max_abs)
-                a["cosine"] = min(a["cosine"], s.cosine)
-                a["finite"] = min(a["finite"], float(s.finite))
-        return agg
+        """Per output part: the worst figures over all cases."""
+        return self.comparison.worst if self.comparison else {}
+
+    def limits(self) -> dict[str, Tolerance]:
+        return self.comparison.limits if self.comparison else {}
 
     def failures(self) -> list[str]:
-        msgs = []
-        for name, w in self.worst().items():
-            if not w["finite"]:
-                msgs.append(f"{name}: non-finite values")
-            if w["rel_l2"] > self.tolerance.rel_l2:
-                msgs.append(f"{name}: rel L2 {w['rel_l2']:.2e} > {self.tolerance.rel_l2:.0e}")
-            if w["cosine"] < self.tolerance.cosine:
-                msgs.append(f"{name}: cosine {w['cosine']:.6f} < {self.tolerance.cosine}")
-        if not self.cases:
-            msgs.append("no inputs were compared")
-        return msgs
+        if self.comparison is None or not self.comparison.cases:
+            return ["no inputs were compared"]
+        return self.comparison.failures()
 
     @property
     def passed(self) -> bool:
         return not self.failures()
 
+    @property
+    def task(self) -> dict[str, float]:
+        return self.comparison.task if self.comparison else {}
+
     def to_json(self) -> dict:
+        c = self.comparison
         return {
             "artifact": self.artifact,
             "precision": self.precision,
             "tolerance": self.tolerance.to_json(),
             "passed": self.passed,
             "failures": self.failures(),
+            "parts": c.parts_json() if c else {},
             "worst": self.worst(),
-            "cases": [{"input": c.label, "outputs": [s.to_json() for s in c.outputs]} for c in self.cases],
+            "task": self.task,
+            "notes": c.notes if c else [],
+            "cases": c.cases if c else [],
         }
 
 
-def parity_inputs(adapter: ModelAdapter, shape: Shape, images: ImageSet | None, *, photos: int = 2,
-                  seed: int = 0) -> list[InputCase]:
+def parity_inputs(adapter, shape: Shape, images: ImageSet | None, *, photos: int = 2, seed: int = 0) -> list[InputCase]:
     """Real photographs preprocessed as the reference does, plus one random batch."""
     cases: list[InputCase] = []
     hw = (shape[2], shape[3])
     if images is not None:
         for img, path in list(zip(images.images, images.paths))[:photos]:
-            cases.append(InputCase(f"photo {path.name} @{hw[0]}x{hw[1]}", adapter.preprocess(img, hw)))
-    cases.append(InputCase(f"random {format_shape(shape)}", adapter.random_inputs(shape, seed)))
+            cases.append(InputCase(f"photo {path.name} @{hw[0]}x{hw[1]}", adapter.preprocess(img, hw), "photo"))
+    cases.append(InputCase(f"random {format_shape(shape)}", adapter.random_inputs(shape, seed), "random"))
     return cases
 
 
 class ReferenceCache:
     """PyTorch outputs per input case, computed once per process."""
 
-    def __init__(self, adapter: ModelAdapter, loaded: LoadedModel):
+    def __init__(self, adapter, loaded):
         self.adapter, self.loaded = adapter, loaded
         self._outputs: dict[str, dict[str, np.ndarray]] = {}
 
@@ -102,15 +95,56 @@ class ReferenceCache:
             self._outputs[case.label] = self.adapter.reference(self.loaded, case.array)
         return self._outputs[case.label]
 
+    def cases(self, inputs: list[InputCase]) -> list[SimpleCase]:
+        input_name = self.adapter.input_name
+        return [SimpleCase(c.label, c.kind, {input_name: c.array}, self.get(c)) for c in inputs]
+
+
+class _Fixed(Gates):
+    """Gates whose parity limit is one given tolerance for every part (``--rel-l2``, repair's)."""
+
+    def __init__(self, adapter: Family, tolerance: Tolerance, overrides: dict[str, float] | None = None):
+        super().__init__(adapter, overrides or {})
+        self.fixed = tolerance
+
+    def parity(self, precision: str, part: str | None = None) -> Tolerance:
+        base = super().parity(precision, part)
+        return Tolerance(self.fixed.rel_l2, self.fixed.cosine, self.fixed.max_abs if self.fixed.max_abs is not None
+                         else base.max_abs)
+
 
 def check_onnx(references: ReferenceCache, onnx_path: Path, cases: list[InputCase], precision: str,
-               tolerance: Tolerance | None = None) -> ParityResult:
+               tolerance: Tolerance | None = None, *, gates: Gates | None = None,
+               metadata: dict[str, str] | None = None) -> ParityResult:
+    """An ONNX graph on ONNX Runtime against the PyTorch reference, per output part.
+
+    ``gates``: the family's limits with the user's overrides (default: the family's).
+    ``tolerance``: one rel L2 / cosine limit for every part instead (kept for callers that set one).
+    Task metrics are gated where the photographs give the reference something to compare.
+    """
     adapter = references.adapter
-    result = ParityResult(onnx_path.name, precision, tolerance or adapter.tolerance(precision))
+    if gates is None:
+        # the family's whole-output default stands for its per-part defaults
+        fixed = tolerance is not None and tolerance != adapter.tolerance(precision)
+        gates = _Fixed(adapter, tolerance) if fixed else Gates(adapter)
     sess = runtime.session(onnx_path)
     input_name = sess.get_inputs()[0].name
-    for case in cases:
-        ref = references.get(case)
-        got = runtime.run(sess, {input_name: case.array})
-        result.cases.append(CaseResult(case.label, [output_stats(n, ref[n], got[n]) for n in ref]))
+    if metadata is None:
+        metadata = runtime_metadata(sess)
+
+    def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return runtime.run(sess, {input_name: next(iter(feed.values()))})
+
+    found = compare(run, references.cases(cases), adapter=adapter, gates=gates, precision=precision,
+                    metadata=metadata, name=onnx_path.name, require_task=False)
+    result = ParityResult(onnx_path.name, precision, tolerance or gates.parity(precision), found)
+    result.cases = found.cases
     return result
+
+
+def runtime_metadata(sess) -> dict[str, str]:
+    """The ONNX metadata (enginekit writes family, model, end2end...) of a session's model."""
+    try:
+        return dict(sess.get_modelmeta().custom_metadata_map)
+    except Exception:  # noqa: BLE001 - a session without metadata
+        return {}

@@ -1,8 +1,19 @@
 """Task-level metrics: does the candidate still detect / estimate depth like the reference?
 
-The reference's own predictions are the ground truth. A check that compares nothing fails:
-a random-weight YOLO scores far below the usual 0.25 confidence, so the threshold adapts to
-the reference's top scores, and zero reference detections is a failure, not a pass.
+The FP32 reference's own predictions are the ground truth.
+
+Detection, as users know it:
+- at the operating point (confidence 0.25 by default, as Ultralytics' predict; ``conf=`` sets it):
+  the candidate's detections matched to the reference's (same class, IoU >= 0.5, greedy by
+  descending score as Ultralytics' validator matches): recall (share of the reference's
+  detections kept), precision (share of the candidate's that the reference has), and the shift
+  of matched scores;
+- across thresholds: mAP50 and mAP50-95 by Ultralytics' own metric code (its validator's
+  matching, ``ultralytics.utils.metrics.DetMetrics``), candidate detections down to its
+  validator's confidence 0.001 ranked against the reference's detections at the operating point.
+
+A check that compares nothing fails: a random-weight YOLO scores far below 0.25, so its reference
+has no detections; ``compared`` is then 0 and the gate says so instead of passing.
 """
 
 from __future__ import annotations
@@ -11,10 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MIN_REFERENCE_DETECTIONS = 20
-CONF_THRESHOLD = 0.25
-IOU_NMS = 0.7
+CONF_THRESHOLD = 0.25  # Ultralytics predict's default
+CONF_MAP = 0.001  # Ultralytics val's default: the ranked list mAP is computed over
+IOU_NMS = 0.7  # Ultralytics predict/val default
 IOU_MATCH = 0.5
+MAX_DET = 300
 
 
 @dataclass
@@ -22,6 +34,9 @@ class Detections:
     boxes: np.ndarray  # N x 4, xyxy pixels
     scores: np.ndarray  # N
     classes: np.ndarray  # N (int)
+
+    def __len__(self) -> int:
+        return len(self.scores)
 
 
 def nms_detections(output: np.ndarray, conf: float, *, end2end: bool = False) -> list[Detections]:
@@ -32,99 +47,95 @@ def nms_detections(output: np.ndarray, conf: float, *, end2end: bool = False) ->
     import torch
     from ultralytics.utils.nms import non_max_suppression
 
-    preds = non_max_suppression(torch.from_numpy(np.ascontiguousarray(output)), conf_thres=conf, iou_thres=IOU_NMS,
-                                max_det=300)
+    # no time limit: Ultralytics' NMS stops after 2 s + 0.05 s per image, which on a busy machine
+    # would drop detections and make a verdict depend on the load
+    preds = non_max_suppression(torch.from_numpy(np.ascontiguousarray(output, dtype=np.float32)), conf_thres=conf,
+                                iou_thres=IOU_NMS, max_det=MAX_DET, max_time_img=1e6)
     return [Detections(p[:, :4].numpy(), p[:, 4].numpy(), p[:, 5].numpy().astype(int)) for p in preds]
 
 
-def adaptive_threshold(output: np.ndarray, *, end2end: bool = False) -> float:
-    """0.25, or lower so the reference keeps at least MIN_REFERENCE_DETECTIONS per image."""
-    if end2end:
-        scores = np.sort(output[..., 4], axis=-1)[..., ::-1]
-    else:
-        scores = np.sort(output[:, 4:, :].max(axis=1), axis=-1)[..., ::-1]
-    k = min(MIN_REFERENCE_DETECTIONS, scores.shape[-1]) - 1
-    kth = float(scores[:, k].min())
-    # half the k-th score: a candidate whose scores shift a little (ONNX Runtime's sigmoid differs
-    # from PyTorch's by 2e-4 relative) still keeps its detections
-    return min(CONF_THRESHOLD, kth * 0.5)
-
-
 def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    tl = np.maximum(a[:, None, :2], b[None, :, :2])
-    br = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.clip(br - tl, 0, None).prod(-1)
-    area_a = (a[:, 2:] - a[:, :2]).clip(0).prod(-1)
-    area_b = (b[:, 2:] - b[:, :2]).clip(0).prod(-1)
-    return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-9)
+    """IoU of xyxy boxes (len(a) x len(b)), by Ultralytics' ``box_iou``."""
+    import torch
+    from ultralytics.utils.metrics import box_iou as ul_box_iou
+
+    if not len(a) or not len(b):
+        return np.zeros((len(a), len(b)))
+    return ul_box_iou(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32)).numpy()
 
 
-def match_detections(ref: Detections, cand: Detections) -> tuple[np.ndarray, int]:
-    """Greedy match by descending candidate score: (true-positive flags per candidate, #reference)."""
+def match_detections(ref: Detections, cand: Detections, iou: float = IOU_MATCH) -> list[tuple[int, int]]:
+    """(candidate index, reference index) pairs: by descending candidate score, each takes the
+    unclaimed reference detection of its class with the highest IoU, if that IoU >= ``iou``."""
     order = np.argsort(-cand.scores, kind="stable")
-    tp = np.zeros(len(order), dtype=bool)
-    used = np.zeros(len(ref.boxes), dtype=bool)
-    if len(ref.boxes) and len(order):
-        ious = box_iou(cand.boxes[order], ref.boxes)
-        for i, ci in enumerate(order):
-            same = (ref.classes == cand.classes[ci]) & ~used
-            if not same.any():
-                continue
-            j = int(np.argmax(np.where(same, ious[i], -1.0)))
-            if ious[i, j] >= IOU_MATCH:
-                tp[i] = True
-                used[j] = True
-    return tp, len(ref.boxes)
+    pairs: list[tuple[int, int]] = []
+    if not len(ref) or not len(cand):
+        return pairs
+    ious = box_iou(cand.boxes, ref.boxes)
+    used = np.zeros(len(ref), dtype=bool)
+    for ci in order:
+        candidates = np.where((ref.classes == cand.classes[ci]) & ~used, ious[ci], -1.0)
+        j = int(np.argmax(candidates))
+        if candidates[j] >= iou:
+            used[j] = True
+            pairs.append((int(ci), j))
+    return pairs
 
 
-def average_precision(tp: np.ndarray, n_ref: int) -> float:
-    """All-point interpolated AP of a ranked true-positive list."""
-    if n_ref == 0:
-        return float("nan")
-    ctp = np.cumsum(tp)
-    recall = ctp / n_ref
-    precision = ctp / np.arange(1, len(tp) + 1)
-    mrec = np.concatenate([[0.0], recall, [1.0]])
-    mpre = np.concatenate([[1.0], precision, [0.0]])
-    mpre = np.flip(np.maximum.accumulate(np.flip(mpre)))
-    idx = np.where(mrec[1:] != mrec[:-1])[0]
-    return float(np.sum((mrec[idx + 1] - mrec[idx]) * mpre[idx + 1]))
+def _ultralytics_map(refs: list[Detections], cands: list[Detections]) -> tuple[float, float]:
+    """mAP50 and mAP50-95 of ranked candidate detections against the reference's, computed by
+    Ultralytics' validator matching and ``DetMetrics`` (reference detections as ground truth)."""
+    import torch
+    from ultralytics.engine.validator import BaseValidator
+    from ultralytics.utils.metrics import DetMetrics
+
+    iouv = torch.linspace(0.5, 0.95, 10)
+    matcher = type("Matcher", (), {"iouv": iouv})()
+    classes = sorted({int(c) for r in refs for c in r.classes} | {int(c) for d in cands for c in d.classes})
+    metrics = DetMetrics(names={c: str(c) for c in range(max(classes, default=0) + 1)})
+    for i, (ref, cand) in enumerate(zip(refs, cands)):
+        order = np.argsort(-cand.scores, kind="stable")
+        boxes, scores, pred_cls = cand.boxes[order], cand.scores[order], cand.classes[order]
+        if len(ref) and len(cand):
+            iou = torch.from_numpy(box_iou(ref.boxes, boxes))
+            tp = BaseValidator.match_predictions(matcher, torch.from_numpy(pred_cls), torch.from_numpy(ref.classes),
+                                                 iou).numpy()
+        else:
+            tp = np.zeros((len(cand), len(iouv)), dtype=bool)
+        metrics.update_stats({"tp": tp, "conf": scores, "pred_cls": pred_cls, "target_cls": ref.classes,
+                              "target_img": np.unique(ref.classes), "im_name": f"image{i}"})
+    metrics.process(plot=False)
+    return float(metrics.box.map50), float(metrics.box.map)
 
 
-def detection_metrics(ref_out: np.ndarray, cand_out: np.ndarray, *, end2end: bool = False) -> dict[str, float]:
-    """Precision, recall and mAP50 of the candidate's detections against the reference's."""
-    conf = adaptive_threshold(ref_out, end2end=end2end)
+def detection_metrics(ref_out: np.ndarray, cand_out: np.ndarray, *, end2end: bool = False,
+                      conf: float = CONF_THRESHOLD) -> dict[str, float]:
+    """The candidate's detections against the reference's, at ``conf`` and across thresholds."""
     refs = nms_detections(ref_out, conf, end2end=end2end)
     cands = nms_detections(cand_out, conf, end2end=end2end)
-    n_ref = sum(len(r.boxes) for r in refs)
-    n_cand = sum(len(c.boxes) for c in cands)
-    if n_ref == 0:
-        return {"reference_detections": 0.0, "candidate_detections": float(n_cand), "precision": 0.0,
-                "recall": 0.0, "map50": 0.0, "conf_threshold": conf}
-    tps, aps = [], []
-    classes = sorted({int(c) for r in refs for c in r.classes})
-    per_class_tp: dict[int, list] = {c: [] for c in classes}
-    per_class_n: dict[int, int] = {c: 0 for c in classes}
+    n_ref = sum(len(r) for r in refs)
+    n_cand = sum(len(c) for c in cands)
+    result = {"conf": conf, "compared": float(n_ref), "reference_detections": float(n_ref),
+              "candidate_detections": float(n_cand)}
+    if n_ref == 0:  # nothing to compare: every figure would be vacuous
+        return {**result, "matched": 0.0, "recall": 0.0, "precision": 0.0, "score_shift_mean": float("nan"),
+                "score_shift_max": float("nan"), "map50": 0.0, "map50_95": 0.0}
+    shifts: list[float] = []
     for ref, cand in zip(refs, cands):
-        tp, _ = match_detections(ref, cand)
-        tps.append(tp)
-        order = np.argsort(-cand.scores, kind="stable")
-        for c in classes:
-            mask = cand.classes[order] == c
-            per_class_tp[c].append(np.stack([cand.scores[order][mask], tp[mask]], axis=1))
-            per_class_n[c] += int((ref.classes == c).sum())
-    for c in classes:
-        rows = np.concatenate(per_class_tp[c]) if per_class_tp[c] else np.zeros((0, 2))
-        rows = rows[np.argsort(-rows[:, 0], kind="stable")] if len(rows) else rows
-        aps.append(average_precision(rows[:, 1].astype(bool) if len(rows) else np.zeros(0, bool), per_class_n[c]))
-    n_tp = int(sum(t.sum() for t in tps))
+        for ci, ri in match_detections(ref, cand):
+            shifts.append(abs(float(cand.scores[ci]) - float(ref.scores[ri])))
+    matched = len(shifts)
+    ranked = nms_detections(cand_out, min(CONF_MAP, conf), end2end=end2end)
+    map50, map50_95 = _ultralytics_map(refs, ranked)
     return {
-        "reference_detections": float(n_ref),
-        "candidate_detections": float(n_cand),
-        "precision": n_tp / n_cand if n_cand else 0.0,
-        "recall": n_tp / n_ref,
-        "map50": float(np.nanmean(aps)),
-        "conf_threshold": conf,
+        **result,
+        "matched": float(matched),
+        "recall": matched / n_ref,
+        "precision": matched / n_cand if n_cand else 0.0,
+        "score_shift_mean": float(np.mean(shifts)) if shifts else float("nan"),
+        "score_shift_max": float(np.max(shifts)) if shifts else float("nan"),
+        "map50": map50,
+        "map50_95": map50_95,
     }
 
 
@@ -141,12 +152,16 @@ def depth_metrics(ref_out: np.ndarray, cand_out: np.ndarray) -> dict[str, float]
     ref = ref_out.astype(np.float64)
     cand = cand_out.astype(np.float64)
     mask = ref > 1e-3 * max(float(ref.max()), 1e-12)
+    spread = float(ref[mask].std() / max(abs(ref[mask].mean()), 1e-12)) if mask.any() else 0.0
     if not mask.any() or not np.isfinite(cand).all():
-        return {"pixels": float(mask.sum()), "abs_rel": float("inf"), "delta1": 0.0}
+        return {"compared": float(mask.sum()), "pixels": float(mask.sum()), "relative_spread": spread,
+                "abs_rel": float("inf"), "delta1": 0.0}
     aligned = align_scale_shift(cand, ref, mask)
     r, a = ref[mask], np.maximum(aligned[mask], 1e-12)
     return {
+        "compared": float(mask.sum()),
         "pixels": float(mask.sum()),
+        "relative_spread": spread,  # a constant depth map (nothing to compare) has 0
         "abs_rel": float(np.mean(np.abs(a - r) / r)),
         "delta1": float(np.mean(np.maximum(a / r, r / a) < 1.25)),
     }

@@ -14,22 +14,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from enginekit.cache import sha256_file
+from enginekit.compare.parts import PARITY_LIMITS, OutputPart, Tolerance  # noqa: F401 - re-exported
 from enginekit.errors import UsageError
 from enginekit.shapes import InputConstraint, Shape
 
 if TYPE_CHECKING:
     import torch
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """Parity limits of one precision against the FP32 PyTorch reference."""
-
-    rel_l2: float
-    cosine: float  # minimum cosine similarity
-
-    def to_json(self) -> dict[str, float]:
-        return {"rel_l2": self.rel_l2, "cosine": self.cosine}
 
 
 @dataclass(frozen=True)
@@ -104,12 +94,33 @@ class ModelAdapter:
     def tolerance(self, precision: str) -> Tolerance:
         raise NotImplementedError
 
+    def output_parts(self, metadata: dict[str, str] | None = None) -> tuple[OutputPart, ...]:
+        """The outputs by meaning; by default each output tensor is one part."""
+        return tuple(OutputPart(name, name) for name in self.output_names)
+
+    def known_parts(self) -> tuple[str, ...]:
+        """Every part name this family may declare (for checking ``--tol PART.NAME``)."""
+        return tuple(p.name for p in self.output_parts({}))
+
+    def nothing_to_compare(self, task: dict[str, float]) -> str:
+        """Why task metrics with ``compared == 0`` say nothing, in the user's words."""
+        return "the reference offers nothing to compare"
+
+    def part_tolerance(self, precision: str, part: str) -> Tolerance:
+        """Parity limits of one output part; by default the precision's tolerance."""
+        return self.tolerance(precision)
+
     #: per precision: task metric -> (">=" or "<=", limit); the reference's predictions are truth
     task_gates: dict[str, dict[str, tuple[str, float]]] = {}
+    #: task options (not gates) a user may set like a tolerance, with their defaults: ``conf=0.1``
+    task_options: dict[str, float] = {}
 
     def task_metrics(self, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
-                     metadata: dict[str, str]) -> dict[str, float]:
-        """Task metrics of a candidate's outputs against the reference's, on real photographs."""
+                     metadata: dict[str, str], options: dict[str, float] | None = None) -> dict[str, float]:
+        """Task metrics of a candidate's outputs against the reference's, on real photographs.
+
+        ``compared`` in the result counts what the reference offers to compare (its detections,
+        its valid pixels): zero means the metrics say nothing, and the gate fails."""
         raise NotImplementedError
 
     # -- loading ------------------------------------------------------------------------

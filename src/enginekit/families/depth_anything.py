@@ -19,6 +19,7 @@ from enginekit.errors import UsageError
 from enginekit.families.base import (
     LoadedModel,
     ModelAdapter,
+    OutputPart,
     Tolerance,
     WeightsSource,
     check_weights_file,
@@ -40,11 +41,18 @@ VARIANTS: dict[str, dict] = {
 }
 HUB_NAMES = {v: f"depth-anything/Depth-Anything-V2-{v.capitalize()}-hf" for v in VARIANTS}
 
+# Measured 2026-11-26, ONNX Runtime CPU (2-core CPU) against PyTorch FP32, Depth-Anything-V2-small with
+# random weights (neck and head re-initialised), 1x3x266x266, 4 embedded photographs + 1 random input:
+#   fp32 (simplified): rel L2 2.9e-7, cosine 1 - 4e-14, AbsRel 1.9e-7
+#   fp16 (AutoCast):   rel L2 2.7e-4, cosine 1 - 2e-8,  AbsRel 1.7e-4, delta1 1.0
+#   int8 (entropy, 8 embedded photographs): rel L2 0.044, cosine 0.9996, AbsRel 0.016, delta1 1.0
+# Limits leave ~20x (fp16) and ~2-3x (int8) over those figures; trained weights and GPU kernels
+# round differently, so the margins are wider than the measurement's spread.
 _TOLERANCES = {
     "fp32": Tolerance(rel_l2=1e-5, cosine=0.999999),
-    "fp16": Tolerance(rel_l2=2e-2, cosine=0.999),
-    "int8": Tolerance(rel_l2=0.2, cosine=0.97),
-    "fp8": Tolerance(rel_l2=0.2, cosine=0.97),
+    "fp16": Tolerance(rel_l2=5e-3, cosine=0.9999),
+    "int8": Tolerance(rel_l2=0.1, cosine=0.995),
+    "fp8": Tolerance(rel_l2=0.1, cosine=0.995),
 }
 
 
@@ -221,17 +229,25 @@ class DepthAnythingAdapter(ModelAdapter):
         "normalised with ImageNet mean (0.485,0.456,0.406) and std (0.229,0.224,0.225)"
     )
 
+    # AbsRel / delta1 after least-squares scale and shift (measured above: fp16 AbsRel 1.7e-4,
+    # int8 0.016; delta1 1.0 for both, as random weights' depth spreads only ~7% around its mean)
     task_gates = {
         "fp32": {"abs_rel": ("<=", 1e-3), "delta1": (">=", 0.999)},
-        "fp16": {"abs_rel": ("<=", 0.02), "delta1": (">=", 0.98)},
-        "int8": {"abs_rel": ("<=", 0.15), "delta1": (">=", 0.8)},
-        "fp8": {"abs_rel": ("<=", 0.15), "delta1": (">=", 0.8)},
+        "fp16": {"abs_rel": ("<=", 0.01), "delta1": (">=", 0.99)},
+        "int8": {"abs_rel": ("<=", 0.05), "delta1": (">=", 0.95)},
+        "fp8": {"abs_rel": ("<=", 0.05), "delta1": (">=", 0.95)},
     }
 
-    def task_metrics(self, reference, candidate, metadata):
+    def output_parts(self, metadata=None):
+        return (OutputPart("depth", "depth", kind="depth"),)
+
+    def task_metrics(self, reference, candidate, metadata, options=None):
         from enginekit.compare.tasks import depth_metrics
 
         return depth_metrics(reference["depth"], candidate["depth"])
+
+    def nothing_to_compare(self, task):
+        return "the reference depth has no pixels above 1e-3 of its maximum"
 
     @property
     def size(self) -> str:

@@ -17,6 +17,7 @@ from enginekit.errors import UsageError
 from enginekit.families.base import (
     LoadedModel,
     ModelAdapter,
+    OutputPart,
     Tolerance,
     WeightsSource,
     check_weights_file,
@@ -29,11 +30,38 @@ from enginekit.shapes import InputConstraint, Shape
 # are not detectors and are refused by the pattern.
 NAME_RE = re.compile(r"^(yolov\d+|yolo\d+)([nsmlxtbce])$")
 
+# Whole-output limits (recipes show them; a graph is gated per part, below).
 _TOLERANCES = {
     "fp32": Tolerance(rel_l2=1e-5, cosine=0.999999),
     "fp16": Tolerance(rel_l2=2e-2, cosine=0.999),
     "int8": Tolerance(rel_l2=0.25, cosine=0.95),
     "fp8": Tolerance(rel_l2=0.25, cosine=0.95),
+}
+
+# Per part: boxes in pixels (xywh, 0..640), scores as probabilities (0..1).
+# Measured 2026-11-26, ONNX Runtime CPU (2-core CPU) against PyTorch FP32: yolov8n trained on generated
+# coloured shapes (tests/trained_detector.py, 3 classes), 1x3x320x320, 8 held-out shape images
+# (49 FP32 detections at conf 0.25) + 1 random input; worst over the 9 inputs:
+#   fp32 (simplified): boxes rel L2 1.0e-7;  scores rel L2 1.4e-5, max abs 1.0e-6
+#   fp16 (AutoCast):   boxes rel L2 2.6e-4 (max abs 0.51 px), cosine 1 - 3e-8;
+#                      scores rel L2 1.4e-3, cosine 1 - 7e-7, max abs 6.0e-4;
+#                      task: recall 1, precision 1, score shift max 4.1e-4, mAP50 0.995, mAP50-95 0.995
+#   int8 (entropy, 8 shape images, Detect head excluded): boxes rel L2 0.015, cosine 0.99988;
+#                      scores rel L2 0.10, cosine 0.9958, max abs 0.17;
+#                      task: recall 1, precision 0.98, score shift mean 0.006 / max 0.059, mAP50 0.994
+#   yolo12n, random weights, 1x3x256x256, 2 photographs + 1 random: fp16 scores rel L2 2.1e-3 (its
+#   scores are ~1e-5, so relative figures are large where absolute ones are 3e-7), fp32 5.3e-4.
+# Limits: ~10-20x the fp16 figures, ~2-3x the int8 ones. The class-score shift of the issue (every
+# class logit - 1) moves scores by up to 0.13 and fails the fp16 scores gates and the task recall.
+_PART_TOLERANCES = {
+    "fp32": {"boxes": Tolerance(rel_l2=1e-5, cosine=0.999999),
+             "scores": Tolerance(rel_l2=5e-3, cosine=0.9999, max_abs=1e-4)},
+    "fp16": {"boxes": Tolerance(rel_l2=5e-3, cosine=0.9999),
+             "scores": Tolerance(rel_l2=2e-2, cosine=0.9999, max_abs=0.01)},
+    "int8": {"boxes": Tolerance(rel_l2=0.05, cosine=0.999),
+             "scores": Tolerance(rel_l2=0.25, cosine=0.98, max_abs=0.35)},
+    "fp8": {"boxes": Tolerance(rel_l2=0.05, cosine=0.999),
+            "scores": Tolerance(rel_l2=0.25, cosine=0.98, max_abs=0.35)},
 }
 
 
@@ -84,18 +112,45 @@ class YoloAdapter(ModelAdapter):
     # cv3.1, ...), which tells them from the cv1/cv2 convolutions of C2f blocks.
     int8_exclude = (r"/model\.\d+/(one2one_)?cv[23]\.\d+/.*", r"/model\.\d+/(one2one_)?dfl/.*")
 
+    # Against the FP32 detections at the operating point (conf 0.25): a graph fails when it loses
+    # more than 5% of them (recall), adds more than 5% (precision), or ranks them below mAP50 0.9
+    # (measured above: fp16 1 / 1 / 0.995, int8 1 / 0.98 / 0.994 on the trained detector). FP32
+    # graphs differ from PyTorch by ~1e-6 in score: one flip in 100 detections is already a fault.
+    _DEFAULT_TASK = {"recall": (">=", 0.95), "precision": (">=", 0.95), "map50": (">=", 0.9)}
     task_gates = {
         "fp32": {"recall": (">=", 0.99), "precision": (">=", 0.99), "map50": (">=", 0.98)},
-        "fp16": {"recall": (">=", 0.9), "precision": (">=", 0.9), "map50": (">=", 0.85)},
-        "int8": {"recall": (">=", 0.5), "precision": (">=", 0.5), "map50": (">=", 0.4)},
-        "fp8": {"recall": (">=", 0.5), "precision": (">=", 0.5), "map50": (">=", 0.4)},
+        "fp16": dict(_DEFAULT_TASK),
+        "int8": dict(_DEFAULT_TASK),
+        "fp8": dict(_DEFAULT_TASK),
     }
+    task_options = {"conf": 0.25}  # the operating point: Ultralytics predict's default confidence
 
-    def task_metrics(self, reference, candidate, metadata):
+    def output_parts(self, metadata=None):
+        if (metadata or {}).get("end2end") == "True":  # (B, max_det, 6): x1 y1 x2 y2 score class
+            return (OutputPart("boxes", "output0", -1, 0, 4, "boxes_xyxy"),
+                    OutputPart("scores", "output0", -1, 4, 5, "probabilities"),
+                    OutputPart("classes", "output0", -1, 5, 6, "classes"))
+        # (B, 4 + nc, anchors): rows 0:4 xywh pixels, rows 4: class probabilities
+        return (OutputPart("boxes", "output0", 1, 0, 4, "boxes_xywh"),
+                OutputPart("scores", "output0", 1, 4, None, "probabilities"))
+
+    def known_parts(self):
+        return ("boxes", "scores", "classes")
+
+    def part_tolerance(self, precision, part):
+        per = _PART_TOLERANCES[precision]
+        return per.get(part, per["boxes"] if part == "classes" else self.tolerance(precision))
+
+    def task_metrics(self, reference, candidate, metadata, options=None):
         from enginekit.compare.tasks import detection_metrics
 
         end2end = metadata.get("end2end") == "True"
-        return detection_metrics(reference["output0"], candidate["output0"], end2end=end2end)
+        conf = (options or {}).get("conf", self.task_options["conf"])
+        return detection_metrics(reference["output0"], candidate["output0"], end2end=end2end, conf=conf)
+
+    def nothing_to_compare(self, task):
+        return (f"the reference has no detections at conf {task.get('conf', 0.25):g} on the photographs; "
+                "use photographs of what the model detects (--images) or a lower conf (--tol conf=...)")
 
     @classmethod
     def matches(cls, name: str) -> bool:

@@ -8,14 +8,13 @@ import numpy as np
 
 
 def detection_overlay(image_chw: np.ndarray, reference: np.ndarray, candidate: np.ndarray, path: Path,
-                      *, end2end: bool = False) -> Path:
-    """Reference boxes in green, candidate boxes in red, on the model's input image."""
+                      *, end2end: bool = False, conf: float = 0.25) -> Path:
+    """Reference boxes in green, candidate boxes in red, on the model's input image (at ``conf``)."""
     import cv2
 
-    from enginekit.compare.tasks import adaptive_threshold, nms_detections
+    from enginekit.compare.tasks import nms_detections
 
     img = np.ascontiguousarray((np.clip(image_chw, 0, 1) * 255).astype(np.uint8).transpose(1, 2, 0)[:, :, ::-1])
-    conf = adaptive_threshold(reference, end2end=end2end)
     (ref,), (cand,) = nms_detections(reference, conf, end2end=end2end), nms_detections(candidate, conf, end2end=end2end)
     for boxes, color, thickness in ((ref.boxes, (0, 200, 0), 3), (cand.boxes, (0, 0, 230), 1)):
         for x1, y1, x2, y2 in boxes.astype(int):

@@ -52,6 +52,7 @@ def write_markdown(reports: list[VerifyReport], path: Path) -> Path:
         for a in r.artifacts:
             failed = "; ".join(f"{c.name} {c.value:.4g} (limit {c.op} {c.limit:g})" for c in a.checks if not c.passed)
             lines.append(f"| {a.name} | {'yes' if a.ran else 'no: ' + a.reason} | {len(a.checks)} | {failed or '-'} |")
+        lines += [""] + part_lines(r) + task_lines(r)
         pictures = [p for a in r.artifacts for p in a.pictures]
         if pictures:
             lines += [""] + [f"![{Path(p).stem}]({Path(p).name})" for p in pictures]
@@ -59,3 +60,41 @@ def write_markdown(reports: list[VerifyReport], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path
+
+
+TASK_FIGURES = ("conf", "reference_detections", "candidate_detections", "recall", "precision", "map50", "map50_95",
+                "score_shift_mean", "score_shift_max", "abs_rel", "delta1")
+
+
+def _limit_text(limits: dict) -> str:
+    text = [f"rel L2 <= {limits['rel_l2']:g}", f"cosine >= {limits['cosine']:g}"]
+    if limits.get("max_abs") is not None:
+        text.append(f"max abs <= {limits['max_abs']:g}")
+    return ", ".join(text)
+
+
+def part_lines(report: VerifyReport) -> list[str]:
+    """Markdown table: one row per artifact x output part, worst figures over all inputs."""
+    lines = ["| artifact | part | max abs | p99 abs | median abs | rel L2 | cosine | PSNR dB | limits | gate |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for a in report.artifacts:
+        for part, info in a.parts.items():
+            w = info["worst"]
+            failed = [c.name.split()[-1] for c in a.checks if not c.passed and c.name.startswith(f"parity {part} ")]
+            gate = "FAIL " + ", ".join(failed) if failed else "pass"
+            lines.append(f"| {a.name} | {part}: {info['of']} | {w['max_abs']:.3g} | {w['p99_abs']:.3g} | "
+                         f"{w['median_abs']:.3g} | {w['rel_l2']:.3g} | {w['cosine']:.6f} | {w['psnr']:.1f} | "
+                         f"{_limit_text(info['limits'])} | {gate} |")
+    return lines if len(lines) > 2 else []
+
+
+def task_lines(report: VerifyReport) -> list[str]:
+    """Markdown table: the task metrics of each artifact (against the FP32 reference's predictions)."""
+    keys = [k for k in TASK_FIGURES if any(k in a.task for a in report.artifacts)]
+    if not keys:
+        return []
+    lines = ["", "| artifact | " + " | ".join(keys) + " |", "| --- |" + " --- |" * len(keys)]
+    for a in report.artifacts:
+        if a.task:
+            lines.append(f"| {a.name} | " + " | ".join(f"{a.task[k]:.4g}" if k in a.task else "" for k in keys) + " |")
+    return lines

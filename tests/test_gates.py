@@ -1,0 +1,344 @@
+"""Gates that can fail: outputs compared by meaning, task metrics at the operating point.
+
+The unit tests build YOLO-shaped outputs by hand (boxes + class probabilities) so that what
+changes is known exactly; the tests on the trained detector check the same gates end to end.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from enginekit.compare.comparison import Gates, SimpleCase, compare, parse_overrides
+from enginekit.errors import UsageError
+
+NC = 3
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def yolo_output(seed: int = 0, batch: int = 2, objects: int = 6, anchors: int = 400) -> tuple[np.ndarray, np.ndarray]:
+    """(output0 (B, 4+NC, A), class logits): a few well-separated objects among low-score anchors."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((batch, 4 + NC, anchors), dtype=np.float32)
+    logits = rng.normal(-7.0, 1.0, size=(batch, NC, anchors)).astype(np.float32)
+    out[:, 0] = rng.uniform(20, 620, size=(batch, anchors))
+    out[:, 1] = rng.uniform(20, 620, size=(batch, anchors))
+    out[:, 2:4] = rng.uniform(8, 40, size=(batch, 2, anchors))
+    for b in range(batch):
+        for k in range(objects):  # object k at a grid position, scored 0.4 .. 0.95, several anchors each
+            cx, cy = 60 + 90 * (k % 6), 80 + 200 * (k // 6)
+            a = 3 * k
+            out[b, 0:4, a:a + 3] = np.array([cx, cy, 60, 50], dtype=np.float32)[:, None] + rng.normal(0, 1.5, (4, 3))
+            logits[b, k % NC, a:a + 3] = np.log(p := np.linspace(0.45, 0.95, objects)[k]) - np.log(1 - p) - \
+                np.array([0.0, 0.8, 1.5])
+    out[:, 4:] = _sigmoid(logits)
+    return out, logits
+
+
+def yolo_adapter():
+    from enginekit.families import resolve
+
+    return resolve("yolo12n")
+
+
+def cases_of(ref: np.ndarray, kind: str = "photo") -> list[SimpleCase]:
+    return [SimpleCase(f"{kind} {i}", kind, {"images": np.full((1,), i, dtype=np.float32)}, {"output0": ref[i:i + 1]})
+            for i in range(len(ref))]
+
+
+def run_with(candidate: np.ndarray):
+    return lambda feed: {"output0": candidate[int(feed["images"][0]):int(feed["images"][0]) + 1]}
+
+
+def test_yolo_declares_boxes_and_scores():
+    adapter = yolo_adapter()
+    parts = {p.name: p for p in adapter.output_parts({})}
+    assert list(parts) == ["boxes", "scores"]
+    ref, _ = yolo_output()
+    assert parts["boxes"].take({"output0": ref}).shape == (2, 4, 400)
+    assert parts["scores"].take({"output0": ref}).shape == (2, NC, 400)
+    e2e = {p.name: p for p in adapter.output_parts({"end2end": "True"})}
+    assert list(e2e) == ["boxes", "scores", "classes"]
+    assert e2e["classes"].take({"output0": np.zeros((1, 300, 6))}).shape == (1, 300, 1)
+
+
+def test_identical_outputs_pass_with_figures():
+    ref, _ = yolo_output()
+    found = compare(run_with(ref.copy()), cases_of(ref), adapter=yolo_adapter(), gates=Gates(yolo_adapter()),
+                    precision="fp16")
+    assert found.passed, found.failures()
+    assert found.task["reference_detections"] == 12 and found.task["recall"] == 1.0
+    # Ultralytics integrates 101 points with the trapezoid rule: a perfect ranking scores 0.995
+    assert found.task["map50"] == pytest.approx(0.995) and found.task["map50_95"] == pytest.approx(0.995)
+    assert found.task["score_shift_max"] == 0.0
+    assert set(found.worst) == {"boxes", "scores"}
+
+
+def test_shifting_only_the_class_scores_fails_the_scores_part():
+    """The issue's tamper: every class logit - 1. Boxes untouched; whole-tensor rel L2 barely moves."""
+    ref, logits = yolo_output()
+    bad = ref.copy()
+    bad[:, 4:] = _sigmoid(logits - 1.0)
+    adapter = yolo_adapter()
+    whole = np.linalg.norm(bad - ref) / np.linalg.norm(ref)
+    assert whole < 2e-2  # the old whole-output gate (FP16 rel L2 2e-2) would pass this
+    found = compare(run_with(bad), cases_of(ref), adapter=adapter, gates=Gates(adapter), precision="fp16")
+    failed = {c.name for c in found.checks if not c.passed}
+    assert not found.passed
+    assert "parity scores rel_l2" in failed and "parity scores max_abs" in failed
+    assert not any(name.startswith("parity boxes") for name in failed)
+    assert "task recall" in failed  # scores near 0.25 fall below it
+    assert found.task["score_shift_max"] > 0.05
+
+
+def test_small_noise_passes_and_is_measured():
+    ref, logits = yolo_output()
+    rng = np.random.default_rng(1)
+    cand = ref.copy()
+    cand[:, :4] += rng.normal(0, 0.05, cand[:, :4].shape).astype(np.float32)
+    cand[:, 4:] = _sigmoid(logits + rng.normal(0, 0.002, logits.shape)).astype(np.float32)
+    adapter = yolo_adapter()
+    found = compare(run_with(cand), cases_of(ref), adapter=adapter, gates=Gates(adapter), precision="fp16")
+    assert found.passed, found.failures()
+    assert 0 < found.worst["scores"]["max_abs"] < 2e-3
+    assert 0 < found.task["score_shift_mean"] < 2e-3
+    assert found.task["map50_95"] <= 1.0
+
+
+def test_lost_detection_fails_recall_and_extra_fails_precision():
+    ref, logits = yolo_output(objects=6, batch=2)
+    adapter = yolo_adapter()
+    lost = ref.copy()
+    lost[0, 4:, 0:3] = 0.01  # object 0 of image 0 gone: 11 of 12 kept (91.7% < 95%)
+    found = compare(run_with(lost), cases_of(ref), adapter=adapter, gates=Gates(adapter), precision="int8")
+    assert found.task["recall"] == pytest.approx(11 / 12)
+    assert {c.name for c in found.checks if not c.passed} >= {"task recall"}
+    extra = ref.copy()
+    extra[1, 0:4, 390] = [600, 600, 30, 30]
+    extra[1, 4, 390] = 0.9  # a detection the reference does not have
+    found = compare(run_with(extra), cases_of(ref), adapter=adapter, gates=Gates(adapter), precision="int8")
+    assert found.task["precision"] == pytest.approx(12 / 13)
+    assert "task precision" in {c.name for c in found.checks if not c.passed}
+
+
+def test_nothing_to_compare_fails_with_the_reason():
+    """A random-weight YOLO scores below 0.25 everywhere: the task check compares nothing and fails."""
+    ref, _ = yolo_output()
+    ref[:, 4:] = np.minimum(ref[:, 4:], 0.1)
+    adapter = yolo_adapter()
+    found = compare(run_with(ref.copy()), cases_of(ref), adapter=adapter, gates=Gates(adapter), precision="fp16")
+    assert not found.passed
+    (failed,) = [c for c in found.checks if not c.passed]
+    assert "nothing to compare" in failed.name and "no detections at conf 0.25" in failed.name
+    # export/build parity note it instead (the parity parts still gate)
+    found = compare(run_with(ref.copy()), cases_of(ref), adapter=adapter, gates=Gates(adapter), precision="fp16",
+                    require_task=False)
+    assert found.passed and "nothing to compare" in found.notes[0]
+    # a lower operating point finds them again
+    found = compare(run_with(ref.copy()), cases_of(ref), adapter=adapter,
+                    gates=Gates(adapter, parse_overrides(["conf=0.05"])), precision="fp16")
+    assert found.passed and found.task["conf"] == 0.05 and found.task["reference_detections"] > 0
+
+
+def test_random_cases_gate_parity_but_not_the_task():
+    ref, _ = yolo_output()
+    adapter = yolo_adapter()
+    found = compare(run_with(ref.copy()), cases_of(ref, "random"), adapter=adapter, gates=Gates(adapter),
+                    precision="fp16")
+    assert [c.name for c in found.checks if not c.passed] == ["task: photographs compared"]
+
+
+def test_overrides_by_part_precision_and_option():
+    adapter = yolo_adapter()
+    gates = Gates(adapter, parse_overrides(["scores.max_abs=0.5", "fp16.rel_l2=0.1", "int8.map50=0.7", "conf=0.1"]))
+    assert gates.parity("fp16", "scores").max_abs == 0.5
+    assert gates.parity("fp16", "boxes").rel_l2 == 0.1 and gates.parity("int8", "boxes").rel_l2 != 0.1
+    assert gates.task("int8")["map50"] == (">=", 0.7) and gates.task("fp16")["map50"] == (">=", 0.9)
+    assert gates.options("fp16") == {"conf": 0.1}
+    with pytest.raises(UsageError, match="unknown tolerance 'scores.recall'"):
+        Gates(adapter, {"scores.recall": 0.5})
+    with pytest.raises(UsageError, match="unknown tolerance 'rel_2'"):
+        Gates(adapter, {"rel_2": 0.5})
+
+
+def test_depth_nothing_to_compare_fails():
+    from enginekit.families import resolve
+
+    adapter = resolve("depth")
+    ref = np.zeros((1, 28, 28), dtype=np.float32)
+    cases = [SimpleCase("photo", "photo", {"pixel_values": np.zeros(1)}, {"depth": ref})]
+    found = compare(lambda feed: {"depth": ref}, cases, adapter=adapter, gates=Gates(adapter), precision="fp16")
+    assert not found.passed and any("nothing to compare" in c.name for c in found.checks)
+
+
+def test_statistics_agree_with_polygraphy():
+    """max / median absolute error as Polygraphy's SimpleCompareFunc computes them."""
+    from polygraphy.comparator import CompareFunc
+    from polygraphy.comparator.struct import IterationResult
+    from polygraphy.logger import G_LOGGER
+
+    from enginekit.compare.metrics import output_stats
+
+    G_LOGGER.module_severity = G_LOGGER.CRITICAL
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(2, 7, 50)).astype(np.float32)
+    got = ref + rng.normal(0, 1e-2, size=ref.shape).astype(np.float32)
+    ours = output_stats("x", ref, got)
+    func = CompareFunc.simple(check_error_stat="quantile", error_quantile=0.99)
+    theirs = func(IterationResult({"x": got}, runner_name="a"), IterationResult({"x": ref}, runner_name="b"))["x"]
+    assert ours.max_abs == pytest.approx(theirs.max_absdiff, rel=1e-6)
+    assert ours.median_abs == pytest.approx(theirs.median_absdiff, rel=1e-6)
+    assert ours.p99_abs == pytest.approx(theirs.quantile_absdiff, rel=1e-3)
+
+
+# --- on the detector the suite trains (tests/trained_detector.py) ----------------------------------------
+
+TRAINED_SHAPE = "1x3x320x320"
+
+
+@pytest.fixture(scope="module")
+def trained(trained_detector, tmp_path_factory):
+    """The trained detector's checkpoint, its FP32 and FP16 ONNX at 320, and held-out images of shapes."""
+    from trained_detector import write_held_out_images
+
+    from enginekit import api
+    from enginekit.cache import Cache
+
+    root = tmp_path_factory.mktemp("trained")
+    images = write_held_out_images(root / "images", count=8, size=320)
+    cache = Cache(root / "cache")
+    fp32 = api.export(trained_detector.model, weights=trained_detector.weights, input=TRAINED_SHAPE,
+                      output=root / "fp32.onnx", images=images, cache=cache, quiet=True)
+    fp16 = api.export(trained_detector.model, weights=trained_detector.weights, input=TRAINED_SHAPE, fp16=True,
+                      output=root / "fp16.onnx", images=images, cache=cache, quiet=True)
+    assert fp32.passed and fp16.passed, fp32.failures() + fp16.failures()
+    return {"weights": trained_detector.weights, "model": trained_detector.model, "images": images,
+            "fp32": fp32.output, "fp16": fp16.output, "root": root}
+
+
+def _verify(trained, onnx_path, tmp_path, **kw):
+    from enginekit import api
+    from enginekit.cache import Cache
+
+    return api.verify(str(onnx_path), reference=trained["weights"], images=trained["images"], image_count=8,
+                      cache=Cache(trained["root"] / "cache"), quiet=True, report_dir=tmp_path / "report", **kw)
+
+
+def test_trained_reference_has_something_to_compare(trained, tmp_path):
+    """Before any gate on it is trusted: the FP32 reference detects shapes, with scores that spread."""
+    from enginekit.compare.tasks import nms_detections
+
+    scores = np.concatenate([nms_detections(out, 0.001)[0].scores for out in _reference_outputs(trained)])
+    assert scores.max() > 0.7 and np.std(scores) > 0.1 and (scores < 0.25).sum() > 0
+    outcome = _verify(trained, trained["fp32"], tmp_path)
+    (report,) = outcome.reports
+    assert outcome.passed, [str(c) for c in report.failures()]
+    assert report.artifacts[0].task["reference_detections"] >= 16  # about 3 shapes per image at conf 0.25
+
+
+def _reference_outputs(trained) -> list[np.ndarray]:
+    """PyTorch outputs of the trained detector on the held-out images."""
+    from enginekit.families import resolve
+    from enginekit.images import load_images
+
+    adapter = resolve(trained["model"])
+    loaded = adapter.load(trained["weights"], random_init=False, seed=0)
+    return [adapter.reference(loaded, adapter.preprocess(img, (320, 320)))["output0"]
+            for img in load_images(trained["images"]).images]
+
+
+def test_honest_fp16_passes_with_figures_that_are_not_trivial(trained, tmp_path):
+    outcome = _verify(trained, trained["fp16"], tmp_path)
+    (report,) = outcome.reports
+    (art,) = report.artifacts
+    assert outcome.passed, [str(c) for c in report.failures()]
+    assert art.precision == "fp16"
+    assert art.task["reference_detections"] >= 16 and art.task["recall"] >= 0.95
+    assert 0 < art.task["score_shift_max"] < 0.02  # FP16 moves the scores, a little
+    assert 0 < art.parts["scores"]["worst"]["max_abs"] and 0 < art.parts["boxes"]["worst"]["max_abs"]
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "| scores: output0[axis 1: 4:] (probabilities)" in summary and "map50_95" in summary
+
+
+def perturb_class_scores(src, dst, delta=-1.0):
+    """Subtract 1 from the bias of the class branch's last convolution (Detect cv3.*.2) at every scale."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(src))
+    inits = {i.name: i for i in model.graph.initializer}
+    biases = [n.input[2] for n in model.graph.node
+              if n.op_type == "Conv" and len(n.input) > 2 and "cv3" in n.name and n.name.split("/")[-2].endswith(".2")]
+    assert len(biases) == 3, [n.name for n in model.graph.node if "cv3" in n.name]
+    for name in biases:
+        arr = numpy_helper.to_array(inits[name]).copy() + delta
+        inits[name].CopyFrom(numpy_helper.from_array(arr.astype(np.float32), name))
+    onnx.save(model, str(dst))
+    return dst
+
+
+def wrong_normalisation(src, dst, kind: str):
+    """A graph fed differently than the model was trained: 0-255 pixels, or ImageNet mean/std."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(src))
+    graph = model.graph
+    first = graph.input[0].name
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name == first:
+                node.input[i] = "renormalised"
+    if kind == "0-255":
+        graph.initializer.append(numpy_helper.from_array(np.array(255.0, dtype=np.float32), "wrong_scale"))
+        graph.node.insert(0, helper.make_node("Mul", [first, "wrong_scale"], ["renormalised"]))
+    else:
+        mean = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(1, 3, 1, 1)
+        std = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(1, 3, 1, 1)
+        graph.initializer.extend([numpy_helper.from_array(mean, "wrong_mean"), numpy_helper.from_array(std, "wrong_std")])
+        graph.node.insert(0, helper.make_node("Sub", [first, "wrong_mean"], ["centred"]))
+        graph.node.insert(1, helper.make_node("Div", ["centred", "wrong_std"], ["renormalised"]))
+    onnx.save(model, str(dst))
+    return dst
+
+
+def test_class_score_shift_fails_naming_scores(trained, tmp_path, run_cli):
+    bad = perturb_class_scores(trained["fp32"], tmp_path / "scores-1.onnx")
+    r = run_cli("verify", str(bad), "--reference", str(trained["weights"]), "--images", str(trained["images"]),
+                "--image-count", "8", "--report", "rep", env={"ENGINEKIT_CACHE": str(trained["root"] / "cache")})
+    from conftest import assert_one_line_error
+
+    line = assert_one_line_error(r, 1)
+    assert "scores" in line or "task" in line, line
+    data = json.loads((tmp_path / "rep" / "report.json").read_text())
+    failures = data["entries"][0]["failures"]
+    assert any("parity scores" in f for f in failures) and not any("parity boxes" in f for f in failures)
+    assert any("task recall" in f for f in failures)
+
+
+@pytest.mark.parametrize("kind", ["0-255", "imagenet"])
+def test_wrong_normalisation_fails(trained, tmp_path, kind):
+    bad = wrong_normalisation(trained["fp32"], tmp_path / f"wrong-{kind}.onnx", kind)
+    outcome = _verify(trained, bad, tmp_path)
+    (report,) = outcome.reports
+    assert not outcome.passed
+    failed = {c.name for c in report.failures()}
+    assert {"parity boxes rel_l2", "parity scores rel_l2", "task map50"} <= failed, failed
+    assert {"task recall", "task precision"} & failed, failed  # 0-255: both; ImageNet: extra detections
+
+
+def test_broken_image_is_skipped_and_reported(run_cli, tmp_path, trained):
+    import shutil
+
+    photos = tmp_path / "photos"
+    shutil.copytree(trained["images"], photos)
+    (photos / "broken.jpg").write_bytes(b"not a jpeg")
+    r = run_cli("verify", str(trained["fp16"]), "--reference", str(trained["weights"]), "--images", "photos",
+                "--image-count", "9", env={"ENGINEKIT_CACHE": str(trained["root"] / "cache")})
+    assert r.code == 0, r.stderr
+    assert "skipped images" in r.stderr and "broken.jpg" in r.stderr

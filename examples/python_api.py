@@ -1,13 +1,18 @@
 """enginekit from Python: export, build and verify with the same stages as the CLI.
 
-    .venv/bin/python examples/python_api.py        # random weights: runs anywhere, no GPU
+    .venv/bin/python examples/python_api.py                      # random weights: runs anywhere, no GPU
+    .venv/bin/python examples/python_api.py yolo11n best.pt      # your own trained detector
 
+With no arguments it runs Depth-Anything-V2-small with seeded random weights (their depth maps
+vary, so its gates compare something). A random-weight YOLO detects nothing at the confidence
+users run, so its verify fails by design ("nothing to compare"): give YOLO your weights.
 Every call is cached by content: run it twice and the second run does no export or build.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -17,27 +22,29 @@ os.environ.setdefault("YOLO_VERBOSE", "False")  # keep Ultralytics' model summar
 import enginekit
 from enginekit.requests import BuildRequest
 
-PROFILE = "1x3x320x320:2x3x320x320:4x3x320x320"  # dynamic batch 1..4
 
-
-def main() -> None:
+def main(model: str = "depth", weights: str | None = None) -> None:
     out = Path(tempfile.mkdtemp(prefix="enginekit-example-"))
+    side = 266 if model.startswith("depth") else 320  # Depth-Anything sides are multiples of 14
+    shape = f"1x3x{side}x{side}"
+    profile = f"{shape}:2x3x{side}x{side}:4x3x{side}x{side}"  # dynamic batch 1..4
+    source = {"weights": weights} if weights else {"random_init": True}
 
     # 1. PyTorch -> simplified ONNX (FP16 as well), checked against PyTorch on photographs.
-    exported = enginekit.export("yolo12n", random_init=True, fp16=True, input="1x3x320x320",
-                                output=out / "yolo12n.fp16.onnx", quiet=True)
+    exported = enginekit.export(model, fp16=True, input=shape, output=out / f"{model}.fp16.onnx", quiet=True,
+                                **source)
     print(f"export:  {exported.output}  passed={exported.passed}  fp16 share={exported.fp16_share:.0%}")
 
     # 2. -> TensorRT engine (TensorRT-RTX builds without a GPU). Options as keywords, as in 1., or
     #    as one request object (validated at once; the CLI and recipes make the same ones).
-    request = BuildRequest(target="yolo12n", random_init=True, precision="fp16", profiles=[PROFILE])
+    request = BuildRequest(target=model, precision="fp16", profiles=[profile], **source)
     built = enginekit.build(request, quiet=True)
     m = built.manifest
     print(f"build:   {built.engine}  ({m['backend']} {m['backend_version']}, targets {', '.join(m['targets'])})")
 
     # 3. The parity gate: every artifact against the PyTorch reference; reports on disk.
     #    `build=request` names the engine of step 2 (a cache hit: nothing is built again).
-    checked = enginekit.verify("yolo12n", precision="fp16", build=request, report_dir=out / "report", quiet=True)
+    checked = enginekit.verify(model, precision="fp16", build=request, report_dir=out / "report", quiet=True)
     for report in checked.reports:
         for artifact in report.artifacts:
             state = "pass" if artifact.passed and artifact.ran else ("skipped: " + artifact.reason if not artifact.ran else "FAIL")
@@ -47,4 +54,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:3])

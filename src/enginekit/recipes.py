@@ -36,7 +36,7 @@ from enginekit.errors import UsageError
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 RECIPE_PRECISIONS = ("fp32", "fp16", "int8", "fp8")
-VERIFY_ONLY = ("images", "image_count", "require_engine", "tolerances", "report_dir", "junit")  # VerifyRequest names
+VERIFY_ONLY = ("images", "image_count", "require_engine", "task_required", "tolerances", "report_dir", "junit")  # VerifyRequest names
 DEFAULT_TARGETS = "default"  # a target set meaning: this GPU, else the backend's portable set
 
 Precision = Literal["fp32", "fp16", "int8", "fp8"]
@@ -93,11 +93,23 @@ class Calibration(_Strict):
         return patterns
 
 
-class ToleranceSpec(_Strict):
-    """Parity limits of one precision against the FP32 PyTorch reference."""
+class PartToleranceSpec(_Strict):
+    """Parity limits of one output part (YOLO boxes or scores, depth)."""
 
     rel_l2: Optional[float] = Field(None, gt=0)
     cosine: Optional[float] = Field(None, gt=0, le=1)  # minimum cosine similarity
+    max_abs: Optional[float] = Field(None, gt=0)
+
+
+class ToleranceSpec(_Strict):
+    """Parity limits of one precision against the FP32 PyTorch reference.
+
+    ``rel_l2``/``cosine`` apply to every output part; ``parts`` sets one part's own limits.
+    """
+
+    rel_l2: Optional[float] = Field(None, gt=0)
+    cosine: Optional[float] = Field(None, gt=0, le=1)  # minimum cosine similarity
+    parts: dict[str, PartToleranceSpec] = {}  # per output part: {scores: {max_abs: 0.01}}
     task: dict[str, Annotated[float, Field(ge=0)]] = {}  # task-metric limits (map50, recall, ... / abs_rel, delta1)
 
 
@@ -108,6 +120,9 @@ class Verification(_Strict):
     image_count: int = Field(4, gt=0)  # verify --image-count
     on_build: bool = True  # record a parity check in the manifest at build time (build --no-verify)
     require_engine: bool = False  # fail when the engine cannot run here (verify --require-engine)
+    # False: where the reference has nothing to compare (a random-weight detector finds nothing at
+    # the operating point) the report says so instead of failing (verify --task-optional)
+    task_required: bool = True
     tolerances: dict[Precision, ToleranceSpec] = {}  # missing values take the family's defaults
 
 
@@ -288,6 +303,8 @@ class Recipe(_Strict):
         items = []
         for precision, spec in self.verification.tolerances.items():
             values = {"rel_l2": spec.rel_l2, "cosine": spec.cosine, **spec.task}
+            for part, limits in spec.parts.items():
+                values.update({f"{part}.{name}": value for name, value in limits.model_dump().items()})
             items += [f"{precision}.{name}={value}" for name, value in values.items() if value is not None]
         return items
 
@@ -308,6 +325,7 @@ class Recipe(_Strict):
         options = {"target": build["target"], "precision": build["precision"], "images": self.images(),
                    "image_count": self.verification.image_count,
                    "require_engine": self.verification.require_engine,
+                   "task_required": self.verification.task_required,
                    "tolerances": self.tolerance_overrides() + list(given.pop("tolerances", None) or []),
                    "build": BuildRequest(**build)}
         options.update(given)
@@ -330,9 +348,18 @@ class Recipe(_Strict):
         return data
 
     def _tolerance_dict(self, precision: str) -> dict:
-        tol = self.tolerance(precision)
-        gates = self.task_gates(precision)
-        return {"rel_l2": tol.rel_l2, "cosine": tol.cosine, "task": {k: v[1] for k, v in gates.items()}}
+        """Every limit in force: per output part (the family's measured defaults, then the
+        recipe's), and the task gates."""
+        from enginekit.compare.gate import Gates, parse_overrides
+
+        adapter = self.adapter()
+        gates = Gates(adapter, parse_overrides(self.tolerance_overrides()))
+        parts = {}
+        for part in adapter.known_parts():
+            tol = gates.parity(precision, part)
+            parts[part] = {k: v for k, v in tol.to_json().items() if v is not None}
+        task = self.task_gates(precision)
+        return {"parts": parts, "task": {k: v[1] for k, v in task.items()}}
 
     def _file(self, value: Optional[str]) -> Optional[Path]:
         """A path written in the recipe is relative to the recipe's folder."""

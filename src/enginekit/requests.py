@@ -286,6 +286,9 @@ class VerifyRequest(Options):
     reference: Optional[Path] = None
     model: Optional[str] = None
     require_engine: bool = False
+    #: False: a reference with nothing to compare on the photographs (random-weight detectors)
+    #: is reported as not compared instead of failing the task gate; parity is gated as always
+    task_required: bool = True
     build: Optional[BuildRequest] = None
 
     @model_validator(mode="before")

@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
         reference: Annotated[Optional[Path], typer.Option("--reference", help="With an ONNX file: its PyTorch checkpoint.")] = None,
         model: Annotated[Optional[str], typer.Option("--model", help="With an ONNX file that does not name its model.")] = None,
         require_engine: Annotated[bool, typer.Option("--require-engine", help="Fail (exit 3) if the engine cannot run here (GPU CI).")] = False,
+        task_required: Annotated[bool, typer.Option("--task-required/--task-optional", help="--task-optional: where the reference has nothing to compare on the photographs (random-weight detectors find nothing), say so instead of failing; parity is gated as always.")] = True,
         weights: WeightsOpt = None,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
@@ -63,7 +64,8 @@ def register(app: typer.Typer) -> None:
             build_options = {"profiles": profile or [], "weights": weights, "random_init": random_init, "seed": seed}
             request = VerifyRequest(target=target, precision=precision, images=images, image_count=image_count,
                                     report_dir=report, junit=junit, tolerances=tol or [], reference=reference,
-                                    model=model, require_engine=require_engine, build_options=build_options)
+                                    model=model, require_engine=require_engine, task_required=task_required,
+                                    build_options=build_options)
             outcomes = [api.verify(request)]
         for outcome in outcomes:
             _render(outcome)

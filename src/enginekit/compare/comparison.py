@@ -91,6 +91,9 @@ class Gates:
 
     adapter: Family
     overrides: dict[str, float] = field(default_factory=dict)
+    #: a reference with nothing to compare on the photographs (a random-weight detector finds
+    #: nothing at the operating point) fails the task gate; False: say so in the notes instead
+    task_required: bool = True
 
     def __post_init__(self) -> None:
         parts = set(self.adapter.known_parts())

@@ -76,7 +76,7 @@ def check_candidate(name: str, kind: str, precision: str, run: Runner, refs, gat
                     metadata: dict[str, str]) -> ArtifactReport:
     """Run a candidate on every reference case (``refs.cases``); compare by part, task metrics, gates."""
     found = compare(run, refs.cases, adapter=adapter, gates=gates, precision=precision, metadata=metadata, name=name,
-                    require_task=True)
+                    require_task=gates.task_required)
     return ArtifactReport(name, kind, precision, checks=found.checks, cases=found.cases, task=found.task,
                           parts=found.parts_json(), notes=found.notes)
 

@@ -42,10 +42,12 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
     data.image_paths  # noqa: B018 - refuse a missing or empty folder before any work
 
     if r.kind == "onnx":
-        reports = [verify_onnx_file(Path(r.target), r.reference, r.model, data, overrides, cache)]
+        reports = [verify_onnx_file(Path(r.target), r.reference, r.model, data, overrides, cache,
+                                    task_required=r.task_required)]
     else:
         entries = entries_to_verify(r, cache)
-        reports = [verify_entry(e, data, overrides, cache, r.report_dir) for e in entries]
+        reports = [verify_entry(e, data, overrides, cache, r.report_dir, task_required=r.task_required)
+                   for e in entries]
     outcome = VerifyOutcome(reports)
     write_reports(outcome, r.report_dir, r.junit)
     if r.require_engine and not outcome.engine_ran:
@@ -74,7 +76,7 @@ def entries_to_verify(request: VerifyRequest, cache) -> list:
     return [run_build(request.build_request, cache).entry]
 
 
-def verify_entry(entry, data, overrides, cache, report_dir):
+def verify_entry(entry, data, overrides, cache, report_dir, *, task_required: bool = True):
     from enginekit.compare.gate import (STAGE_PRECISION, Gates, VerifyReport, check_candidate, onnx_runner, skipped,
                                         unrunnable)
     from enginekit.pipeline import ModelRequest, Pipeline
@@ -87,7 +89,7 @@ def verify_entry(entry, data, overrides, cache, report_dir):
     pipe = Pipeline(ModelRequest.from_json(m["model_request"]), cache)
     precision = m["precision"]["mode"]
     refs = get_references(pipe, m["profiles"], data)
-    gates = Gates(pipe.adapter, overrides)
+    gates = Gates(pipe.adapter, overrides, task_required=task_required)
     report = VerifyReport(pipe.subject, entry.key, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
     metadata: dict[str, str] = {}
     for link in m.get("chain", []):
@@ -142,7 +144,7 @@ def verify_engine(entry, pipe, refs, gates, metadata, precision):
     return art
 
 
-def verify_onnx_file(path: Path, reference, model, data, overrides, cache):
+def verify_onnx_file(path: Path, reference, model, data, overrides, cache, *, task_required: bool = True):
     """Any ONNX against its PyTorch checkpoint (enginekit-written ONNX names its family)."""
     from enginekit.compare.gate import Gates, VerifyReport, check_candidate, onnx_runner
     from enginekit.onnx.graph import input_dims, load_model, output_names
@@ -175,7 +177,7 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache):
     precision = metadata.get("precision", "fp32")
     report = VerifyReport(adapter.variant, None, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
     try:
-        art = check_candidate(path.name, "onnx", precision, onnx_runner(path), refs, Gates(adapter, overrides),
+        art = check_candidate(path.name, "onnx", precision, onnx_runner(path), refs, Gates(adapter, overrides, task_required=task_required),
                               adapter, metadata)
     except (KeyError, ValueError) as exc:
         raise UsageError(f"{path.name} does not compute {adapter.variant}'s outputs: {exc}") from None

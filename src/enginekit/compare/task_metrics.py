@@ -31,7 +31,9 @@ CONF_MAP = 0.001  # Ultralytics val's default: the ranked list mAP is computed o
 IOU_NMS = 0.7
 IOU_MATCH = 0.5
 MAX_DET = 300
-MAX_DET_MAP = 100  # ranked instances per image for mAP (masks are decoded for each)
+MAX_DET_MAP = 100
+MIN_TOP1_MARGIN = 1e-3  # classify: a reference top-1 ahead of its second by less says nothing
+MIN_DEPTH_SPREAD = 1e-2  # depth: a reference whose relative spread is below this is a constant  # ranked instances per image for mAP (masks are decoded for each)
 
 Rows = np.ndarray  # one image's kept instances: (N, 6 + extra): box(4), score, class, task channels
 Similarity = Callable[[int, Rows, Rows], np.ndarray]  # (image, reference rows, candidate rows) -> (Nref, Ncand)
@@ -143,31 +145,39 @@ def _masks(proto: np.ndarray, rows: Rows, nm: int) -> "np.ndarray":
 
 def segment_metrics(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], *, nc: int,
                     end2end: bool = False, conf: float = CONF) -> dict[str, float]:
-    """Instance masks: mask IoU of the decoded masks, mask mAP50/mAP50-95, box mAP50."""
+    """Instance masks: mask IoU of the decoded masks, mask mAP50/mAP50-95, box mAP50.
+
+    An instance whose decoded mask is empty (no pixel inside its box) has nothing to compare by
+    mask IoU: such instances are left out on both sides and counted (``empty_masks_*``)."""
     import torch
     from ultralytics.utils.metrics import mask_iou
 
     ref0, ref1, cand0, cand1 = reference["output0"], reference["output1"], candidate["output0"], candidate["output1"]
     nm = ref1.shape[1]
-    refs = decode(ref0, conf, nc=nc, end2end=end2end)
-    cands = decode(cand0, conf, nc=nc, end2end=end2end)
-    ranked = decode(cand0, min(CONF_MAP, conf), nc=nc, end2end=end2end, max_det=MAX_DET_MAP)
-    ref_masks = [_masks(ref1[i], r, nm) for i, r in enumerate(refs)]
-    cache: dict[tuple[int, int], np.ndarray] = {}
 
-    def cand_masks(i: int, rows: Rows) -> np.ndarray:
-        key = (i, id(rows))
-        if key not in cache:
-            cache[key] = _masks(cand1[i], rows, nm)
-        return cache[key]
+    def with_masks(rows_per_image: list[Rows], protos: np.ndarray) -> tuple[list[Rows], list[np.ndarray], int]:
+        kept_rows, kept_masks, empty = [], [], 0
+        for i, rows in enumerate(rows_per_image):
+            masks = _masks(protos[i], rows, nm)
+            keep = masks.reshape(len(rows), -1).any(1) if len(rows) else np.zeros(0, dtype=bool)
+            empty += int((~keep).sum())
+            kept_rows.append(rows[keep])
+            kept_masks.append(masks[keep].reshape(int(keep.sum()), int(np.prod(masks.shape[1:]))))
+        return kept_rows, kept_masks, empty
+
+    refs, ref_masks, ref_empty = with_masks(decode(ref0, conf, nc=nc, end2end=end2end), ref1)
+    cands, cand_masks, cand_empty = with_masks(decode(cand0, conf, nc=nc, end2end=end2end), cand1)
+    ranked, ranked_masks, _ = with_masks(decode(cand0, min(CONF_MAP, conf), nc=nc, end2end=end2end,
+                                                max_det=MAX_DET_MAP), cand1)
+    masks_of = {id(r): m for r, m in zip(cands + ranked, cand_masks + ranked_masks)}
 
     def similarity(i: int, ref: Rows, cand: Rows) -> np.ndarray:
-        a = torch.from_numpy(ref_masks[i].reshape(len(ref), -1))
-        b = torch.from_numpy(cand_masks(i, cand).reshape(len(cand), -1))
-        return mask_iou(a, b).numpy()
+        return mask_iou(torch.from_numpy(ref_masks[i]), torch.from_numpy(masks_of[id(cand)])).numpy()
 
     result = instance_metrics(refs, cands, ranked, similarity, conf=conf, prefix="mask_")
     result["box_map50"] = _ultralytics_ap(refs, ranked, _box_iou)[0] if result["compared"] else 0.0
+    result["empty_masks_reference"] = float(ref_empty)
+    result["empty_masks_candidate"] = float(cand_empty)
     return result
 
 
@@ -252,13 +262,15 @@ def classify_metrics(ref_out: np.ndarray, cand_out: np.ndarray) -> dict[str, flo
     metrics = ClassifyMetrics()
     metrics.process([torch.from_numpy(ref_top[:, 0])], [torch.from_numpy(cand_top)])
     sorted_ref = np.sort(ref_out, axis=1)[:, ::-1]
+    margins = sorted_ref[:, 0] - sorted_ref[:, 1] if ref_out.shape[1] > 1 else np.ones(n)
     return {
-        "compared": float(n),
+        # images whose reference top-1 stands out (by 1e-3 of probability): on the others top-1 is noise
+        "compared": float((margins >= MIN_TOP1_MARGIN).sum()),
         "top1_agreement": float(metrics.top1),
         "top5_accuracy": float(metrics.top5),
         "top5_overlap": float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ref_top, cand_top)])),
         "top1_prob_shift_max": float(np.max(np.abs(cand_out[np.arange(n), ref_top[:, 0]] - sorted_ref[:, 0]))),
-        "reference_top1_margin": float(np.mean(sorted_ref[:, 0] - sorted_ref[:, 1])) if ref_out.shape[1] > 1 else 1.0,
+        "reference_top1_margin": float(np.mean(margins)),
     }
 
 

@@ -287,7 +287,7 @@ class YoloClassifyAdapter(UltralyticsTaskAdapter):
         return classify_metrics(reference["output0"], candidate["output0"])
 
     def nothing_to_compare(self, task):
-        return "no photographs were classified"
+        return "the reference's top-1 class leads its second by less than 1e-3 on every photograph"
 
 
 class _DenseTask(UltralyticsTaskAdapter):
@@ -368,12 +368,17 @@ class YoloDepthAdapter(_DenseTask):
         return (np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0)[None]
 
     def task_metrics(self, reference, candidate, metadata, options=None):
+        from enginekit.compare.task_metrics import MIN_DEPTH_SPREAD
         from enginekit.compare.tasks import depth_metrics
 
-        return depth_metrics(reference["output0"][:, 0], candidate["output0"][:, 0])
+        result = depth_metrics(reference["output0"][:, 0], candidate["output0"][:, 0])
+        if result.get("relative_spread", 1.0) < MIN_DEPTH_SPREAD:  # a constant map: nothing to compare
+            result["compared"] = 0.0
+        return result
 
     def nothing_to_compare(self, task):
-        return "the reference depth has no pixels above 1e-3 of its maximum"
+        return (f"the reference depth is flat (relative spread {task.get('relative_spread', 0.0):.2g} < "
+                "0.01) or has no pixels above 1e-3 of its maximum")
 
 
 @register

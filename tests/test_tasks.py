@@ -287,19 +287,40 @@ def test_yolo_depth_gate_fails_on_flattened_depth_and_on_constant_reference():
 
 
 def test_rtdetr_gate_passes_identical_and_fails_on_lost_queries():
-    out = np.zeros((2, 300, 4 + 2), dtype=np.float32)
+    """RT-DETR's export: the top 300 of (cx, cy, w, h in 0..1, score, class)."""
     rng = np.random.default_rng(0)
+    out = np.zeros((2, 300, 6), dtype=np.float32)
     out[:, :, :4] = rng.uniform(0.05, 0.2, (2, 300, 4))
-    out[:, :, 4:] = rng.uniform(0, 0.05, (2, 300, 2))
-    for k in range(4):
-        out[:, k, :4] = [0.15 + 0.2 * k, 0.5, 0.12, 0.2]
-        out[:, k, 4 + k % 2] = 0.5 + 0.1 * k
+    out[:, :, 4] = np.sort(rng.uniform(0, 0.05, (2, 300)), axis=1)[:, ::-1]
+    out[:, :, 5] = rng.integers(0, 2, (2, 300))
+    for k in range(4):  # the four objects come first, by descending score
+        out[:, k] = [0.15 + 0.2 * k, 0.5, 0.12, 0.2, 0.9 - 0.1 * k, k % 2]
     same = gate("rtdetr-l", {"output0": out}, {"output0": out.copy()}, {"end2end": "True"})
     assert same.passed, same.failures()
     assert same.task["compared"] == 8 and same.task["map50"] > 0.99
     lost = out.copy()
-    lost[:, 0, 4:] = 0.1  # the weakest object drops under 0.25 in every image
-    bad = gate("rtdetr-l", {"output0": out}, {"output0": lost}, {"end2end": "True"}, **{"scores.rel_l2": 10.0,
-                                                                                     "scores.cosine": -1.0,
-                                                                                     "scores.max_abs": 1.0})
+    lost[:, 3, 4] = 0.1  # the weakest object drops under 0.25 in every image
+    bad = gate("rtdetr-l", {"output0": out}, {"output0": lost}, {"end2end": "True"},
+               **{"scores.rel_l2": 10.0, "scores.cosine": -1.0, "scores.max_abs": 1.0})
     assert not task_check(bad, "recall").passed and bad.task["recall"] == 0.75
+
+
+# -- checkpoints of another task ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def seg_checkpoint(tmp_path_factory):
+    """A random yolo11n-seg checkpoint in Ultralytics' format (its model says task 'segment')."""
+    adapter = resolve("yolo11n-seg")
+    loaded = adapter.load(None, random_init=True, seed=0)
+    path = tmp_path_factory.mktemp("ckpt") / "seg.pt"
+    adapter.save_checkpoint(loaded, path)
+    return path
+
+
+def test_cli_checkpoint_of_another_task_exits_2(run_cli, seg_checkpoint):
+    result = run_cli("export", "yolo11n", "--weights", str(seg_checkpoint), "--input", "1x3x160x160")
+    assert_one_line_error(result, 2, "is a segment checkpoint", "yolo11n is a detect model", "yolo11n-seg")
+
+
+def test_checkpoint_of_the_right_task_loads(seg_checkpoint):
+    loaded = resolve("yolo11n-seg").load(seg_checkpoint, random_init=False, seed=0)
+    assert loaded.metadata["task"] == "segment" and loaded.metadata["head"] == "Segment"

@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
 
         table = Table(title="model families")
         for col in ("family", "task", "variants", "default input", "weights", "note"):
-            table.add_column(col)
+            table.add_column(col, no_wrap=col in ("family", "task", "variants"))
         for f in families():
             table.add_row(f.family, f.task, "\n".join(f.variants), f.default_input, f.weights, f.note)
         out.print(table)

@@ -229,14 +229,13 @@ def obb_metrics(ref_out: np.ndarray, cand_out: np.ndarray, *, nc: int, end2end: 
 
 # -- RT-DETR -------------------------------------------------------------------------------
 def _rtdetr_rows(output: np.ndarray, conf: float) -> list[Rows]:
-    """RT-DETR's predictor: per query the best class; keep score >= conf; boxes xywh (0..1) -> xyxy.
-    (IoU does not change under the per-axis scaling to pixels.)"""
+    """RT-DETR's predictor: rows (cx, cy, w, h in 0..1, score, class), already top-k; keep score >= conf;
+    boxes to xyxy (IoU does not change under the per-axis scaling to pixels)."""
     rows = []
     for o in output:
         xy, wh = o[:, :2], o[:, 2:4]
-        score, cls = o[:, 4:].max(-1), o[:, 4:].argmax(-1)
-        r = np.concatenate([xy - wh / 2, xy + wh / 2, score[:, None], cls[:, None].astype(np.float32)], axis=1)
-        r = r[score >= conf]
+        r = np.concatenate([xy - wh / 2, xy + wh / 2, o[:, 4:6]], axis=1)
+        r = r[o[:, 4] >= conf]
         rows.append(r[np.argsort(-r[:, 4], kind="stable")].astype(np.float32))
     return rows
 

@@ -386,7 +386,7 @@ class RtdetrAdapter(UltralyticsTaskAdapter):
     family = "rtdetr"
     task = "detect"
     example = "rtdetr-l"
-    summary = "RT-DETR: end-to-end, 300 queries of (cx, cy, w, h normalised to 0..1, class scores); no NMS"
+    summary = "RT-DETR: end-to-end, top 300 of (cx, cy, w, h normalised to 0..1, score, class); no NMS"
     input_description = "NCHW RGB float32 in [0,1], resized to H x W without letterbox (Ultralytics RT-DETR)"
     dynamic_axes = {"images": {0: "batch"}, "output0": {0: "batch"}}
     int8_exclude = (r"/model\.\d+/(dec|enc)_(score|bbox)_head.*", r"/model\.\d+/query_pos_head/.*")
@@ -413,10 +413,11 @@ class RtdetrAdapter(UltralyticsTaskAdapter):
 
     def output_parts(self, metadata=None):
         return (OutputPart("boxes", "output0", -1, 0, 4, "boxes_xywh"),
-                OutputPart("scores", "output0", -1, 4, None, "probabilities"))
+                OutputPart("scores", "output0", -1, 4, 5, "probabilities"),
+                OutputPart("classes", "output0", -1, 5, 6, "classes"))
 
     def known_parts(self):
-        return ("boxes", "scores")
+        return ("boxes", "scores", "classes")
 
     def _metadata(self, model):
         meta = super()._metadata(model)

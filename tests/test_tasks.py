@@ -324,3 +324,78 @@ def test_cli_checkpoint_of_another_task_exits_2(run_cli, seg_checkpoint):
 def test_checkpoint_of_the_right_task_loads(seg_checkpoint):
     loaded = resolve("yolo11n-seg").load(seg_checkpoint, random_init=False, seed=0)
     assert loaded.metadata["task"] == "segment" and loaded.metadata["head"] == "Segment"
+
+
+# -- trained models: exported graphs pass, perturbed graphs fail --------------------------------------------
+def perturb_graph(src, dst, node_pattern: str, change) -> list[str]:
+    """Apply ``change(array)`` to the weights and bias of every node whose name matches ``node_pattern``."""
+    import re
+
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(src))
+    inits = {i.name: i for i in model.graph.initializer}
+    touched = []
+    for node in model.graph.node:
+        if re.match(node_pattern, node.name):
+            for name in node.input[1:]:
+                if name in inits:
+                    array = change(numpy_helper.to_array(inits[name]).copy())
+                    inits[name].CopyFrom(numpy_helper.from_array(array.astype(np.float32), name))
+            touched.append(node.name)
+    onnx.save(model, str(dst))
+    assert touched, f"no node matches {node_pattern}"
+    return touched
+
+
+@pytest.fixture(scope="module")
+def held_out(tmp_path_factory):
+    from trained_tasks import held_out_images
+
+    root = tmp_path_factory.mktemp("held-out")
+    return {task: held_out_images(root / task, task) for task in ("segment", "pose", "obb", "classify")}
+
+
+def _trained_comparison(task: str, name: str, folder, tmp_path, perturb: tuple[str, object] | None):
+    """Export the trained model at 160 px, compare the FP32 graph (or a perturbed copy) on held-out images."""
+    from trained_tasks import trained_task_model
+
+    from enginekit.images import load_images
+    from enginekit.onnx import runtime
+    from enginekit.stages.export import export_onnx
+
+    adapter = resolve(name)
+    loaded = adapter.load(trained_task_model(task), random_init=False, seed=0)
+    hw = (96, 96) if task == "classify" else (160, 160)
+    onnx_path = export_onnx(adapter, loaded, (1, 3, *hw), tmp_path / f"{name}.onnx")
+    if perturb is not None:
+        perturb_graph(onnx_path, onnx_path, *perturb)
+    sess = runtime.session(onnx_path)
+    cases = []
+    for i, image in enumerate(load_images(folder).images):
+        feed = {adapter.input_name: adapter.preprocess(image, hw)}
+        cases.append(SimpleCase(f"photo {i}", "photo", feed, adapter.reference(loaded, feed[adapter.input_name])))
+    return compare(lambda feed: runtime.run(sess, feed), cases, adapter=adapter, gates=Gates(adapter),
+                   precision="fp32", metadata=loaded.metadata, name=name)
+
+
+TRAINED = {  # task -> (name, the task metric gated, node whose weights the perturbation scales)
+    "segment": ("yolo11n-seg", "mask_map50", r"/model\.\d+/proto/cv3/"),
+    "pose": ("yolo11n-pose", "pose_map50", r"/model\.\d+/cv4\.\d/cv4\.\d\.2/"),
+    "obb": ("yolo11n-obb", "map50", r"/model\.\d+/cv4\.\d/cv4\.\d\.2/"),
+    "classify": ("yolo11n-cls", "top1_agreement", r"/model\.\d+/linear/"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", list(TRAINED))
+def test_trained_task_graph_passes_and_its_perturbed_graph_fails(task, held_out, tmp_path):
+    name, metric, node = TRAINED[task]
+    good = _trained_comparison(task, name, held_out[task], tmp_path, None)
+    assert good.passed, (good.failures(), good.task)
+    assert good.task["compared"] >= 4 and good.task[metric] > 0.98, good.task
+    # the task's own branch, scaled: what it outputs changes, the rest of the graph does not
+    bad = _trained_comparison(task, name, held_out[task], tmp_path, (node, lambda a: -a if a.ndim > 1 else a))
+    failed = {c.name for c in bad.checks if not c.passed}
+    assert f"task {metric}" in failed, (bad.task, failed)

@@ -29,9 +29,13 @@ from pathlib import Path
 import numpy as np
 
 NAMES = ("red square", "green disc", "blue triangle")
-MODELS = {"segment": "yolo11n-seg", "pose": "yolo11n-pose", "obb": "yolo11n-obb"}
+MODELS = {"segment": "yolo11n-seg", "pose": "yolo11n-pose", "obb": "yolo11n-obb", "classify": "yolo11n-cls"}
 GENERATOR = 1
 DATA = {"train_images": 160, "val_images": 16, "size": 160, "objects": (1, 4), "side_px": (28, 70), "seed": 0}
+# classify: one shape per image, an ImageNet-style folder per class
+DATA_CLS = {"train_images": 240, "val_images": 24, "size": 96, "objects": (1, 1), "side_px": (30, 70), "seed": 0}
+TRAIN_CLS = {"imgsz": 96, "epochs": 6, "batch": 16, "seed": 0, "deterministic": True, "optimizer": "AdamW",
+             "lr0": 0.002, "warmup_epochs": 1, "hsv_h": 0.0, "fliplr": 0.0, "amp": False}
 TRAIN = {"imgsz": 160, "epochs": 12, "batch": 16, "seed": 0, "deterministic": True, "optimizer": "AdamW",
          "lr0": 0.004, "warmup_epochs": 1, "mosaic": 0.0, "hsv_h": 0.0, "fliplr": 0.0, "amp": False}
 
@@ -106,8 +110,29 @@ def _label(task: str, cls: int, poly: np.ndarray, kpts: np.ndarray, size: int) -
     return f"{cls} {fmt(box)} {kp}"
 
 
+def write_classify_dataset(root: Path, data: dict = DATA_CLS) -> Path:
+    import cv2
+
+    for split, count, seed in (("train", data["train_images"], data["seed"]), ("val", data["val_images"],
+                                                                               data["seed"] + 1)):
+        rng = np.random.default_rng(seed)
+        for name in NAMES:
+            (root / split / name.replace(" ", "_")).mkdir(parents=True, exist_ok=True)
+        written = 0
+        while written < count:
+            img, shapes = draw_image(rng, data["size"], data["objects"], data["side_px"])
+            if len(shapes) != 1:
+                continue
+            cv2.imwrite(str(root / split / NAMES[shapes[0][0]].replace(" ", "_") / f"{written:04d}.png"), img[..., ::-1])
+            written += 1
+    return root
+
+
 def write_dataset(root: Path, task: str, data: dict = DATA) -> Path:
     import cv2
+
+    if task == "classify":
+        return write_classify_dataset(root)
 
     size = data["size"]
     for split, count, seed in (("train", data["train_images"], data["seed"]), ("val", data["val_images"],
@@ -127,17 +152,25 @@ def write_dataset(root: Path, task: str, data: dict = DATA) -> Path:
     return path
 
 
-def held_out_images(count: int = 4, seed: int = 10_000) -> list[np.ndarray]:
-    """Photographs of the same kind the model never saw (RGB uint8)."""
+def held_out_images(folder: Path, task: str, count: int = 4, seed: int = 10_000) -> Path:
+    """A folder of images of the same kind the model never saw (PNG), for ``--images``."""
+    import cv2
+
+    data = DATA_CLS if task == "classify" else DATA
     rng = np.random.default_rng(seed)
-    return [draw_image(rng, DATA["size"], DATA["objects"], DATA["side_px"])[0] for _ in range(count)]
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        img = draw_image(rng, data["size"], data["objects"], data["side_px"])[0]
+        cv2.imwrite(str(folder / f"held-out-{i}.png"), img[..., ::-1])
+    return folder
 
 
 def cache_key(task: str) -> str:
     import torch
     import ultralytics
 
-    parts = {"task": task, "model": MODELS[task], "generator": GENERATOR, "data": DATA, "train": TRAIN,
+    data, train = (DATA_CLS, TRAIN_CLS) if task == "classify" else (DATA, TRAIN)
+    parts = {"task": task, "model": MODELS[task], "generator": GENERATOR, "data": data, "train": train,
              "names": NAMES, "ultralytics": ultralytics.__version__, "torch": torch.__version__}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
@@ -172,7 +205,7 @@ def _train_into(entry: Path, task: str) -> None:
                            f"{proc.stderr[-3000:]}")
     (work / "record.json").write_text(json.dumps({"task": task, "model": MODELS[task], "names": list(NAMES),
                                                   "train_seconds": round(time.perf_counter() - start, 1),
-                                                  "key": cache_key(task), "data": DATA, "train": TRAIN}, indent=1))
+                                                  "key": cache_key(task)}, indent=1))
     for scratch in ("runs", "dataset", "config"):
         shutil.rmtree(work / scratch, ignore_errors=True)
     shutil.rmtree(entry, ignore_errors=True)
@@ -187,7 +220,7 @@ def _train_child(task: str, work: Path) -> None:
     yaml_path = write_dataset(work / "dataset", task)
     model = YOLO(f"{MODELS[task]}.yaml", task=task)
     model.train(data=str(yaml_path), device="cpu", workers=0, plots=False, val=False, project=str(work / "runs"),
-                name="train", exist_ok=True, verbose=False, **TRAIN)
+                name="train", exist_ok=True, verbose=False, **(TRAIN_CLS if task == "classify" else TRAIN))
     weights = work / "runs" / "train" / "weights"
     shutil.copy2(weights / "best.pt" if (weights / "best.pt").exists() else weights / "last.pt", work / "best.pt")
 

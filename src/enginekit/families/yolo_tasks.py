@@ -389,7 +389,8 @@ class RtdetrAdapter(UltralyticsTaskAdapter):
     summary = "RT-DETR: end-to-end, top 300 of (cx, cy, w, h normalised to 0..1, score, class); no NMS"
     input_description = "NCHW RGB float32 in [0,1], resized to H x W without letterbox (Ultralytics RT-DETR)"
     dynamic_axes = {"images": {0: "batch"}, "output0": {0: "batch"}}
-    int8_exclude = (r"/model\.\d+/(dec|enc)_(score|bbox)_head.*", r"/model\.\d+/query_pos_head/.*")
+    # the encoder's and every decoder layer's box/score heads and the query position head
+    int8_exclude = (r"/model\.\d+/(decoder/)?(dec|enc)_(score|bbox)_head.*", r"/model\.\d+/decoder/query_pos_head/.*")
     task_options = {"conf": 0.25}
     _metric_gates = {"recall": (">=", 0.95), "precision": (">=", 0.95), "map50": (">=", 0.9)}
     task_gates = {"fp32": {"recall": (">=", 0.99), "precision": (">=", 0.99), "map50": (">=", 0.98)},

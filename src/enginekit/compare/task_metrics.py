@@ -101,8 +101,8 @@ def instance_metrics(refs: list[Rows], cands: list[Rows], ranked: list[Rows], si
     """Recall/precision at the operating point and Ultralytics mAP, for any instance similarity."""
     n_ref = sum(len(r) for r in refs)
     n_cand = sum(len(c) for c in cands)
-    out = {"conf": conf, "compared": float(n_ref), "reference_instances": float(n_ref),
-           "candidate_instances": float(n_cand)}
+    out = {"conf": conf, "compared": float(n_ref), "reference_detections": float(n_ref),
+           "candidate_detections": float(n_cand)}
     if n_ref == 0:
         return {**out, "matched": 0.0, "recall": 0.0, "precision": 0.0, f"{prefix}map50": 0.0,
                 f"{prefix}map50_95": 0.0, f"{prefix}similarity_mean": float("nan"), "score_shift_max": float("nan")}

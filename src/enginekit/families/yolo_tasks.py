@@ -138,9 +138,7 @@ class _InstanceTask(UltralyticsTaskAdapter):
     extra_part = ""  # name of the task channels after the class scores
     extra_kind = "values"
     dynamic_axes = {"images": {0: "batch"}, "output0": {0: "batch"}}
-    task_options = {"conf": 0.25}
-    _gates = {"recall": (">=", 0.95), "precision": (">=", 0.95)}
-    task_gates: dict = {}
+    task_options = {"conf": 0.25}  # the operating point: Ultralytics predict's default confidence
 
     def output_parts(self, metadata=None):
         meta = metadata or {}

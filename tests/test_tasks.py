@@ -399,3 +399,28 @@ def test_trained_task_graph_passes_and_its_perturbed_graph_fails(task, held_out,
     bad = _trained_comparison(task, name, held_out[task], tmp_path, (node, lambda a: -a if a.ndim > 1 else a))
     failed = {c.name for c in bad.checks if not c.passed}
     assert f"task {metric}" in failed, (bad.task, failed)
+
+
+# -- every head exports as Ultralytics' exporter sets it up ---------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("name, shapes, end2end", [
+    ("yolo26n", {"output0": (2, 300, 6)}, "True"),  # one-to-one head: kept boxes, no NMS
+    ("yolo26n-sem", {"output0": (2, 19, 128, 128)}, "False"),  # logits at the input's size
+    ("yolo26n-depth", {"output0": (2, 1, 128, 128)}, "False"),
+])
+def test_heads_export_in_export_mode(name, shapes, end2end, tmp_path):
+    from enginekit.onnx import runtime
+    from enginekit.stages.export import export_onnx
+
+    adapter = resolve(name)
+    loaded = adapter.load(None, random_init=True, seed=0)
+    assert loaded.metadata["end2end"] == end2end
+    path = export_onnx(adapter, loaded, (1, 3, 128, 128), tmp_path / f"{name}.onnx")
+    batch = adapter.random_inputs((2, 3, 128, 128), 0)
+    got = runtime.run(runtime.session(path), {adapter.input_name: batch})
+    ref = adapter.reference(loaded, batch)
+    assert {k: v.shape for k, v in got.items()} == shapes == {k: v.shape for k, v in ref.items()}
+    if end2end == "False":  # dense outputs: the graph computes what PyTorch does
+        for part in adapter.output_parts(loaded.metadata):
+            r, g = part.take(ref), part.take(got)
+            assert np.abs(r - g).max() <= 1e-4 * max(1.0, float(np.abs(r).max())), part.name

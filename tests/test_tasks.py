@@ -396,8 +396,9 @@ TRAINED = {
     "segment": ("yolo11n-seg", "mask_map50", (r"/model\.\d+/proto/cv3/", _negate_weights), 0.25),
     # keypoint branch: its last convolution's bias + 1 (every keypoint 2 strides off)
     "pose": ("yolo11n-pose", "pose_map50", (r"/model\.\d+/cv4\.\d/cv4\.\d\.2/", _shift_bias), 0.1),
-    # the shapes' rotated boxes are near square, which no angle change alters much: the box branch's bias + 1
-    "obb": ("yolo11n-obb", "map50", (r"/model\.\d+/cv2\.\d/cv2\.\d\.2/", _shift_bias), 0.1),
+    # the shapes' rotated boxes are near square, which no angle change alters much: the box branch's weights
+    # negated (a shift of its bias would not do: box sides are a softmax over bins)
+    "obb": ("yolo11n-obb", "map50", (r"/model\.\d+/cv2\.\d/cv2\.\d\.2/", _negate_weights), 0.1),
     # the classifier's weights negated
     "classify": ("yolo11n-cls", "top1_agreement", (r"/model\.\d+/linear/", _negate_weights), None),
 }

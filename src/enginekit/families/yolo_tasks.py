@@ -250,6 +250,7 @@ class YoloClassifyAdapter(UltralyticsTaskAdapter):
     default_input = (1, 3, 224, 224)
     dynamic_axes = {"images": {0: "batch"}, "output0": {0: "batch"}}
     input_description = "NCHW RGB float32 in [0,1], shorter side resized then centre-cropped (Ultralytics classify)"
+    task_options: dict[str, float] = {}  # no confidence threshold: top-1 and top-5
     int8_exclude = (r"/model\.\d+/linear/.*",)
     _metric_gates = {"top1_agreement": (">=", 0.9), "top5_overlap": (">=", 0.8)}
     task_gates = {"fp32": {"top1_agreement": (">=", 1.0), "top5_overlap": (">=", 0.99)},
@@ -292,6 +293,7 @@ class _DenseTask(UltralyticsTaskAdapter):
     """Per-pixel outputs at the input's size; H/W stay fixed as for every YOLO graph."""
 
     dynamic_axes = {"images": {0: "batch"}, "output0": {0: "batch"}}
+    task_options: dict[str, float] = {}  # every pixel counts: no confidence threshold
 
     def _metadata(self, model):
         meta = super()._metadata(model)

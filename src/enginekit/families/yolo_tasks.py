@@ -381,7 +381,10 @@ class YoloDepthAdapter(_DenseTask):
                 "0.01) or has no pixels above 1e-3 of its maximum")
 
 
-@register
+# Not registered yet: with random weights (all this project can build offline) RT-DETR's decoder
+# ranks near-equal query scores, so its top-k order, and with it the rows compared, differ between
+# PyTorch, the simplified graph and ONNX Runtime; the simplify stage's self-check refuses the export.
+# Register it once a trained RT-DETR checkpoint shows export, build and verify passing.
 class RtdetrAdapter(UltralyticsTaskAdapter):
     family = "rtdetr"
     task = "detect"

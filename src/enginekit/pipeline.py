@@ -150,7 +150,7 @@ class Pipeline:
         return Artifact(stage, entry, status)
 
     def export_parts(self, shape: Shape, opset: int) -> dict:
-        framework = "ultralytics" if self.adapter.family == "yolo" else "transformers"
+        framework = self.adapter.framework
         return {
             "stage": "export",
             "model": self.adapter.variant,

@@ -101,13 +101,16 @@ class ModelSpec(_ModelOptions):
 
 @lru_cache(maxsize=1)
 def tolerance_names() -> tuple[str, ...]:
-    """Names a ``--tol`` may set: parity limits, then every family's task metrics."""
-    from enginekit.families.depth_anything import DepthAnythingAdapter
-    from enginekit.families.yolo import YoloAdapter
+    """Names a ``--tol`` may set: parity limits, then every registered family's task metrics and options."""
+    from enginekit.families import registered
 
-    metrics = {m for cls in (YoloAdapter, DepthAnythingAdapter) for per in getattr(cls, "task_gates", {}).values()
-               for m in per}
-    return ("rel_l2", "cosine", *sorted(metrics))
+    classes = registered()
+    metrics = {m for cls in classes for per in getattr(cls, "task_gates", {}).values() for m in per}
+    options = {o for cls in classes for o in getattr(cls, "task_options", {})}
+    return (*PARITY_NAMES, *sorted(metrics | options))
+
+
+PARITY_NAMES = ("rel_l2", "cosine", "max_abs")  # also per output part: scores.max_abs=0.01
 
 
 def parse_tolerances(items: list[str] | tuple[str, ...]) -> dict[str, float]:
@@ -120,9 +123,15 @@ def parse_tolerances(items: list[str] | tuple[str, ...]) -> dict[str, float]:
     parsed = parse_overrides(list(items))
     known = tolerance_names()
     for key, value in parsed.items():
-        precision, _, name = key.rpartition(".")
-        if precision and precision not in PRECISIONS:
-            raise UsageError(f"--tol {key}: unknown precision {precision!r}: choose {', '.join(PRECISIONS)}")
+        tokens = key.split(".")
+        if len(tokens) > 1 and re.fullmatch(r"(fp|bf|int)\d+", tokens[0]) and tokens[0] not in PRECISIONS:
+            raise UsageError(f"--tol {key}: unknown precision {tokens[0]!r}: choose {', '.join(PRECISIONS)}")
+        precision = tokens.pop(0) if len(tokens) > 1 and tokens[0] in PRECISIONS else ""
+        name, part = tokens[-1], ".".join(tokens[:-1])
+        if part and name not in PARITY_NAMES:  # the family checks the part's name (compare.gate.Gates)
+            raise UsageError(f"--tol {key}: a part takes a parity limit ({', '.join(PARITY_NAMES)}), not {name!r}")
+        if len(tokens) > 2 or (part and "." in part):
+            raise UsageError(f"--tol {key}: expected [precision.][part.]NAME")
         if name not in known:
             raise UsageError(f"--tol {key}: unknown tolerance {name!r}: choose {', '.join(known)}")
         if not math.isfinite(value) or value <= 0:

@@ -12,7 +12,7 @@ def register(app: typer.Typer) -> None:
     def models_cmd(
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")] = False,
     ) -> None:
-        """List model families, their variants, default input and where weights come from.
+        """List model families, their task, variants, default input and where weights come from.
 
         Example: [bold]enginekit models --json[/]
         """
@@ -29,8 +29,8 @@ def register(app: typer.Typer) -> None:
         from enginekit.cli.render import out
 
         table = Table(title="model families")
-        for col in ("family", "variants", "default input", "weights", "note"):
-            table.add_column(col)
+        for col in ("family", "task", "variants", "default input", "weights", "note"):
+            table.add_column(col, no_wrap=col in ("family", "task", "variants"))
         for f in families():
-            table.add_row(f.family, "\n".join(f.variants), f.default_input, f.weights, f.note)
+            table.add_row(f.family, f.task, "\n".join(f.variants), f.default_input, f.weights, f.note)
         out.print(table)

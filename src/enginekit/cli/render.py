@@ -108,6 +108,8 @@ def _task_text(task: dict) -> str:
     if task.get("compared", 1) <= 0:
         return "nothing to compare"
     names = (("recall", "recall"), ("precision", "precision"), ("map50", "mAP50"), ("map50_95", "mAP50-95"),
+             ("mask_map50", "mask mAP50"), ("pose_map50", "pose mAP50"), ("top1_agreement", "top-1 agreement"),
+             ("top5_overlap", "top-5 overlap"), ("miou", "mIoU"), ("pixel_accuracy", "pixel accuracy"),
              ("score_shift_max", "score shift max"), ("abs_rel", "AbsRel"), ("delta1", "delta1"))
     text = ", ".join(f"{label} {task[k]:.3g}" for k, label in names if k in task)
     if "conf" in task:

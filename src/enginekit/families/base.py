@@ -71,6 +71,16 @@ class ModelAdapter:
     """Base class of a model family. Subclasses fill in the class attributes and methods."""
 
     family: str = ""
+    #: the task, in Ultralytics' words ("detect", "segment", "pose", "obb", "classify", "semantic", "depth")
+    task: str = ""
+    #: the library that builds the model (its version enters the export key)
+    framework: str = ""
+    #: short names that resolve to a variant of this family (``{"depth": "depth-anything-v2-small"}``)
+    aliases: dict[str, str] = {}
+    #: one name, for the message that lists what is known
+    example: str = ""
+    #: which picture verify draws of a candidate on a photograph ("detections", "depth"), or None
+    picture_kind: str | None = None
     input_name: str = ""
     output_names: tuple[str, ...] = ()
     default_input: Shape = ()
@@ -85,6 +95,22 @@ class ModelAdapter:
 
     def __init__(self, variant: str):
         self.variant = variant
+
+    # -- registry (families.registry asks these; no family is named outside its module) --
+    @classmethod
+    def matches(cls, name: str) -> bool:
+        """Whether ``name`` (lower case, aliases resolved) is a variant of this family."""
+        return False
+
+    @classmethod
+    def near_miss(cls, name: str) -> str | None:
+        """A hint when ``name`` looks like this family's but is not one of its variants."""
+        return None
+
+    @classmethod
+    def describe(cls):
+        """One ``families.registry.FamilyInfo`` row for ``enginekit models``."""
+        raise NotImplementedError
 
     # -- identity -------------------------------------------------------------------------
     @property

@@ -27,6 +27,7 @@ from enginekit.families.base import (
     folder_sha256,
     seed_everything,
 )
+from enginekit.families.registry import FamilyInfo, register
 from enginekit.shapes import InputConstraint
 
 PATCH = 14
@@ -209,8 +210,14 @@ def _original_key_space(hf_state: dict) -> list[str]:
     return keys
 
 
+@register
 class DepthAnythingAdapter(ModelAdapter):
     family = "depth-anything-v2"
+    task = "depth"
+    framework = "transformers"
+    aliases = {"depth": "depth-anything-v2-small", "depth-anything-v2": "depth-anything-v2-small"}
+    example = "depth-anything-v2-small"
+    picture_kind = "depth"
     input_name = "pixel_values"
     output_names = ("depth",)
     default_input = (1, 3, 518, 518)
@@ -248,6 +255,17 @@ class DepthAnythingAdapter(ModelAdapter):
 
     def nothing_to_compare(self, task):
         return "the reference depth has no pixels above 1e-3 of its maximum"
+
+    @classmethod
+    def matches(cls, name: str) -> bool:
+        return name.startswith("depth-anything-v2-") and name.rsplit("-", 1)[-1] in VARIANTS
+
+    @classmethod
+    def describe(cls) -> FamilyInfo:
+        return FamilyInfo(cls.family, cls.task, [f"depth-anything-v2-{v}" for v in VARIANTS],
+                          "1x3x518x518 (dynamic batch, H, W; multiples of 14)",
+                          "original .pth, transformers .safetensors/.pth/folder, or the Hugging Face hub",
+                          "alias: depth = depth-anything-v2-small")
 
     @property
     def size(self) -> str:

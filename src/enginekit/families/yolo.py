@@ -24,10 +24,11 @@ from enginekit.families.base import (
     describe_load_error,
     seed_everything,
 )
+from enginekit.families.registry import FamilyInfo, register
 from enginekit.shapes import InputConstraint, Shape
 
 # "yolo12n", "yolov8s", "yolo11x": family token + scale letter. Task variants (-seg, -pose...)
-# are not detectors and are refused by the pattern.
+# are families of their own (families/yolo_tasks.py).
 NAME_RE = re.compile(r"^(yolov\d+|yolo\d+)([nsmlxtbce])$")
 
 # Whole-output limits (recipes show them; a graph is gated per part, below).
@@ -86,6 +87,19 @@ def architecture_yaml(name: str) -> Path | None:
     return None
 
 
+TASK_SUFFIXES = {"detect": "", "segment": "-seg", "pose": "-pose", "obb": "-obb", "classify": "-cls",
+                 "semantic": "-sem", "depth": "-depth"}
+
+
+def task_mismatch(what, found: str, variant: str, expected: str) -> str:
+    """One line: a checkpoint of one task given under the name of another."""
+    hint = ""
+    if found in TASK_SUFFIXES:
+        base = re.sub(r"-(seg|pose|obb|cls|sem|depth)$", "", variant)
+        hint = f": use the name {base}{TASK_SUFFIXES[found]}"
+    return f"{what} is a {found} checkpoint, but {variant} is a {expected} model{hint}"
+
+
 def known_variants() -> list[str]:
     root = ultralytics_model_dir()
     if root is None:
@@ -99,8 +113,13 @@ def known_variants() -> list[str]:
     return sorted(names)
 
 
+@register
 class YoloAdapter(ModelAdapter):
     family = "yolo"
+    task = "detect"
+    framework = "ultralytics"
+    example = "yolo12n"
+    picture_kind = "detections"
     input_name = "images"
     output_names = ("output0",)
     default_input = (1, 3, 640, 640)
@@ -156,6 +175,13 @@ class YoloAdapter(ModelAdapter):
     def matches(cls, name: str) -> bool:
         return architecture_yaml(name) is not None
 
+    @classmethod
+    def describe(cls) -> FamilyInfo:
+        return FamilyInfo(cls.family, cls.task, known_variants(), "1x3x640x640 (dynamic batch)",
+                          "Ultralytics .pt checkpoint, or <name>.pt from the Ultralytics hub",
+                          "any detector Ultralytics builds by name; heads with a one-to-one branch "
+                          "(yolo26, yolov10) export end-to-end (kept boxes, no NMS)")
+
     @property
     def constraint(self) -> InputConstraint:
         return InputConstraint(self.input_name, 3, 32, self.variant)
@@ -171,14 +197,14 @@ class YoloAdapter(ModelAdapter):
             seed_everything(seed)
             source = WeightsSource("random", f"{self.variant}.yaml@{seed}")
             try:
-                model = YOLO(f"{self.variant}.yaml", task="detect").model
+                model = YOLO(f"{self.variant}.yaml", task=self.task).model
             except Exception as exc:  # noqa: BLE001 - one line for the user
                 raise UsageError(describe_load_error(exc, f"cannot build {self.variant}")) from None
         elif weights is not None:
             source = check_weights_file(weights)
             try:
                 # Ultralytics checkpoints are pickles: loading one runs code from the file.
-                model = YOLO(str(weights), task="detect").model
+                model = YOLO(str(weights), task=self.task).model
             except Exception as exc:  # noqa: BLE001
                 raise UsageError(
                     describe_load_error(exc, f"cannot load YOLO checkpoint {weights}")
@@ -186,7 +212,7 @@ class YoloAdapter(ModelAdapter):
         else:
             hub = f"{self.variant}.pt"
             try:
-                model = YOLO(hub, task="detect").model
+                model = YOLO(hub, task=self.task).model
             except Exception:  # noqa: BLE001
                 raise UsageError(
                     f"cannot download {hub} (offline?): pass --weights PATH to a local checkpoint, "
@@ -194,8 +220,8 @@ class YoloAdapter(ModelAdapter):
                 ) from None
             downloaded = Path(getattr(model, "pt_path", None) or hub)
             source = WeightsSource("hub", hub, sha256_file(downloaded) if downloaded.is_file() else None)
-        if getattr(model, "task", "detect") != "detect":
-            raise UsageError(f"{weights or self.variant} is a {model.task} model; enginekit exports detectors")
+        if getattr(model, "task", "detect") != self.task:
+            raise UsageError(task_mismatch(weights or self.variant, model.task, self.variant, self.task))
         return LoadedModel(self._prepare(model), self.variant, source, self._metadata(model))
 
     def _prepare(self, model):
@@ -205,6 +231,8 @@ class YoloAdapter(ModelAdapter):
         model = model.float().eval()
         for p in model.parameters():
             p.requires_grad = False
+        if getattr(model.model[-1], "one2one_cv2", None) is not None:
+            model.end2end = True  # a one-to-one head (yolo26, yolov10): kept boxes, no NMS (Ultralytics nms=False)
         model = model.fuse()
         for m in model.modules():
             if isinstance(m, Detect):
@@ -220,7 +248,7 @@ class YoloAdapter(ModelAdapter):
     def _metadata(self, model) -> dict[str, str]:
         head = model.model[-1]
         return {
-            "task": "detect",
+            "task": self.task,
             "stride": str(int(max(model.stride.tolist()))),
             "names": str(dict(model.names)),
             "end2end": str(bool(getattr(head, "end2end", False))),

@@ -64,9 +64,11 @@ def draw_pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -
         link = by_name[art.name]
         got = onnx_runner(cache.lookup(link["kind"], link["key"]).entry.file("model.onnx"))(photo.feed)
         stem = f"{report.subject}-{report.precision}-{art.name}"
-        if adapter.family == "yolo":
+        if adapter.picture_kind == "detections":
             path = detection_overlay(photo.feed[adapter.input_name][0], photo.outputs["output0"], got["output0"],
                                      folder / f"{stem}-detections.png", end2end=metadata.get("end2end") == "True")
-        else:
+        elif adapter.picture_kind == "depth":
             path = depth_error_heatmap(photo.outputs["depth"], got["depth"], folder / f"{stem}-depth-error.png")
+        else:  # the family draws no picture of its task
+            continue
         art.pictures.append(str(path))

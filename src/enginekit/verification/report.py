@@ -63,7 +63,8 @@ def write_markdown(reports: list[VerifyReport], path: Path) -> Path:
 
 
 TASK_FIGURES = ("conf", "reference_detections", "candidate_detections", "recall", "precision", "map50", "map50_95",
-                "score_shift_mean", "score_shift_max", "abs_rel", "delta1")
+                "mask_map50", "mask_map50_95", "pose_map50", "pose_map50_95", "box_map50", "top1_agreement",
+                "top5_overlap", "miou", "pixel_accuracy", "score_shift_mean", "score_shift_max", "abs_rel", "delta1")
 
 
 def _limit_text(limits: dict) -> str:

@@ -1,0 +1,81 @@
+"""The registry families join by declaring themselves.
+
+A family module decorates its adapter class with :func:`register`; the class says which names it
+serves (``matches``), which short names point at it (``aliases``) and how ``enginekit models``
+describes it (``describe``). Nothing here knows a family: :func:`resolve` asks each registered
+class whether a name is its own, so a new family is a new module and one line in
+``FAMILY_MODULES``. Importing this module stays cheap (family modules import torch, ultralytics
+or transformers inside their methods).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from enginekit.errors import UsageError
+
+if TYPE_CHECKING:
+    from enginekit.families.base import ModelAdapter
+
+#: modules whose import registers their families, in the order ``enginekit models`` lists them
+FAMILY_MODULES = (
+    "enginekit.families.yolo",
+    "enginekit.families.yolo_tasks",
+    "enginekit.families.depth_anything",
+)
+
+_REGISTRY: list[type] = []
+
+
+@dataclass(frozen=True)
+class FamilyInfo:
+    family: str
+    task: str
+    variants: list[str]
+    default_input: str
+    weights: str
+    note: str
+
+    def to_json(self) -> dict:
+        return {"family": self.family, "task": self.task, "variants": self.variants,
+                "default_input": self.default_input, "weights": self.weights, "note": self.note}
+
+
+def register(cls: type) -> type:
+    """Class decorator: add a family's adapter class to the registry (once)."""
+    if cls not in _REGISTRY:
+        _REGISTRY.append(cls)
+    return cls
+
+
+def registered() -> list[type["ModelAdapter"]]:
+    """Every registered adapter class, after importing the family modules."""
+    for module in FAMILY_MODULES:
+        importlib.import_module(module)
+    return list(_REGISTRY)
+
+
+def resolve(name: str) -> "ModelAdapter":
+    """Adapter for a model name, or a one-line UsageError saying what is known."""
+    classes = registered()
+    lowered = name.strip().lower()
+    aliases = {alias: target for cls in classes for alias, target in cls.aliases.items()}
+    canonical = aliases.get(lowered, lowered)
+    hits = [cls for cls in classes if cls.matches(canonical)]
+    if len(hits) == 1:
+        return hits[0](canonical)
+    if len(hits) > 1:  # two families claiming one name is a bug of theirs, not the user's
+        raise RuntimeError(f"{canonical!r} is claimed by {', '.join(c.__name__ for c in hits)}")
+    for cls in classes:
+        hint = cls.near_miss(canonical)
+        if hint:
+            raise UsageError(f"unknown model {name!r}: {hint}; `enginekit models` lists them")
+    examples = ", ".join(cls.example for cls in classes if cls.example)
+    raise UsageError(f"unknown model {name!r}: expected a name like {examples}; `enginekit models` lists them")
+
+
+def families() -> list[FamilyInfo]:
+    """What ``enginekit models`` shows: one row per registered family."""
+    return [cls.describe() for cls in registered()]

@@ -1,0 +1,234 @@
+"""Small models of the instance tasks (segment, pose, obb) that the suite trains itself.
+
+A random YOLO head keeps nothing at the usual confidence, and its mask, keypoint and angle
+branches see near-constant features: a task gate on it compares nothing. This module draws
+images of coloured shapes (seeded: the same bytes every run) with the labels each task needs,
+trains the task's smallest model on them with Ultralytics' own trainer on the CPU, and caches the
+checkpoint that trainer writes under a folder keyed by everything that determines it (drawing and
+training settings, ultralytics and torch versions). A file lock makes parallel workers train once.
+
+Shapes: 0 red square (rotated), 1 green disc, 2 blue triangle (rotated), on muted gradients.
+Labels: segment -> the shape's outline polygon; obb -> its minimum-area rotated rectangle;
+pose -> three keypoints per shape (a triangle's vertices; three corners of a square; three
+points on a disc's rim at the shape's angle), no flips in training so keypoint order holds.
+
+    python tests/trained_tasks.py segment     # train (or find) it and print the checkpoint path
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+NAMES = ("red square", "green disc", "blue triangle")
+MODELS = {"segment": "yolo11n-seg", "pose": "yolo11n-pose", "obb": "yolo11n-obb", "classify": "yolo11n-cls"}
+GENERATOR = 1
+DATA = {"train_images": 160, "val_images": 16, "size": 160, "objects": (1, 4), "side_px": (28, 70), "seed": 0}
+# classify: one shape per image, an ImageNet-style folder per class
+DATA_CLS = {"train_images": 240, "val_images": 24, "size": 96, "objects": (1, 1), "side_px": (30, 70), "seed": 0}
+TRAIN_CLS = {"imgsz": 96, "epochs": 6, "batch": 16, "seed": 0, "deterministic": True, "optimizer": "AdamW",
+             "lr0": 0.002, "warmup_epochs": 1, "hsv_h": 0.0, "fliplr": 0.0, "amp": False}
+TRAIN = {"imgsz": 160, "epochs": 12, "batch": 16, "seed": 0, "deterministic": True, "optimizer": "AdamW",
+         "lr0": 0.004, "warmup_epochs": 1, "mosaic": 0.0, "hsv_h": 0.0, "fliplr": 0.0, "amp": False}
+
+
+def _background(rng, h, w):
+    a, b = rng.uniform(60, 200, 3), rng.uniform(60, 200, 3)
+    a, b = (a + a.mean()) / 2, (b + b.mean()) / 2
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    angle = rng.uniform(0, np.pi)
+    t = np.cos(angle) * xx / w + np.sin(angle) * yy / h
+    t = (t - t.min()) / max(float(t.max() - t.min()), 1e-6)
+    img = a[None, None] * (1 - t[..., None]) + b[None, None] * t[..., None]
+    return img + rng.normal(0, rng.uniform(3, 10), img.shape)
+
+
+def _outline(cls: int, cx: float, cy: float, r: float, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """(outline polygon Nx2, three keypoints 3x2) of a shape centred at (cx, cy), radius r, angle theta."""
+    if cls == 0:  # square: 4 corners
+        angles = theta + np.pi / 4 + np.arange(4) * np.pi / 2
+        poly = np.stack([cx + r * np.cos(angles), cy + r * np.sin(angles)], 1)
+        return poly, poly[:3]
+    if cls == 1:  # disc: 24-gon, keypoints on the rim
+        angles = np.linspace(0, 2 * np.pi, 24, endpoint=False)
+        poly = np.stack([cx + r * np.cos(angles), cy + r * np.sin(angles)], 1)
+        k = theta + np.arange(3) * 2 * np.pi / 3
+        return poly, np.stack([cx + r * np.cos(k), cy + r * np.sin(k)], 1)
+    angles = theta - np.pi / 2 + np.arange(3) * 2 * np.pi / 3  # triangle
+    poly = np.stack([cx + r * np.cos(angles), cy + r * np.sin(angles)], 1)
+    return poly, poly
+
+
+def draw_image(rng, size: int, objects, side_px):
+    """(RGB uint8 image, [(cls, polygon Nx2, keypoints 3x2)] in pixels)."""
+    import cv2
+
+    img = _background(rng, size, size)
+    shapes, centres = [], []
+    for _ in range(int(rng.integers(objects[0], objects[1] + 1))):
+        r = float(rng.uniform(*side_px)) / 2
+        for _attempt in range(20):
+            cx, cy = rng.uniform(r + 2, size - r - 2, 2)
+            if all(np.hypot(cx - x, cy - y) > r + rr + 4 for x, y, rr in centres):
+                break
+        else:
+            continue
+        cls, theta = int(rng.integers(0, 3)), float(rng.uniform(0, 2 * np.pi))
+        poly, kpts = _outline(cls, cx, cy, r, theta)
+        strong, weak = rng.uniform(170, 255), rng.uniform(0, 70, 2)
+        colour = [float(weak[0]), float(weak[1])]
+        colour.insert(cls, float(strong))
+        cv2.fillPoly(img, [np.round(poly).astype(np.int32)], colour, cv2.LINE_AA)
+        shapes.append((cls, poly, kpts))
+        centres.append((cx, cy, r))
+    img += rng.normal(0, 4, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8), shapes
+
+
+def _label(task: str, cls: int, poly: np.ndarray, kpts: np.ndarray, size: int) -> str:
+    import cv2
+
+    def fmt(points):
+        return " ".join(f"{v / size:.6f}" for v in np.asarray(points).reshape(-1))
+
+    if task == "segment":
+        return f"{cls} {fmt(poly)}"
+    if task == "obb":
+        return f"{cls} {fmt(cv2.boxPoints(cv2.minAreaRect(poly.astype(np.float32))))}"
+    x1, y1 = poly.min(0)
+    x2, y2 = poly.max(0)
+    box = [(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1]
+    kp = " ".join(f"{x / size:.6f} {y / size:.6f} 2" for x, y in kpts)
+    return f"{cls} {fmt(box)} {kp}"
+
+
+def write_classify_dataset(root: Path, data: dict = DATA_CLS) -> Path:
+    import cv2
+
+    for split, count, seed in (("train", data["train_images"], data["seed"]), ("val", data["val_images"],
+                                                                               data["seed"] + 1)):
+        rng = np.random.default_rng(seed)
+        for name in NAMES:
+            (root / split / name.replace(" ", "_")).mkdir(parents=True, exist_ok=True)
+        written = 0
+        while written < count:
+            img, shapes = draw_image(rng, data["size"], data["objects"], data["side_px"])
+            if len(shapes) != 1:
+                continue
+            cv2.imwrite(str(root / split / NAMES[shapes[0][0]].replace(" ", "_") / f"{written:04d}.png"), img[..., ::-1])
+            written += 1
+    return root
+
+
+def write_dataset(root: Path, task: str, data: dict = DATA) -> Path:
+    import cv2
+
+    if task == "classify":
+        return write_classify_dataset(root)
+
+    size = data["size"]
+    for split, count, seed in (("train", data["train_images"], data["seed"]), ("val", data["val_images"],
+                                                                               data["seed"] + 1)):
+        rng = np.random.default_rng(seed)
+        (root / "images" / split).mkdir(parents=True, exist_ok=True)
+        (root / "labels" / split).mkdir(parents=True, exist_ok=True)
+        for i in range(count):
+            img, shapes = draw_image(rng, size, data["objects"], data["side_px"])
+            cv2.imwrite(str(root / "images" / split / f"{i:04d}.png"), img[..., ::-1])
+            lines = [_label(task, c, p, k, size) for c, p, k in shapes]
+            (root / "labels" / split / f"{i:04d}.txt").write_text("\n".join(lines) + ("\n" if lines else ""))
+    names = "\n".join(f"  {i}: {n}" for i, n in enumerate(NAMES))
+    extra = "kpt_shape: [3, 3]\nflip_idx: [0, 1, 2]\n" if task == "pose" else ""
+    path = root / "shapes.yaml"
+    path.write_text(f"path: {root}\ntrain: images/train\nval: images/val\n{extra}names:\n{names}\n")
+    return path
+
+
+def held_out_images(folder: Path, task: str, count: int = 4, seed: int = 10_000) -> Path:
+    """A folder of images of the same kind the model never saw (PNG), for ``--images``."""
+    import cv2
+
+    data = DATA_CLS if task == "classify" else DATA
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        img = draw_image(rng, data["size"], data["objects"], data["side_px"])[0]
+        cv2.imwrite(str(folder / f"held-out-{i}.png"), img[..., ::-1])
+    return folder
+
+
+def cache_key(task: str) -> str:
+    import torch
+    import ultralytics
+
+    data, train = (DATA_CLS, TRAIN_CLS) if task == "classify" else (DATA, TRAIN)
+    parts = {"task": task, "model": MODELS[task], "generator": GENERATOR, "data": data, "train": train,
+             "names": NAMES, "ultralytics": ultralytics.__version__, "torch": torch.__version__}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=list).encode()).hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    env = os.environ.get("ENGINEKIT_TEST_DATA")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / ".pytest_cache" / "enginekit-trained"
+
+
+def trained_task_model(task: str, root: Path | None = None) -> Path:
+    """The cached checkpoint of ``task``'s model, training it first (once, under a lock) where missing."""
+    from filelock import FileLock
+
+    entry = (root or cache_root()) / f"{MODELS[task]}-shapes-{cache_key(task)}"
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(entry) + ".lock"):
+        if not (entry / "record.json").exists():
+            _train_into(entry, task)
+    return entry / "best.pt"
+
+
+def _train_into(entry: Path, task: str) -> None:
+    work = entry.with_name(entry.name + f".tmp{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    env = dict(os.environ, YOLO_OFFLINE="1", YOLO_VERBOSE="False", YOLO_CONFIG_DIR=str(work / "config"))
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--train-into", task, str(work)], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0 or not (work / "best.pt").exists():
+        raise RuntimeError(f"training the test {task} model failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-3000:]}")
+    (work / "record.json").write_text(json.dumps({"task": task, "model": MODELS[task], "names": list(NAMES),
+                                                  "train_seconds": round(time.perf_counter() - start, 1),
+                                                  "key": cache_key(task)}, indent=1))
+    for scratch in ("runs", "dataset", "config"):
+        shutil.rmtree(work / scratch, ignore_errors=True)
+    shutil.rmtree(entry, ignore_errors=True)
+    work.rename(entry)
+
+
+def _train_child(task: str, work: Path) -> None:
+    import ultralytics.data.utils as data_utils
+    from ultralytics import YOLO
+
+    data_utils.check_font = lambda *a, **k: None  # plots are off; offline the font fetch only waits
+    yaml_path = write_dataset(work / "dataset", task)
+    model = YOLO(f"{MODELS[task]}.yaml", task=task)
+    model.train(data=str(yaml_path), device="cpu", workers=0, plots=False, val=False, project=str(work / "runs"),
+                name="train", exist_ok=True, verbose=False, **(TRAIN_CLS if task == "classify" else TRAIN))
+    weights = work / "runs" / "train" / "weights"
+    shutil.copy2(weights / "best.pt" if (weights / "best.pt").exists() else weights / "last.pt", work / "best.pt")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--train-into":
+        _train_child(sys.argv[2], Path(sys.argv[3]))
+    else:
+        start = time.perf_counter()
+        print(trained_task_model(sys.argv[1] if len(sys.argv) > 1 else "segment"),
+              f"({time.perf_counter() - start:.0f} s)")

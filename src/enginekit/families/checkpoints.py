@@ -60,6 +60,7 @@ _LEGACY_NAMES = {
 # Plain classes (not nn.Modules) a training checkpoint may keep on the model (its criterion).
 _PLAIN_CLASS_MODULES = ("ultralytics.utils.loss", "ultralytics.utils.tal", "ultralytics.utils.metrics")
 _UNSUPPORTED_GLOBAL_RE = re.compile(r"GLOBAL ([\w.]+)")
+_UNBUILDABLE_RE = re.compile(r"but got <class '([\w.]+)'>")
 
 
 # --------------------------------------------------------------------------- opting in
@@ -228,6 +229,9 @@ def safe_load(path: Path) -> Any:
     with _LOCK:
         # add_safe_globals is process-wide and cheap to keep; register only what this file
         # names, since the unpickler rebuilds its lookup from the registered set per opcode.
+        if any(name.startswith("numpy.") for name in needed):
+            # numpy scalars name their dtype's class only when built, not in the global scan
+            needed += [name for name in registry if name.startswith("numpy.dtypes.")]
         new = [name for name in needed if name not in _REGISTERED]
         if new:
             torch.serialization.add_safe_globals([(registry[name], name) for name in new])
@@ -237,7 +241,7 @@ def safe_load(path: Path) -> Any:
             warnings.simplefilter("ignore")  # torch's notes on pickle protocols: not the user's
             return torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        match = _UNSUPPORTED_GLOBAL_RE.search(str(exc))
+        match = _UNSUPPORTED_GLOBAL_RE.search(str(exc)) or _UNBUILDABLE_RE.search(str(exc))
         if match:
             raise _refusal(path, match.group(1)) from None
         raise UsageError(f"{path} is not a PyTorch checkpoint ({_torch_reason(exc)})") from None

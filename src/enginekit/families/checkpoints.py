@@ -181,6 +181,18 @@ def _build_registry() -> dict[str, Any]:
     return registry
 
 
+def _add_torchvision_transforms(registry: dict[str, Any]) -> None:
+    """Classification checkpoints may keep their preprocessing: torchvision's plain transforms
+    (imported only for the files that name them)."""
+    try:
+        import torchvision.transforms.transforms as tvt
+        from torchvision.transforms.functional import InterpolationMode
+    except ImportError:
+        return
+    for obj in (tvt.Compose, tvt.Normalize, tvt.Resize, tvt.CenterCrop, tvt.ToTensor, InterpolationMode):
+        registry[f"{obj.__module__}.{obj.__qualname__}"] = obj
+
+
 def _registry() -> dict[str, Any]:
     global _REGISTRY
     if _REGISTRY is None:
@@ -223,6 +235,8 @@ def safe_load(path: Path) -> Any:
         needed = []  # not a zip archive: the restricted unpickler below still refuses globals
     except Exception as exc:  # noqa: BLE001 - a damaged archive
         raise UsageError(f"cannot read checkpoint {path}: {_first_line(exc)}") from None
+    if any(name.startswith("torchvision.transforms.") for name in needed):
+        _add_torchvision_transforms(registry)
     refused = [name for name in needed if name not in registry]
     if refused:
         raise _refusal(path, refused[0], len(refused) - 1)

@@ -239,17 +239,31 @@ def test_ultralytics_checkpoint_loads_without_opting_in(tmp_path, fmt, monkeypat
     assert proc.stdout.split() == ["DetectionModel", "torch.float32"]
 
 
-def test_trained_fixture_checkpoint_loads_without_opting_in(monkeypatch):
-    """The detector the suite trains (Ultralytics' trainer, stripped best.pt), when present."""
-    conftest = pytest.importorskip("conftest")
-    fixture = getattr(conftest, "trained_detector_path", None)
-    if fixture is None:
-        pytest.skip("the suite's trained detector fixture is not available in this checkout")
-    monkeypatch.delenv("ENGINEKIT_TRUST_CHECKPOINTS", raising=False)
-    from enginekit.families.checkpoints import load_ultralytics_model
+def test_trained_checkpoint_loads_without_opting_in(trained_detector, monkeypatch, tmp_path):
+    """The detector the suite trains with Ultralytics' trainer (its best.pt), through the
+    restricted unpickler in a fresh process, and the same weights as Ultralytics' own loader."""
+    import torch
 
-    model = load_ultralytics_model(Path(fixture()))
-    assert model.task == "detect"
+    monkeypatch.delenv("ENGINEKIT_TRUST_CHECKPOINTS", raising=False)
+    script = (
+        "import sys, torch; from pathlib import Path\n"
+        "from enginekit.families.checkpoints import load_ultralytics_model\n"
+        "m = load_ultralytics_model(Path(sys.argv[1]))\n"
+        "torch.save(m.state_dict(), sys.argv[2])\n"
+        "print(m.task, len(m.names))\n"
+    )
+    out = tmp_path / "state.pt"
+    proc = subprocess.run([sys.executable, "-c", script, str(trained_detector.weights), str(out)],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["detect", str(len(trained_detector.names))]
+    from ultralytics.nn.tasks import load_checkpoint
+
+    reference = load_checkpoint(str(trained_detector.weights))[0].state_dict()
+    state = torch.load(out, weights_only=True)
+    assert state.keys() == reference.keys()
+    for name, value in reference.items():
+        torch.testing.assert_close(state[name], value, rtol=0, atol=0)
 
 
 def test_state_dict_given_to_yolo_is_one_line(tmp_path):

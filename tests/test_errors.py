@@ -479,3 +479,60 @@ def test_purge_removes_lock_files_too(tmp_path):
     cache.purge()
     assert not list((cache.root / ".locks").iterdir())
     assert _entries(cache.root) == set()
+
+
+# --------------------------------------------------------------------------- properties of the pieces
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_FAST = settings(max_examples=60, deadline=None, database=None, derandomize=True,
+                 suppress_health_check=list(HealthCheck))
+
+
+@_FAST
+@given(st.text(max_size=60))
+def test_any_shape_text_parses_or_is_one_line(text):
+    from enginekit.shapes import INT32_MAX, parse_shape
+
+    try:
+        dims = parse_shape(text, what="--input")
+    except UsageError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 400 and "--input" in str(exc)
+    else:
+        assert dims and all(1 <= d <= INT32_MAX for d in dims)
+
+
+_plain = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=25, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(data=_plain, where=st.integers(min_value=0, max_value=3))
+def test_a_payload_anywhere_in_a_checkpoint_never_runs(tmp_path_factory, data, where):
+    import torch
+
+    from enginekit.families.checkpoints import safe_load
+
+    folder = tmp_path_factory.mktemp("payload")
+    marker = folder / "ran"
+    payload = _Touch(marker)
+    wrapped = [payload, {"x": payload}, {"model": None, "ema": [data, payload]}, (data, {"deep": [[payload]]})][where]
+    path = folder / "ckpt.pt"
+    torch.save({"train_args": data, "model": wrapped}, path)
+    with pytest.raises(UsageError, match="trust-checkpoint"):
+        safe_load(path)
+    assert not marker.exists()
+
+
+@_FAST
+@given(st.sampled_from(["/proc", "/sys", "/dev"]), st.lists(st.text("abcxyz_-", min_size=1, max_size=6), max_size=3))
+def test_cache_roots_under_kernel_filesystems_are_refused(base, parts):
+    from enginekit.cache import location_problem
+
+    root = "/".join([base, *parts])
+    assert location_problem(root) is not None

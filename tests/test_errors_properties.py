@@ -280,8 +280,7 @@ def verbs(world) -> dict[str, tuple[list[str], dict[str, st.SearchStrategy[str]]
                 "--warmup": st.one_of(st.integers(max_value=-1).map(str), huge_int(), not_int()),
                 "--iters": bad_positive_int(),
                 "--threads": st.one_of(st.integers(max_value=-1).map(str), huge_int(), not_int()),
-                "--json": bad_out_path(world),
-                "--plot": bad_out_path(world),
+                "--plot": st.one_of(bad_out_path(world), st.just(str(world["root"] / "plot.out"))),
                 "--weights": bad_in_file(world),
             },
         ),
@@ -384,7 +383,6 @@ def test_regression_build_profile_int32_overflow(world):
               "99999999999999999999")
 
 
-@pytest.mark.xfail(strict=True, reason="bench code checks batches against memory later (call site: check_batch)")
 def test_regression_bench_batch_beyond_memory(world):
     _one_line(["bench", "yolo12n", "--random-init", "-b", "100000", "--backend", "onnxruntime"], world, 2, "100000")
 
@@ -413,11 +411,10 @@ def test_regression_verify_outputs_unwritable(world, option):
     _one_line(["verify", str(world["onnx"]), "--model", "yolo12n", option, "/proc/x.out"], world, 2, "/proc/x.out")
 
 
-@pytest.mark.xfail(strict=True, reason="output paths checked before any work: Phase B")
-@pytest.mark.parametrize("option", ["--json", "--plot"])
-def test_regression_bench_outputs_unwritable(world, option):
-    _one_line(["bench", "yolo12n", "--random-init", "--backend", "onnxruntime", option, "/proc/x.out"], world, 2,
-              "/proc/x.out")
+@pytest.mark.parametrize("path", ["/proc/x.png", "{dir}", "{root}/plot.out"])
+def test_regression_bench_plot_unwritable(world, path):
+    path = path.format(dir=world["dir"], root=world["root"])
+    _one_line(["bench", "yolo12n", "--random-init", "--backend", "onnxruntime", "--plot", path], world, 2, path)
 
 
 def test_regression_weights_etc_passwd(world):
@@ -477,10 +474,13 @@ def test_regression_cache_location_unusable_at_export(world, where):
     assert root in line
 
 
-@pytest.mark.xfail(strict=True, reason="doctor reports Cache.check_location(): Phase B (doctor is helpers')")
 def test_regression_doctor_reports_unusable_cache(world):
+    import json
+
     run = invoke(["doctor", "--json"], env={"ENGINEKIT_CACHE": str(world["regular"])})
-    assert "not a directory" in run.stdout
+    data = json.loads(run.stdout)
+    assert "not a directory" in data["cache"]["problem"]
+    assert any("cannot use the cache" in w for w in data["warnings"])
 
 
 @pytest.mark.xfail(strict=True, reason="recipe YAML depth checked: Phase B")

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import ForceOpt, RandomInitOpt, SeedOpt, WeightsOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
@@ -20,6 +20,7 @@ def register(app: typer.Typer) -> None:
         fp16: Annotated[bool, typer.Option("--fp16", help="Also convert to FP16 (ModelOpt AutoCast, FP32 I/O) and write that graph.")] = False,
         output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the ONNX (default: ./<model>[.fp16].onnx).")] = None,
         weights: WeightsOpt = None,
+        trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
         opset: Annotated[int, typer.Option("--opset", help="ONNX opset.")] = 18,

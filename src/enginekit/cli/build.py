@@ -57,8 +57,10 @@ def register(app: typer.Typer) -> None:
 
             return build_recipe_cmd(target, locals())
         from enginekit import api
+        from enginekit.fsutil import check_output_path
         from enginekit.requests import BuildRequest
 
+        check_output_path(output, "--output")
         request = BuildRequest(
             target=target, profiles=profile or [], precision=precision, backend=backend, target_cc=target_cc,
             workspace=workspace, opt_level=opt_level, calib_data=calib_data, calib_count=calib_count,

@@ -44,8 +44,10 @@ def register(app: typer.Typer) -> None:
           enginekit export depth --input 1x3x518x518 --weights depth_anything_v2_vits.pth
         """
         from enginekit import api
+        from enginekit.fsutil import atomic_write_text, check_output_path
         from enginekit.requests import ExportRequest
 
+        check_output_path(report, "--report")
         request = ExportRequest(model=model, input=input, fp16=fp16, output=output, weights=weights,
                                 random_init=random_init, seed=seed, opset=opset, simplifier=simplifier, images=images,
                                 rel_l2=rel_l2, force=force)
@@ -58,8 +60,7 @@ def register(app: typer.Typer) -> None:
         if result.fp16_share is not None:
             console.print(f"  FP16 share of initializer elements: {result.fp16_share:.1%}")
         if report is not None:
-            report.parent.mkdir(parents=True, exist_ok=True)
-            report.write_text(json.dumps(result.to_json(), indent=2))
+            atomic_write_text(report, json.dumps(result.to_json(), indent=2) + "\n")
         if not result.passed:
             from enginekit.errors import ParityError
 

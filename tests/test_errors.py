@@ -536,3 +536,109 @@ def test_cache_roots_under_kernel_filesystems_are_refused(base, parts):
 
     root = "/".join([base, *parts])
     assert location_problem(root) is not None
+# --------------------------------------------------------------------------- one error path
+
+
+@pytest.mark.parametrize(
+    "path, folder, needle",
+    [
+        ("/proc/x.onnx", False, "/proc"),
+        ("/sys/x.json", False, "/sys"),
+        ("/dev/null", False, "/dev"),
+        ("{dir}", False, "is a folder"),
+        ("{regular}/x.onnx", False, "not a folder"),
+        ("{regular}", True, "not a folder"),
+        ("{dir}/", False, "folder"),
+    ],
+)
+def test_output_paths_that_cannot_be_written_are_refused_before_work(tmp_path, path, folder, needle):
+    from enginekit.fsutil import check_output_path, output_path_problem
+
+    regular = tmp_path / "regular.txt"
+    regular.write_text("x")
+    (tmp_path / "d").mkdir()
+    path = path.format(dir=tmp_path / "d", regular=regular)
+    assert needle in (output_path_problem(path, folder=folder) or "")
+    with pytest.raises(UsageError) as info:
+        check_output_path(path, "--report", folder=folder)
+    assert str(info.value).startswith(f"--report {path}") and "\n" not in str(info.value)
+    assert regular.read_text() == "x" and not list((tmp_path / "d").iterdir())  # nothing created
+
+
+def test_output_paths_that_can_be_written_pass(tmp_path):
+    from enginekit.fsutil import output_path_problem
+
+    assert output_path_problem(tmp_path / "new" / "deeper" / "x.onnx") is None
+    assert output_path_problem(tmp_path / "report-folder", folder=True) is None
+    assert not (tmp_path / "new").exists()
+
+
+def test_error_line_is_printed_verbatim_on_one_line(capsys):
+    from enginekit.cli.common import error_text, print_error
+
+    print_error("malformed profile 'a:b:c:d' [bold]x[/] :smile:\nsecond line\x1b[31m")
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1
+    assert "'a:b:c:d' [bold]x[/] :smile: second line\\x1b[31m" in lines[0]
+    assert lines[0].startswith("error: ")
+    assert error_text("a\tb") == "a\\tb"
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["export", "yolo12n", "--bogus"], "--bogus"),
+        (["build", "x.onnx", "--opt-level", "abc"], "--opt-level"),
+        (["models", "extra"], "extra"),
+        (["cache", "gc", "--max-size"], "--max-size"),
+        (["nosuchverb"], "nosuchverb"),
+    ],
+)
+def test_parser_errors_are_one_error_line_exit_2(args, needle):
+    from typer.testing import CliRunner
+
+    from enginekit.cli import app
+
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], result.stderr
+
+
+def test_help_and_version_still_work():
+    from typer.testing import CliRunner
+
+    from enginekit.cli import app
+
+    for args in (["--help"], ["export", "--help"], ["cache", "--help"], ["--version"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0 and result.stdout.strip() and not result.stderr.strip(), args
+    bare = CliRunner().invoke(app, [])
+    assert "Usage" in bare.stdout and bare.exit_code == 2
+
+
+def test_opset_range_matches_the_exporter():
+    import torch.onnx._constants as constants
+
+    from enginekit.requests import OPSET_MAX, OPSET_MIN, ExportRequest
+
+    assert (OPSET_MIN, OPSET_MAX) == (constants.ONNX_MIN_OPSET, constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET)
+    for bad in (3, 6, 21, 99):
+        with pytest.raises(UsageError, match="--opset"):
+            ExportRequest(model="yolo12n", random_init=True, opset=bad)
+
+
+def test_deep_or_huge_recipe_is_one_line(tmp_path):
+    from enginekit.recipes import load_recipe
+
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("[" * 100000)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("model: yolo12n\nx: " + "[" * 40 + "]" * 40 + "\n")
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("model: yolo12n\n" + "#" * (2 << 20) + "\n")
+    for path, needle in ((deep, "nested"), (nested, "nested"), (huge, "characters")):
+        with pytest.raises(UsageError, match=needle) as info:
+            load_recipe(str(path))
+        assert "\n" not in str(info.value) and len(str(info.value)) < 300

@@ -326,24 +326,19 @@ def _check_verb(world, verb: str, data) -> None:
     assert entries(world["cache"]) == before, f"{run!r}\nnew cache entries"
 
 
-# Which verbs hold today. A verb whose options are not all checked where they enter stays
-# xfail(strict) until it is; see the named regression tests below for the concrete cases.
-_NOT_YET = pytest.mark.xfail(strict=os.environ.get("ENGINEKIT_PROPERTY_RUNXFAIL") is None, reason="option errors not yet one line + exit 2 (issue 12, item 1)")
-
-
 @pytest.mark.parametrize(
     "verb",
     [
-        pytest.param("export", marks=_NOT_YET),
-        pytest.param("build", marks=_NOT_YET),
-        pytest.param("verify", marks=_NOT_YET),
-        pytest.param("simplify", marks=_NOT_YET),
-        pytest.param("cache", marks=_NOT_YET),
-        pytest.param("bench", marks=_NOT_YET),
-        pytest.param("recipes", marks=_NOT_YET),
-        pytest.param("matrix", marks=_NOT_YET),
-        pytest.param("models", marks=_NOT_YET),
-        pytest.param("doctor", marks=_NOT_YET),
+        "export",
+        "build",
+        "verify",
+        "simplify",
+        "cache",
+        "bench",
+        "recipes",
+        "matrix",
+        "models",
+        "doctor",
     ],
 )
 @PROPERTY
@@ -387,17 +382,14 @@ def test_regression_bench_batch_beyond_memory(world):
     _one_line(["bench", "yolo12n", "--random-init", "-b", "100000", "--backend", "onnxruntime"], world, 2, "100000")
 
 
-@pytest.mark.xfail(strict=True, reason="output paths checked before any work: Phase B")
 def test_regression_export_output_under_proc(world):
     _one_line(["export", "yolo12n", "--random-init", "-o", "/proc/x.onnx"], world, 2, "/proc/x.onnx")
 
 
-@pytest.mark.xfail(strict=True, reason="output paths checked before any work: Phase B")
 def test_regression_export_output_is_a_directory(world):
     _one_line(["export", "yolo12n", "--random-init", "-o", str(world["dir"])], world, 2, str(world["dir"]))
 
 
-@pytest.mark.xfail(strict=True, reason="output paths checked before any work: Phase B")
 def test_regression_export_report_unwritable_leaves_no_onnx(world):
     out = world["root"] / "left-behind.onnx"
     _one_line(["export", "yolo12n", "--random-init", "-o", str(out), "--report", "/proc/r.json"], world, 2,
@@ -405,7 +397,6 @@ def test_regression_export_report_unwritable_leaves_no_onnx(world):
     assert not out.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="output paths checked before any work: Phase B")
 @pytest.mark.parametrize("option", ["--report", "--junit"])
 def test_regression_verify_outputs_unwritable(world, option):
     _one_line(["verify", str(world["onnx"]), "--model", "yolo12n", option, "/proc/x.out"], world, 2, "/proc/x.out")
@@ -444,13 +435,11 @@ def test_regression_crafted_pickle_runs_no_code(world):
     assert not marker.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="opset checked against the exporter: Phase B")
 @pytest.mark.parametrize("opset", ["3", "99"])
 def test_regression_opset_out_of_range(world, opset):
     _one_line(["export", "yolo12n", "--random-init", "--opset", opset], world, 2, "--opset")
 
 
-@pytest.mark.xfail(strict=True, reason="seeds checked where they enter: Phase B (requests)")
 @pytest.mark.parametrize("seed", ["-5", "99999999999999999999999"])
 def test_regression_seed_out_of_range_caches_nothing(world, seed):
     _one_line(["export", "yolo12n", "--random-init", f"--seed={seed}"], world, 2, "--seed")
@@ -483,40 +472,33 @@ def test_regression_doctor_reports_unusable_cache(world):
     assert any("cannot use the cache" in w for w in data["warnings"])
 
 
-@pytest.mark.xfail(strict=True, reason="recipe YAML depth checked: Phase B")
 def test_regression_deep_yaml(world):
     path = world["root"] / "deep.yaml"
     path.write_text("[" * 100000)
     _one_line(["recipes", "show", str(path)], world, 2, str(path))
 
 
-@pytest.mark.xfail(strict=True, reason="Click usage errors become one line: Phase B")
 @pytest.mark.parametrize("args", [["export", "yolo12n", "--bogus"], ["build", "x.onnx", "--opt-level", "abc"],
                                   ["models", "extra"]])
 def test_regression_parser_errors_are_one_line(world, args):
     _one_line(args, world, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="error printer escapes markup and emoji codes: Phase B")
 def test_regression_profile_is_echoed_verbatim(world):
     line = _one_line(["build", str(world["onnx"]), "--no-verify", "-p", "a:b:c:d"], world, 2)
     assert "a:b:c:d" in line
 
 
-@pytest.mark.xfail(strict=True, reason="verify --image-count checked and named: Phase B")
 def test_regression_verify_image_count_zero_names_image_count(world):
     _one_line(["verify", str(world["onnx"]), "--model", "yolo12n", "--image-count", "0"], world, 2, "--image-count")
-
-
-_TOL_NOT_YET = pytest.mark.xfail(strict=True, reason="tolerances: finite, positive, known names: Phase B")
 
 
 @pytest.mark.parametrize(
     "args",
     [
-        pytest.param(["export", "yolo12n", "--random-init", "--rel-l2", "nan"], marks=_TOL_NOT_YET),
-        pytest.param(["build", "yolo12n", "--random-init", "--tol", "bogus=1"], marks=_TOL_NOT_YET),
-        pytest.param(["build", "yolo12n", "--random-init", "--tol", "rel_l2=-1"], marks=_TOL_NOT_YET),
+        ["export", "yolo12n", "--random-init", "--rel-l2", "nan"],
+        ["build", "yolo12n", "--random-init", "--tol", "bogus=1"],
+        ["build", "yolo12n", "--random-init", "--tol", "rel_l2=-1"],
         ["build", "{onnx}", "--no-verify", "--tol", "bogus=1"],
         ["build", "{onnx}", "--no-verify", "--tol", "rel_l2=-1"],
         ["verify", "{onnx}", "--model", "yolo12n", "--tol", "rel_l2=-1"],

@@ -89,7 +89,11 @@ def world(tmp_path_factory):
     onnx = root / "tiny.onnx"
     _tiny_onnx(onnx)
     (root / "empty-dir").mkdir()
-    return {"root": root, "regular": regular, "onnx": onnx, "dir": root / "empty-dir",
+    image = root / "bus.jpg"
+    import ultralytics
+
+    image.write_bytes((Path(ultralytics.__file__).parent / "assets" / "bus.jpg").read_bytes())
+    return {"root": root, "image": image, "regular": regular, "onnx": onnx, "dir": root / "empty-dir",
             "cache": root / "cache"}
 
 
@@ -298,6 +302,23 @@ def verbs(world) -> dict[str, tuple[list[str], dict[str, st.SearchStrategy[str]]
                 "PATHS": st.sampled_from([str(world["regular"]), str(world["root"] / "missing.yaml"), "/proc/self"]),
             },
         ),
+        "predict": (
+            ["predict", "yolo12n", str(world["image"]), "--random-init", "--backend", "onnxruntime-cpu"],
+            {
+                "--save": st.sampled_from([str(world["regular"]), "/proc/enginekit-x", "/sys/enginekit-x",
+                                           str(world["regular"] / "under-a-file")]),
+                "--backend": bad_choice({"auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu", "torch"}),
+                "--precision": bad_choice({"fp32", "fp16", "int8", "fp8"}),
+                "--weights": bad_in_file(world),
+                "--seed": st.one_of(st.integers(max_value=-1).map(str), huge_int(), not_int()),
+                "--conf": st.one_of(bad_float(), st.sampled_from(["1.5", "2"])),
+                "--iou": st.one_of(bad_float(), st.sampled_from(["1.5", "2"])),
+                "--max-frames": bad_positive_int(),
+                "--device": st.sampled_from(["gpu", "cuda:x", "cuda:-1", "tpu", "cuda:99999999999999999999"]),
+                "SOURCE": st.sampled_from([str(world["root"] / "missing.jpg"), str(world["regular"]),
+                                           str(world["dir"]), "99"]),
+            },
+        ),
         "models": (["models"], {"EXTRA": junk.filter(lambda s: s.strip() and not s.startswith("-")),
                                 "--bogus": st.just("")}),
         "doctor": (["doctor"], {"EXTRA": junk.filter(lambda s: s.strip() and not s.startswith("-")),
@@ -306,6 +327,8 @@ def verbs(world) -> dict[str, tuple[list[str], dict[str, st.SearchStrategy[str]]
 
 
 def command(base: list[str], option: str, value: str) -> list[str]:
+    if option == "SOURCE":  # predict's second positional argument, in place
+        return [*base[:2], value, *base[3:]]
     if option.isupper():  # a positional argument
         return [*base, value]
     if option == "--bogus":
@@ -339,6 +362,7 @@ def _check_verb(world, verb: str, data) -> None:
         "matrix",
         "models",
         "doctor",
+        "predict",
     ],
 )
 @PROPERTY

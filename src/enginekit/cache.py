@@ -143,14 +143,19 @@ _AGE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$", re.IGNORECASE)
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+_SIZE_SHAPE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\s*([KMGT](I?B)?|B)?$", re.IGNORECASE)
+
+
 def parse_size(text: str) -> int:
     """``"20G"`` -> bytes. Suffixes K, M, G, T are powers of 1024; no suffix means bytes."""
     from pydantic import ByteSize, TypeAdapter, ValidationError
 
     spelled = _SIZE_UNIT_RE.sub(lambda m: m.group(1).upper() + "iB", str(text).strip())
     try:
+        if not _SIZE_SHAPE_RE.match(str(text).strip()):  # ByteSize alone reads "1.5.2G" as 1
+            raise ValueError
         return int(TypeAdapter(ByteSize).validate_python(spelled))
-    except ValidationError:
+    except (ValidationError, ValueError):
         raise UsageError(
             f"malformed size {text!r}: expected a number with an optional K, M, G or T suffix, "
             "like 20G"

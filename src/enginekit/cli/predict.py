@@ -40,6 +40,9 @@ def register(app: typer.Typer) -> None:
 
           enginekit predict yolo12n,depth video.mp4 --random-init --save out/ --backend onnxruntime-cuda
         """
+        from enginekit.fsutil import check_output_path
+
+        check_output_path(save, "--save", folder=True)  # before any work
         quiet_third_party()
         from enginekit.runtime.predict import run_predict
 

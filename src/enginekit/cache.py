@@ -73,6 +73,43 @@ def default_root() -> Path:
     return Path.home() / ".cache" / "enginekit"
 
 
+def _root_origin() -> str | None:
+    """The setting ``default_root()`` took the root from, for messages."""
+    if os.environ.get("ENGINEKIT_CACHE"):
+        return "ENGINEKIT_CACHE"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return "XDG_CACHE_HOME"
+    return None
+
+
+# Kernel filesystems: files there are not files, and writing may do anything.
+_KERNEL_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def location_problem(root: str | os.PathLike[str], *, writable: bool = True) -> str | None:
+    """Why ``root`` cannot hold the cache (one phrase), or None. Creates nothing.
+
+    A cache location must be a directory (or a path one can be created at) outside the kernel's
+    filesystems, and, to build or remove entries, writable.
+    """
+    path = Path(root).expanduser()
+    real = os.path.realpath(path)
+    for kernel in _KERNEL_ROOTS:
+        if real == kernel or real.startswith(kernel + os.sep):
+            return f"{path} is under {kernel}, which holds no ordinary files"
+    if os.path.lexists(path) and not path.is_dir():
+        return f"{path} exists and is not a directory"
+    existing = path
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory, so {path} cannot be created"
+    if writable and not os.access(existing, os.W_OK | os.X_OK):
+        what = "writable" if existing == path else f"writable, so {path} cannot be created"
+        return f"{existing} is not {what}"
+    return None
+
+
 def _canonical(value: Any) -> str:
     """Canonical JSON: same data, same text, whatever the dict order."""
     return json.dumps(
@@ -106,14 +143,19 @@ _AGE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$", re.IGNORECASE)
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
+_SIZE_SHAPE_RE = re.compile(r"^[0-9]+(\.[0-9]+)?\s*([KMGT](I?B)?|B)?$", re.IGNORECASE)
+
+
 def parse_size(text: str) -> int:
     """``"20G"`` -> bytes. Suffixes K, M, G, T are powers of 1024; no suffix means bytes."""
     from pydantic import ByteSize, TypeAdapter, ValidationError
 
     spelled = _SIZE_UNIT_RE.sub(lambda m: m.group(1).upper() + "iB", str(text).strip())
     try:
+        if not _SIZE_SHAPE_RE.match(str(text).strip()):  # ByteSize alone reads "1.5.2G" as 1
+            raise ValueError
         return int(TypeAdapter(ByteSize).validate_python(spelled))
-    except ValidationError:
+    except (ValidationError, ValueError):
         raise UsageError(
             f"malformed size {text!r}: expected a number with an optional K, M, G or T suffix, "
             "like 20G"
@@ -220,6 +262,26 @@ class Cache:
         self.root = Path(root).expanduser() if root is not None else default_root()
         self.lock_timeout = lock_timeout
         self.last_corruption: str | None = None
+        self._origin = _root_origin() if root is None else None
+        self._location_checked: set[bool] = set()  # modes (writable or not) found fine
+
+    # ----- location
+
+    def location_problem(self, *, writable: bool = True) -> str | None:
+        """Why this cache's root cannot be used (for ``doctor``), or None."""
+        return location_problem(self.root, writable=writable)
+
+    def check_location(self, *, writable: bool = True) -> None:
+        """Raise ``UsageError`` (one line) if the root cannot hold the cache. Checked once per
+        mode: every method that reads or writes the store calls it before touching anything."""
+        if writable in self._location_checked or True in self._location_checked:
+            return
+        problem = self.location_problem(writable=writable)
+        if problem is not None:
+            hint = f" (from {self._origin})" if self._origin else ""
+            fix = f"; set {self._origin} to a writable directory" if self._origin else ""
+            raise UsageError(f"cannot use the cache at {self.root}{hint}: {problem}{fix}")
+        self._location_checked.add(writable)
 
     # ----- paths
 
@@ -245,6 +307,7 @@ class Cache:
         # instead of deadlocking on a second descriptor; timeouts go to acquire() because a
         # singleton must always be constructed with the same arguments.
         _check_kind_key(kind, key)
+        self.check_location(writable=True)
         path = self._lock_path(kind, key)
         path.parent.mkdir(parents=True, exist_ok=True)
         return FileLock(path, is_singleton=True)
@@ -304,6 +367,7 @@ class Cache:
 
     def _inspect(self, kind: str, key: str, verify: bool) -> LookupResult:
         """Look at an entry without changing anything."""
+        self.check_location(writable=False)
         path = self.entry_dir(kind, key)
         if not os.path.lexists(path):
             return LookupResult("miss")
@@ -372,6 +436,7 @@ class Cache:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        self._clean_key_tmp(kind, key)
         return Entry(kind, key, path, manifest)
 
     def _new_tmp(self, kind: str, key: str) -> Path:
@@ -433,6 +498,7 @@ class Cache:
 
     def _entry_dirs(self, kind: str | None = None) -> Iterator[tuple[str, str, Path]]:
         """(kind, key, folder) of every entry folder, without reading anything."""
+        self.check_location(writable=False)
         if not self.root.is_dir():
             return
         kinds = [kind] if kind is not None else sorted(os.listdir(self.root))
@@ -526,6 +592,8 @@ class Cache:
         the size). Also removes orphaned temp folders (older than ``stale_tmp_seconds``,
         builder gone, lock free) and leftovers in ``.trash``.
         """
+        if os.path.lexists(self.root):
+            self.check_location(writable=True)
         self._clean_tmp(stale_tmp_seconds)
         _remove_children(self._trash_root)
         rows = []
@@ -544,14 +612,18 @@ class Cache:
             if (too_old or too_big) and self._remove_if_free(kind, key):
                 removed.append(key)
                 total -= size
+        self._clean_locks()
         return removed
 
     def purge(self) -> list[str]:
         """Remove every entry whose lock is free, orphaned temp folders, and ``.trash``."""
+        if os.path.lexists(self.root):
+            self.check_location(writable=True)
         entries = list(self._entry_dirs())  # listed first: removal changes the folders
         removed = [key for kind, key, _ in entries if self._remove_if_free(kind, key)]
         self._clean_tmp(0)
         _remove_children(self._trash_root)
+        self._clean_locks()
         return removed
 
     def _remove_if_free(self, kind: str, key: str) -> bool:
@@ -563,27 +635,79 @@ class Cache:
             return True
 
     def _clean_tmp(self, stale_seconds: float) -> None:
-        """Remove temp folders whose builder died (old enough, pid gone, lock free)."""
+        """Remove staging folders no build owns any more.
+
+        A build holds its key's lock for the whole life of its staging folder, so a folder whose
+        key lock is free is an orphan once its builder's pid is gone (a killed build), or once it
+        is older than ``stale_seconds`` (a builder on another host sharing the cache, whose pid
+        means nothing here). This process's own folders are left alone.
+        """
         if not self._tmp_root.is_dir():
             return
         now = time.time()
         for name in os.listdir(self._tmp_root):
             path = self._tmp_root / name
             try:
-                age = now - path.stat().st_mtime
+                age = now - path.lstat().st_mtime
             except FileNotFoundError:
                 continue
-            if age < stale_seconds:
-                continue
             match = _TMP_RE.match(name)
-            if match is None:
-                _remove(path)  # not ours to keep: nothing builds under such a name
+            if match is None or not _KIND_RE.match(match["kind"]):
+                if age >= stale_seconds:
+                    _remove(path)  # not ours to keep: nothing builds under such a name
                 continue
-            if _pid_alive(int(match["pid"])) or not _KIND_RE.match(match["kind"]):
+            pid = int(match["pid"])
+            if pid == os.getpid() or (_pid_alive(pid) and age < stale_seconds):
                 continue
             with self._try_lock(match["kind"], match["key"]) as got:
                 if got:
                     _remove(path)
+
+    def _clean_key_tmp(self, kind: str, key: str) -> None:
+        """After a build of ``kind/key`` (its lock held): earlier staging folders of the same key
+        belong to builds that died, since no other build of the key can be running."""
+        if not self._tmp_root.is_dir():
+            return
+        prefix = f"{kind}-{key}-"
+        for name in os.listdir(self._tmp_root):
+            match = _TMP_RE.match(name)
+            if name.startswith(prefix) and match is not None and int(match["pid"]) != os.getpid():
+                _remove(self._tmp_root / name)
+
+    def _clean_locks(self) -> None:
+        """Remove empty lock files no process holds (each finished or failed run leaves one).
+
+        Taken with a non-blocking ``flock`` on the file itself, then unlinked while held: a
+        process that opened the old file meanwhile finds it unlinked once it gets the lock and
+        opens the path again (filelock checks ``st_nlink``). Symlinks are never followed.
+        """
+        locks = self.root / ".locks"
+        if locks.is_symlink() or not locks.is_dir():
+            return
+        try:
+            import fcntl
+        except ImportError:  # no flock here: leave lock files alone
+            return
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        for name in os.listdir(locks):
+            if not name.endswith(".lock"):
+                continue
+            path = locks / name
+            try:
+                fd = os.open(path, flags)
+            except OSError:
+                continue  # gone, a symlink, or unreadable
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # held by a live process
+                st = os.fstat(fd)
+                with contextlib.suppress(FileNotFoundError):
+                    if st.st_size == 0 and os.path.samestat(os.lstat(path), st):
+                        path.unlink()
+            finally:
+                os.close(fd)
 
 
 # --------------------------------------------------------------------------- helpers

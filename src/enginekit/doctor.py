@@ -119,9 +119,14 @@ def _import_version(module_name: str) -> dict[str, Any]:
 
 
 def _cache_facts() -> dict[str, Any]:
-    from enginekit.cache import default_root
+    from enginekit.cache import Cache
 
-    root = default_root()
+    cache = Cache()
+    root = cache.root
+    problem = cache.location_problem()
+    if problem is not None:  # a regular file, under /proc or /sys, or not writable: nothing to walk
+        return {"root": str(root), "exists": False, "size_bytes": 0, "entries": 0, "writable": False,
+                "problem": problem}
     size, entries = 0, 0
     if root.is_dir():
         for path, dirs, files in os.walk(root):
@@ -130,7 +135,7 @@ def _cache_facts() -> dict[str, Any]:
                 entries += 1
     writable = os.access(root if root.exists() else _existing_parent(root), os.W_OK)
     return {"root": str(root), "exists": root.is_dir(), "size_bytes": size, "entries": entries,
-            "writable": writable}
+            "writable": writable, "problem": None}
 
 
 def _file_size(path: Path) -> int:
@@ -299,6 +304,8 @@ def _warn_torch_cpu_build(inv: dict[str, Any]) -> list[str]:
 
 def _warn_cache(inv: dict[str, Any]) -> list[str]:
     cache = inv.get("cache", {})
+    if cache.get("problem"):
+        return [f"cannot use the cache at {cache['root']}: {cache['problem']}; set ENGINEKIT_CACHE to a writable folder"]
     if cache and not cache.get("writable", True):
         return [f"the cache {cache['root']} is not writable: set ENGINEKIT_CACHE to a folder you can write"]
     return []

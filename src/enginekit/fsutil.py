@@ -83,3 +83,49 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# --------------------------------------------------------------------------- output paths, checked before work
+
+# Kernel filesystems: nothing there is an ordinary file, and a rename over /dev/null is not a
+# write to it.
+KERNEL_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def output_path_problem(path: str | os.PathLike[str], *, folder: bool = False) -> str | None:
+    """Why ``path`` cannot receive an output file (with ``folder``, a folder of outputs), or
+    None. Creates nothing: callers check every output before any work."""
+    p = Path(path).expanduser()
+    real = os.path.realpath(p)
+    for kernel in KERNEL_ROOTS:
+        if real == kernel or real.startswith(kernel + os.sep):
+            return f"{p} is under {kernel}, which holds no ordinary files"
+    if folder:
+        if os.path.lexists(p) and not p.is_dir():
+            return f"{p} exists and is not a folder"
+    elif p.is_dir():
+        return f"{p} is a folder; give a file name"
+    elif str(path).endswith(os.sep):
+        return f"{path} names a folder; give a file name"
+    existing = p if folder else p.parent
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder, so {p} cannot be written"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    if not folder and p.exists() and not os.access(p, os.W_OK):
+        return f"{p} is not writable"
+    return None
+
+
+def check_output_path(path: str | os.PathLike[str] | None, what: str, *, folder: bool = False) -> None:
+    """Refuse an output path that cannot be written (one-line ``UsageError`` naming ``what``,
+    e.g. ``--report``), before any work is done."""
+    if path is None:
+        return
+    problem = output_path_problem(path, folder=folder)
+    if problem is not None:
+        from enginekit.errors import UsageError
+
+        raise UsageError(f"{what} {path}: {problem}")

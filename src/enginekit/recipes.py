@@ -410,20 +410,44 @@ def parse_target_set(text: str) -> Optional[tuple[str, ...]]:
 
 def _compose(text: str, file: str) -> tuple[Any, dict[Loc, int]]:
     """Parse YAML into Python values and a map from each key path to its line (1-based)."""
+    if len(text) > MAX_RECIPE_CHARS:
+        raise UsageError(f"{file}: {len(text)} characters; a recipe is at most {MAX_RECIPE_CHARS}")
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
+        if node is not None:
+            _check_depth(node, file)
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
         raise UsageError(f"{file}:{line}: malformed YAML: {exc.problem or exc.context}") from None
+    except RecursionError:  # the parser itself recurses per level: `[[[[...` ends here
+        raise UsageError(f"{file}: nested too deeply (a recipe nests at most {MAX_RECIPE_DEPTH} levels)") from None
     finally:
         loader.dispose()
     lines: dict[Loc, int] = {(): 1}
     if node is not None:
         _record_lines(node, (), lines, file)
     return data, lines
+
+
+# A recipe is a few keys a few levels deep; anything far beyond is not a recipe.
+MAX_RECIPE_CHARS = 1 << 20
+MAX_RECIPE_DEPTH = 32
+
+
+def _check_depth(root: yaml.Node, file: str) -> None:
+    """Refuse a document nested deeper than MAX_RECIPE_DEPTH (iteratively: no recursion)."""
+    stack = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_RECIPE_DEPTH:
+            raise UsageError(f"{file}:{node.start_mark.line + 1}: nested deeper than {MAX_RECIPE_DEPTH} levels")
+        if isinstance(node, yaml.MappingNode):
+            stack.extend((v, depth + 1) for _, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((v, depth + 1) for v in node.value)
 
 
 def _record_lines(node: yaml.Node, path: Loc, lines: dict[Loc, int], file: str) -> None:

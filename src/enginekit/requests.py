@@ -26,6 +26,24 @@ PRECISIONS = ("fp32", "fp16", "int8", "fp8")
 SIMPLIFIERS = ("onnxsim", "onnxslim")
 BACKENDS = ("auto", "tensorrt", "tensorrt-rtx")
 SEED_MAX = 2**32 - 1
+# Opsets the exporter writes: torch.onnx's TorchScript exporter (stages/export.py, dynamo=False)
+# takes ONNX_MIN_OPSET..ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET (tests check these against torch).
+OPSET_MIN, OPSET_MAX = 7, 20
+
+
+def _opset(value: int) -> int:
+    if not OPSET_MIN <= value <= OPSET_MAX:
+        raise UsageError(f"--opset {value}: the exporter writes opsets {OPSET_MIN} to {OPSET_MAX}")
+    return value
+
+
+def _output(value: Any, what: str, *, folder: bool = False) -> Any:
+    """An output path that cannot be written is refused before any work."""
+    if value is not None:
+        from enginekit.fsutil import check_output_path
+
+        check_output_path(value, what, folder=folder)
+    return value
 
 
 
@@ -162,6 +180,16 @@ class ExportRequest(_ModelOptions):
     def _simplifier(cls, value: str) -> str:
         return _choice(value, SIMPLIFIERS, "simplifier")
 
+    @field_validator("opset")
+    @classmethod
+    def _opset(cls, value: int) -> int:
+        return _opset(value)
+
+    @field_validator("output")
+    @classmethod
+    def _output(cls, value: Optional[Path]) -> Optional[Path]:
+        return _output(value, "--output")
+
     @field_validator("input")
     @classmethod
     def _shape(cls, value: Optional[str]) -> Optional[str]:
@@ -207,6 +235,11 @@ class BuildRequest(_ModelOptions):
     @classmethod
     def _precision(cls, value: str) -> str:
         return _choice(value, PRECISIONS, "precision")
+
+    @field_validator("opset")
+    @classmethod
+    def _opset(cls, value: int) -> int:
+        return _opset(value)
 
     @field_validator("backend")
     @classmethod
@@ -336,6 +369,16 @@ class VerifyRequest(Options):
     @classmethod
     def _precision(cls, value: Optional[str]) -> Optional[str]:
         return _choice(value, PRECISIONS, "precision")
+
+    @field_validator("report_dir")
+    @classmethod
+    def _report_dir(cls, value: Optional[Path]) -> Optional[Path]:
+        return _output(value, "--report", folder=True)
+
+    @field_validator("junit")
+    @classmethod
+    def _junit(cls, value: Optional[Path]) -> Optional[Path]:
+        return _output(value, "--junit")
 
     @property
     def kind(self) -> str:

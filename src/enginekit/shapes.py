@@ -11,6 +11,8 @@ Nothing here imports onnx or torch: the CLI validates flags before any heavy wor
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -18,20 +20,108 @@ from enginekit.errors import UsageError
 
 Shape = tuple[int, ...]
 
-_SHAPE_RE = re.compile(r"^\d+(x\d+)*$")
+# ASCII digits only: ``\d`` would also take other scripts' digits, which int() accepts.
+_SHAPE_RE = re.compile(r"^[0-9]+(x[0-9]+)*$")
+
+#: Largest dimension TensorRT and ONNX Runtime index with (int32).
+INT32_MAX = 2**31 - 1
+#: Most dimensions a shape may have (TensorRT's limit).
+MAX_RANK = 8
+#: Largest single tensor (bytes) enginekit allocates for one input unless told otherwise.
+DEFAULT_MAX_TENSOR_BYTES = 16 * 2**30
+MAX_TENSOR_BYTES_ENV = "ENGINEKIT_MAX_TENSOR_BYTES"
 
 
-def parse_shape(text: str, *, what: str = "shape") -> Shape:
-    """``"1x3x640x640"`` -> ``(1, 3, 640, 640)``; every dim a positive integer."""
-    text = text.strip()
+def parse_shape(text: str, *, what: str = "shape", itemsize: int = 4) -> Shape:
+    """``"1x3x640x640"`` -> ``(1, 3, 640, 640)``; every dim a positive integer that fits int32,
+    and one tensor of the shape (``itemsize`` bytes an element) fits in memory."""
+    text = str(text).strip()
+    shown = text if len(text) <= 80 else text[:77] + "..."
     if not _SHAPE_RE.match(text):
         raise UsageError(
-            f"malformed {what} {text!r}: expected positive integers joined by 'x', like 1x3x640x640"
+            f"malformed {what} {shown!r}: expected positive integers joined by 'x', like 1x3x640x640"
         )
-    dims = tuple(int(d) for d in text.split("x"))
+    tokens = text.split("x")
+    if len(tokens) > MAX_RANK:
+        raise UsageError(f"malformed {what} {shown!r}: {len(tokens)} dimensions, at most {MAX_RANK}")
+    for token in tokens:
+        # Compare as text first: int() refuses numbers of more than 4300 digits.
+        if len(token.lstrip("0")) > 10 or int(token) > INT32_MAX:
+            big = token if len(token) <= 24 else token[:21] + "..."
+            raise UsageError(
+                f"{what} {shown}: dimension {big} is larger than {INT32_MAX} (the int32 limit of "
+                "TensorRT and ONNX Runtime)"
+            )
+    dims = tuple(int(d) for d in tokens)
     if any(d <= 0 for d in dims):
         raise UsageError(f"malformed {what} {text!r}: every dimension must be positive")
+    check_tensor_memory(dims, what=what, itemsize=itemsize)
     return dims
+
+
+def max_tensor_bytes() -> int:
+    """The largest single input tensor enginekit allocates: ``ENGINEKIT_MAX_TENSOR_BYTES`` (bytes)
+    if set, else 16 GiB; and never more than the memory available now, where that is known."""
+    limit = DEFAULT_MAX_TENSOR_BYTES
+    raw = os.environ.get(MAX_TENSOR_BYTES_ENV, "").strip()
+    if raw:
+        try:
+            limit = int(raw)
+        except ValueError:
+            raise UsageError(f"{MAX_TENSOR_BYTES_ENV}={raw!r} is not a number of bytes") from None
+    available = available_memory()
+    if available is not None:
+        limit = min(limit, available)
+    return limit
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to allocate now (psutil, else /proc/meminfo), or None."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - psutil is optional
+        pass
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def check_tensor_memory(shape: Shape, *, what: str = "shape", itemsize: int = 4) -> int:
+    """Refuse (``UsageError``, one line naming the value) a shape whose one tensor of
+    ``itemsize``-byte elements would not fit; return its size in bytes otherwise.
+
+    An estimate made before allocating anything: the real run needs this and more (the model's
+    activations), so a shape refused here could never have run.
+    """
+    nbytes = math.prod(shape) * itemsize
+    limit = max_tensor_bytes()
+    if nbytes > limit:
+        raise UsageError(
+            f"{what} {format_shape(shape)} needs {_gib(nbytes)} for one float{itemsize * 8} tensor, "
+            f"more than the {_gib(limit)} enginekit may allocate here (available memory, or "
+            f"{MAX_TENSOR_BYTES_ENV})"
+        )
+    return nbytes
+
+
+def check_batch(batch: int, sample_shape: Shape, *, what: str = "--batch", itemsize: int = 4) -> None:
+    """A batch size against int32 and memory: ``batch`` copies of one ``sample_shape`` (CHW)."""
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise UsageError(f"{what} {batch!r}: expected a positive integer")
+    if batch > INT32_MAX:
+        raise UsageError(f"{what} {batch}: larger than {INT32_MAX} (the int32 limit)")
+    check_tensor_memory((batch, *sample_shape), what=what, itemsize=itemsize)
 
 
 def format_shape(shape: Shape) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 
 from enginekit.bench.settings import BenchSettings
 from enginekit.errors import CapabilityError, UsageError, first_line
-from enginekit.shapes import Shape, format_shape
+from enginekit.shapes import Shape, check_batch, format_shape
 
 @dataclass
 class Planned:
@@ -61,6 +61,7 @@ def prepare(settings: BenchSettings, *, cache=None, quiet: bool = False) -> Benc
     adapter = request.adapter
     image_shape = settings.image_shape or tuple(adapter.default_input[1:])
     adapter.constraint.check((1, *image_shape), what="--input")
+    check_batch(max(settings.batches), image_shape, what="--batch")  # the inputs below are this big
     pipe = Pipeline(request, cache, quiet=quiet)
     gpu = gpu_info()
     inputs = adapter.random_inputs((max(settings.batches), *image_shape), settings.seed)

@@ -5,11 +5,53 @@ Heavy imports live in the verbs.
 
 from __future__ import annotations
 
+import sys
+
 import typer
+from typer.core import TyperGroup
 
 from enginekit import __version__
 
+
+class _Enginekit(TyperGroup):
+    """The root command. Click's own usage errors (an unknown option, a value that is not an
+    integer, an extra argument) become one ``error:`` line and exit 2, like every refusal of
+    enginekit's own; ``--help`` and ``--version`` are unchanged."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
+        except typer.TyperException as exc:  # Click's errors: usage, bad parameter, file
+            ctx = getattr(exc, "ctx", None)
+            if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:  # a bare group: its help
+                typer.echo(ctx.get_help())
+                code = 2  # Click's convention: no command is a usage error
+            else:
+                from enginekit.cli.common import print_error
+
+                print_error(_click_message(exc))
+                code = 2
+        except typer.Abort:
+            from enginekit.cli.common import print_error
+
+            print_error("interrupted")
+            code = 130
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+def _click_message(exc) -> str:
+    message = exc.format_message()
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None and ctx.command_path:
+        message += f" (see {ctx.command_path} --help)"
+    return message
+
+
 app = typer.Typer(
+    cls=_Enginekit,
     name="enginekit",
     help=(
         "PyTorch vision models (YOLO, Depth-Anything-V2) to verified TensorRT engines.\n\n"

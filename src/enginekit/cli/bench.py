@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import RandomInitOpt, SeedOpt, WeightsOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
 
 DEFAULT_BACKENDS = "torch,onnxruntime"
 
@@ -29,6 +29,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the report (settings, machine, every row) as JSON on stdout instead of the table.")] = False,
         plot_path: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of latency and throughput against batch size here.")] = None,
         weights: WeightsOpt = None,
+        trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
     ) -> None:
@@ -50,6 +51,7 @@ def register(app: typer.Typer) -> None:
         """
         from enginekit import bench
 
+        _check_plot_path(plot_path)
         settings = _settings(model, batch, input, precision, backend, warmup, iters, include_copies, threads,
                              weights, random_init, seed)
         quiet_third_party()
@@ -130,6 +132,21 @@ def _collapsed(rows):
     for row in rows:
         shown.setdefault((row.backend, row.status, row.reason), (row, []))[1].append(row.batch)
     return [(row, ",".join(map(str, batches))) for row, batches in shown.values()]
+
+
+_PLOT_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+
+
+def _check_plot_path(plot_path: Optional[Path]) -> None:
+    """Before any measuring: a plot path that can be written, with a picture format's suffix."""
+    if plot_path is None:
+        return
+    from enginekit.errors import UsageError
+    from enginekit.fsutil import check_output_path
+
+    check_output_path(plot_path, "--plot")
+    if plot_path.suffix.lower() not in _PLOT_SUFFIXES:
+        raise UsageError(f"--plot {plot_path}: give a picture file name ending in {', '.join(_PLOT_SUFFIXES)}")
 
 
 def _write_plot(report, plot_path: Optional[Path]) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import ForceOpt, RandomInitOpt, SeedOpt, WeightsOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         calib_cache: Annotated[Optional[Path], typer.Option("--calib-cache", help="INT8: calibration cache to read (if it exists) or write.")] = None,
         exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="INT8: node-name regex kept out of quantization (repeatable).")] = None,
         weights: WeightsOpt = None,
+        trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
         explain: Annotated[bool, typer.Option("--explain", help="Say hit or miss, and which part of the key changed.")] = False,
@@ -56,8 +57,10 @@ def register(app: typer.Typer) -> None:
 
             return build_recipe_cmd(target, locals())
         from enginekit import api
+        from enginekit.fsutil import check_output_path
         from enginekit.requests import BuildRequest
 
+        check_output_path(output, "--output")
         request = BuildRequest(
             target=target, profiles=profile or [], precision=precision, backend=backend, target_cc=target_cc,
             workspace=workspace, opt_level=opt_level, calib_data=calib_data, calib_count=calib_count,

@@ -89,7 +89,9 @@ def register(app: typer.Typer) -> None:
         from enginekit.cache import Cache, parse_age, parse_size
         from enginekit.cli.render import console
 
-        removed = Cache().gc(parse_size(max_size) if max_size else None, parse_age(max_age) if max_age else None)
+        # "" is a value given (and refused by the parsers), not an option left out
+        removed = Cache().gc(parse_size(max_size) if max_size is not None else None,
+                             parse_age(max_age) if max_age is not None else None)
         console.print(f"removed {len(removed)} entries")
 
     @cache_app.command("purge")

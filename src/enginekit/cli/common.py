@@ -23,15 +23,44 @@ def handles_errors(fn: Callable) -> Callable:
         from enginekit.cli.render import RichReporter, console
 
         try:
-            with reporting.using(RichReporter()):
+            with reporting.using(RichReporter()), _trust(kwargs.get("trust_checkpoint", False)):
                 return fn(*args, **kwargs)
         except EnginekitError as exc:
-            console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
+            print_error(str(exc))
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
 
     return wrapper
+
+
+def _trust(trusted: bool):
+    """``--trust-checkpoint``: Ultralytics pickles load with Ultralytics' own unpickler."""
+    import contextlib
+
+    if not trusted:
+        return contextlib.nullcontext()
+    from enginekit.families.checkpoints import trusting
+
+    return trusting(True)
+
+
+def error_text(message: str) -> str:
+    """``message`` as one line: control characters (newlines, escapes) shown, not obeyed."""
+    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def print_error(message: str) -> None:
+    """The one ``error:`` line on stderr. The message is printed as given: no rich markup, no
+    ``:emoji:`` codes (a profile ``a:b:c:d`` stays ``a:b:c:d``), no wrapping."""
+    from rich.text import Text
+
+    from enginekit.cli.render import console
+
+    line = Text("error:", style="bold red")
+    line.append(" " + error_text(message))
+    console.print(line, soft_wrap=True, highlight=False, emoji=False, markup=False)
 
 
 def quiet_third_party() -> None:
@@ -51,9 +80,18 @@ WeightsOpt = Annotated[
     typer.Option(
         "--weights", "-w",
         help="Local weights: an Ultralytics .pt, or for Depth-Anything-V2 an original-repo .pth, a "
-             "transformers .safetensors/.pth or model folder. Ultralytics .pt files are pickles: "
-             "loading one runs code from the file, so load only checkpoints you trust "
-             "(state dicts and safetensors load safely).",
+             "transformers .safetensors/.pth or model folder. Ultralytics .pt files are pickles: they are "
+             "read with PyTorch's weights-only unpickler and an allowlist of the classes Ultralytics "
+             "checkpoints are made of, and a file naming anything else is refused (see --trust-checkpoint).",
+    ),
+]
+TrustOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trust-checkpoint",
+        help="Load an Ultralytics .pt that names classes outside the allowlist with Ultralytics' own "
+             "loader, which runs code from the file: only for a checkpoint you trust "
+             "(also ENGINEKIT_TRUST_CHECKPOINTS=1).",
     ),
 ]
 RandomInitOpt = Annotated[

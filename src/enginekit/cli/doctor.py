@@ -62,7 +62,8 @@ def _render(data: dict) -> None:
     out.print(_backends_table(data["backends"]))
     cache = data["cache"]
     out.print(f"cache: {cache['root']}  {cache['entries']} entries, {cache['size_bytes'] / 2**20:.1f} MiB"
-              + ("" if cache["exists"] else " (not created yet)"))
+              + (f" (unusable: {cache['problem']})" if cache.get("problem") else
+                 "" if cache["exists"] else " (not created yet)"))
     for line in data["warnings"]:
         out.print(f"[yellow]warning:[/] {line}")
     if not data["warnings"]:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import ForceOpt, RandomInitOpt, SeedOpt, WeightsOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
@@ -20,6 +20,7 @@ def register(app: typer.Typer) -> None:
         fp16: Annotated[bool, typer.Option("--fp16", help="Also convert to FP16 (ModelOpt AutoCast, FP32 I/O) and write that graph.")] = False,
         output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the ONNX (default: ./<model>[.fp16].onnx).")] = None,
         weights: WeightsOpt = None,
+        trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
         opset: Annotated[int, typer.Option("--opset", help="ONNX opset.")] = 18,
@@ -43,8 +44,10 @@ def register(app: typer.Typer) -> None:
           enginekit export depth --input 1x3x518x518 --weights depth_anything_v2_vits.pth
         """
         from enginekit import api
+        from enginekit.fsutil import atomic_write_text, check_output_path
         from enginekit.requests import ExportRequest
 
+        check_output_path(report, "--report")
         request = ExportRequest(model=model, input=input, fp16=fp16, output=output, weights=weights,
                                 random_init=random_init, seed=seed, opset=opset, simplifier=simplifier, images=images,
                                 rel_l2=rel_l2, force=force)
@@ -57,8 +60,7 @@ def register(app: typer.Typer) -> None:
         if result.fp16_share is not None:
             console.print(f"  FP16 share of initializer elements: {result.fp16_share:.1%}")
         if report is not None:
-            report.parent.mkdir(parents=True, exist_ok=True)
-            report.write_text(json.dumps(result.to_json(), indent=2))
+            atomic_write_text(report, json.dumps(result.to_json(), indent=2) + "\n")
         if not result.passed:
             from enginekit.errors import ParityError
 

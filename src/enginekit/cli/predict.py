@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import RandomInitOpt, SeedOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import RandomInitOpt, SeedOpt, TrustOpt, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
@@ -21,6 +21,7 @@ def register(app: typer.Typer) -> None:
         precision: Annotated[str, typer.Option("--precision", help="fp32, fp16, int8 or fp8 (int8/fp8: tensorrt).")] = "fp32",
         weights: Annotated[Optional[list[Path]], typer.Option("--weights", "-w", help="Weights, once per model, in the order of MODELS.")] = None,
         random_init: RandomInitOpt = False,
+        trust_checkpoint: TrustOpt = False,
         seed: SeedOpt = 0,
         conf: Annotated[float, typer.Option("--conf", help="Detection confidence threshold.")] = 0.25,
         iou: Annotated[float, typer.Option("--iou", help="NMS IoU threshold.")] = 0.7,
@@ -39,6 +40,9 @@ def register(app: typer.Typer) -> None:
 
           enginekit predict yolo12n,depth video.mp4 --random-init --save out/ --backend onnxruntime-cuda
         """
+        from enginekit.fsutil import check_output_path
+
+        check_output_path(save, "--save", folder=True)  # before any work
         quiet_third_party()
         from enginekit.runtime.predict import run_predict
 

@@ -10,6 +10,7 @@ import sys
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from enginekit import reporting
@@ -126,7 +127,8 @@ def verify_table(report) -> None:
         table.add_column(col, no_wrap=col not in ("task", "gate"), overflow="fold")
     for a in report.artifacts:
         if not a.ran:
-            table.add_row(a.name, "[yellow]no[/]", "", "", "", "", a.reason, "[yellow]skipped[/]")
+            gate = "[bold red]FAIL[/]" if not a.passed else "[yellow]skipped[/]"  # e.g. a corrupt cache entry
+            table.add_row(a.name, "[yellow]no[/]", "", "", "", "", escape(a.reason), gate)
             continue
         rows = list(a.parts.items()) or [("", {"worst": {}})]
         task = _task_text(a.task)

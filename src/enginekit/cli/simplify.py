@@ -33,6 +33,9 @@ def register(app: typer.Typer) -> None:
             s = parse_shape(input, what="--input")
             shapes = [(1, *s[1:]), (2, *s[1:])]
         dest = output or model.with_suffix(".sim.onnx")
+        from enginekit.fsutil import check_output_path
+
+        check_output_path(dest, "--output")
         report = simplify_onnx(model, dest, tool=tool, check_shapes=shapes)
         console.print(
             f"  {report.tool}: {report.nodes_before} -> {report.nodes_after} nodes; equal at "

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import RandomInitOpt, SeedOpt, WeightsOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
@@ -27,6 +27,7 @@ def register(app: typer.Typer) -> None:
         require_engine: Annotated[bool, typer.Option("--require-engine", help="Fail (exit 3) if the engine cannot run here (GPU CI).")] = False,
         task_required: Annotated[bool, typer.Option("--task-required/--task-optional", help="--task-optional: where the reference has nothing to compare on the photographs (random-weight detectors find nothing), say so instead of failing; parity is gated as always.")] = True,
         weights: WeightsOpt = None,
+        trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
     ) -> None:

@@ -201,10 +201,15 @@ class YoloAdapter(ModelAdapter):
             except Exception as exc:  # noqa: BLE001 - one line for the user
                 raise UsageError(describe_load_error(exc, f"cannot build {self.variant}")) from None
         elif weights is not None:
+            from enginekit.families.checkpoints import load_ultralytics_model
+
             source = check_weights_file(weights)
             try:
-                # Ultralytics checkpoints are pickles: loading one runs code from the file.
-                model = YOLO(str(weights), task=self.task).model
+                # A pickle: read through the weights_only unpickler and an allowlist of the
+                # classes Ultralytics checkpoints are made of, unless the user trusts the file.
+                model = load_ultralytics_model(weights)
+            except UsageError:
+                raise
             except Exception as exc:  # noqa: BLE001
                 raise UsageError(
                     describe_load_error(exc, f"cannot load YOLO checkpoint {weights}")

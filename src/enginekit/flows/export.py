@@ -44,6 +44,7 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
     from enginekit.calibration import CalibrationData
     from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
     from enginekit.images import load_images
+    from enginekit.fsutil import check_output_path
     from enginekit.pipeline import Pipeline, copy_out
     from enginekit.shapes import parse_shape
 
@@ -54,6 +55,9 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
     adapter.constraint.check(shape, what="--input")
     images = Path(r.images) if r.images else None
     photos = load_images(images, limit=4)
+    suffix = ".fp16.onnx" if r.fp16 else ".onnx"
+    dest = Path(r.output) if r.output else Path.cwd() / f"{adapter.variant}{suffix}"
+    check_output_path(dest, "--output")  # before any work: a run that cannot write its result does none
 
     pipe = Pipeline(model, cache, force=r.force)
     chain = pipe.onnx_chain(shape, opset=r.opset, fp16=r.fp16, simplifier=r.simplifier,
@@ -79,7 +83,5 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
         share = final.entry.manifest.get("initializer_dtype_share", {}).get("FLOAT16", 0.0)
     outcome = ExportResult(adapter.variant, None, chain, results, share)
     if outcome.passed:
-        suffix = ".fp16.onnx" if r.fp16 else ".onnx"
-        dest = Path(r.output) if r.output else Path.cwd() / f"{adapter.variant}{suffix}"
         outcome.output = copy_out(final, dest)
     return outcome

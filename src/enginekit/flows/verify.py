@@ -46,7 +46,8 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
                                     task_required=r.task_required)]
     else:
         entries = entries_to_verify(r, cache)
-        reports = [verify_entry(e, data, overrides, cache, r.report_dir, task_required=r.task_required)
+        reports = [verify_corrupt(e) if isinstance(e, CorruptEntry) else
+                   verify_entry(e, data, overrides, cache, r.report_dir, task_required=r.task_required)
                    for e in entries]
     outcome = VerifyOutcome(reports)
     write_reports(outcome, r.report_dir, r.junit)
@@ -61,19 +62,69 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
 def entries_to_verify(request: VerifyRequest, cache) -> list:
     """The engine entries a request names: every cached one, a key, or a model name's build."""
     if request.kind == "all":
-        entries = [cache.lookup(i.kind, i.key).entry for i in cache.ls() if i.kind == "engine" and i.valid]
-        entries = [e for e in entries if e is not None and e.manifest.get("model_request")]
-        if not entries:
+        rows = [i for i in cache.ls() if i.kind == "engine"]
+        entries, corrupt = [], []
+        for row in rows:
+            found = cache.lookup(row.kind, row.key)  # a corrupt entry is removed here, and said so below
+            if found.status == "corrupt":
+                corrupt.append(CorruptEntry(row.kind, row.key, row.subject, found.reason or "corrupt"))
+            elif found.entry is not None and found.entry.manifest.get("model_request"):
+                entries.append(found.entry)
+        if not entries and not corrupt:
             raise UsageError("no engines in the cache to verify: build one first (enginekit build MODEL)")
-        return entries
+        return entries + corrupt
     if request.kind == "key":
-        entry = cache.resolve(request.target)
-        if entry.kind != "engine":
-            raise UsageError(f"cache entry {request.target} is a {entry.kind}, not an engine")
+        entry = _resolve_engine(request.target, cache)
         return [entry]
+
     from enginekit.flows.build import run_build
 
     return [run_build(request.build_request, cache).entry]
+
+
+@dataclass
+class CorruptEntry:
+    """An engine entry found corrupt (and removed): verified as a failure that names it."""
+
+    kind: str
+    key: str
+    subject: str | None
+    reason: str
+
+    def describe(self) -> str:
+        return f"cache entry {self.kind}/{self.key[:12]} is corrupt ({self.reason}); it was removed"
+
+
+def _resolve_engine(target: str, cache):
+    """The engine entry a key prefix names; a corrupt one comes back as a CorruptEntry."""
+    prefix = target.strip().lower()
+    matches = [(i.kind, i.key) for i in cache.ls(verify=False) if i.key.startswith(prefix)]
+    if len(matches) == 1:
+        kind, key = matches[0]
+        found = cache.lookup(kind, key)
+        if found.status == "corrupt":
+            return CorruptEntry(kind, key, None, found.reason or "corrupt")
+    entry = cache.resolve(target)  # the one-line refusals: short, unknown, ambiguous
+    if entry.kind != "engine":
+        raise UsageError(f"cache entry {target} is a {entry.kind}, not an engine")
+    return entry
+
+
+def corrupt_artifact(name: str, kind: str, precision: str, what: str):
+    """A corrupt cache entry where an artifact should be: nothing ran, and its gate fails."""
+    from enginekit.compare.gate import ArtifactReport, Check
+
+    report = ArtifactReport(name, kind, precision, ran=False, reason=what)
+    report.checks.append(Check(name, f"{what}: rebuild it (enginekit build)", 0.0, ">=", 1.0, False))
+    return report
+
+
+def verify_corrupt(entry: CorruptEntry):
+    from enginekit.compare.gate import VerifyReport
+
+    report = VerifyReport(entry.subject or "?", entry.key, "?", "", "not computed")
+    report.artifacts.append(corrupt_artifact("engine", "engine", "?", entry.describe()))
+    return report
 
 
 def verify_entry(entry, data, overrides, cache, report_dir, *, task_required: bool = True):
@@ -96,6 +147,10 @@ def verify_entry(entry, data, overrides, cache, report_dir, *, task_required: bo
         name = f"onnx-{link['stage']}"
         found = cache.lookup(link["kind"], link["key"]) if "kind" in link else None
         stage_precision = STAGE_PRECISION.get(link["stage"]) or precision
+        if found is not None and found.status == "corrupt":
+            what = CorruptEntry(link["kind"], link["key"], None, found.reason or "corrupt").describe()
+            report.artifacts.append(corrupt_artifact(name, "onnx", stage_precision, what))
+            continue
         if found is None or found.entry is None:
             gone = "not in the cache any more (removed by gc?)"
             report.artifacts.append(skipped(name, "onnx", stage_precision, gone))
@@ -112,7 +167,8 @@ def verify_entry(entry, data, overrides, cache, report_dir, *, task_required: bo
                                  f"ONNX Runtime cannot run it ({str(exc).splitlines()[0][:160]})")
             s.status = "pass" if art.passed else "fail"
         report.artifacts.append(art)
-    report.artifacts.append(verify_engine(entry, pipe, refs, gates, metadata, precision))
+    checked = [a.name for a in report.artifacts if a.kind == "onnx" and a.ran]
+    report.artifacts.append(verify_engine(entry, pipe, refs, gates, metadata, precision, checked))
     if report_dir is not None:
         from enginekit.verification.pictures import draw_pictures
 
@@ -120,7 +176,7 @@ def verify_entry(entry, data, overrides, cache, report_dir, *, task_required: bo
     return report
 
 
-def verify_engine(entry, pipe, refs, gates, metadata, precision):
+def verify_engine(entry, pipe, refs, gates, metadata, precision, checked=()):
     """The engine itself, where it can run here; else said skipped, and why."""
     from enginekit.compare.gate import check_candidate, skipped
     from enginekit.trt.backends import resolve_backend
@@ -134,7 +190,11 @@ def verify_engine(entry, pipe, refs, gates, metadata, precision):
         backend = None
     ok, reason = can_run_here(backend, m)
     if not ok:
-        return skipped("engine", "engine", precision, f"{reason}; its source graph was checked instead")
+        if checked:
+            instead = f"its source graph{'s' if len(checked) > 1 else ''} {', '.join(checked)} checked instead"
+        else:
+            instead = "and none of its source graphs could be checked either"
+        return skipped("engine", "engine", precision, f"{reason}; {instead}")
     from enginekit.trt.runner import engine_runner
 
     with engine_runner(entry.file("engine.plan"), backend, m["profiles"], pipe.adapter.input_name) as run:

@@ -243,6 +243,11 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
 
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}: choose {', '.join(PRECISIONS)}")
+    if device is not None and not re.fullmatch(r"cpu|cuda(:[0-9]{1,3})?", device):
+        raise UsageError(f"--device {device!r}: expected cpu, cuda or cuda:N")
+    for flag, value in (("--conf", conf), ("--iou", iou)):
+        if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):  # NaN fails this too
+            raise UsageError(f"{flag} {value}: expected a number from 0 to 1")
     if weights is not None and random_init:
         raise UsageError("--weights and --random-init exclude each other")
     t = resolve_target(target, weights=weights, random_init=random_init, seed=seed, cache=cache)

@@ -46,7 +46,8 @@ def inventory() -> dict[str, Any]:
         "torch_cuda": _torch_cuda_version(),
         "gpu": _gpu(),  # the one builds and runs use
         "gpus": _gpus(),  # every GPU CUDA sees, with memory
-        "onnxruntime_providers": _onnxruntime_providers(),
+        "onnxruntime_providers": _onnxruntime_providers(),  # compiled in
+        "onnxruntime_provider_status": _onnxruntime_provider_status(),  # and whether each one loads here
         "tensorrt_modules": _tensorrt_modules(),
         "cache": _cache_facts(),
     }
@@ -94,6 +95,15 @@ def _onnxruntime_providers() -> list[str] | None:
         return list(ort.get_available_providers())
     except Exception:  # noqa: BLE001 - a broken install is reported as no providers
         return []
+
+
+def _onnxruntime_provider_status() -> list[dict[str, Any]]:
+    """Each compiled-in provider, and whether its libraries load (and a session starts, on a GPU)."""
+    if importlib.util.find_spec("onnxruntime") is None:
+        return []
+    from enginekit.runtime.providers import onnxruntime_providers
+
+    return [status.to_json() for status in onnxruntime_providers()]
 
 
 def _tensorrt_modules() -> dict[str, dict[str, Any]]:
@@ -203,13 +213,18 @@ def _onnxruntime_rows(inv: dict[str, Any]) -> list[dict[str, Any]]:
     cpu = _row("onnxruntime-cpu", version, None, cpu_ok,
                "CPU provider" if cpu_ok else "onnxruntime is not installed (or does not load)")
     has_cuda = bool(providers) and "CUDAExecutionProvider" in providers
+    status = {s["name"]: s for s in inv.get("onnxruntime_provider_status") or []}.get("CUDAExecutionProvider")
+    loads = status is None or status["loads"] is not False  # not checked (older inventories): trust the list
     if not has_cuda:
         reason = "no CUDA provider: pip install onnxruntime-gpu"
+    elif not loads:
+        reason = f"CUDA provider compiled in but it does not load: {status['detail']}"
     elif inv.get("gpu") is None:
-        reason = "CUDA provider installed, but this machine has no GPU (enginekit asks for it only with one)"
+        detail = f" ({status['detail']})" if status else ""
+        reason = f"CUDA provider installed, but this machine has no GPU{detail}"
     else:
         reason = f"CUDA provider on {inv['gpu']['name']}"
-    return [cpu, _row("onnxruntime-cuda", version, None, has_cuda and inv.get("gpu") is not None, reason)]
+    return [cpu, _row("onnxruntime-cuda", version, None, has_cuda and loads and inv.get("gpu") is not None, reason)]
 
 
 def _tensorrt_rows(inv: dict[str, Any]) -> list[dict[str, Any]]:

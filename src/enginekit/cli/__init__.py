@@ -59,7 +59,7 @@ app = typer.Typer(
         "3 a capability asked for is missing (GPU, TensorRT)."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )

@@ -76,9 +76,11 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         data.image_paths  # noqa: B018 - refuse a missing or empty image folder before any work
     cache = cache or Cache()
 
+    extra: dict = {}
     if r.is_file:
         source_path = Path(r.target)
         adapter, subject = adapter_from_onnx(source_path)
+        extra["source_model"] = source_model(source_path)  # what verify by model name checks
         pipe = Pipeline(None, cache, force=r.force, adapter=adapter, subject=subject)
         from enginekit.onnx.graph import input_dims, load_model
 
@@ -93,6 +95,8 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         chain = [pipe.export(export_shape, r.opset)]
         chain.append(pipe.simplify(chain[-1], export_shape))
 
+    if getattr(pipe.adapter, "size_note", None):  # what happens to an input size (depth: any H x W)
+        extra["input_sizes"] = pipe.adapter.size_note
     precision = PrecisionRecipe(r.precision)
     if r.precision == "fp16":
         chain.append(pipe.fp16(chain[-1], opt_shape, CalibrationData(None, count=2)))
@@ -129,8 +133,8 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         explain(pipe, "engine", parts)
     if repair_record is not None:
         precision.repaired_nodes = repair_record["nodes"]
-    entry, status = pipe.engine(source, bound, be, options, precision.to_json(), verify_fn, chain,
-                                extra={"repair": repair_record} if repair_record is not None else None)
+        extra["repair"] = repair_record
+    entry, status = pipe.engine(source, bound, be, options, precision.to_json(), verify_fn, chain, extra=extra or None)
     return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
 
 
@@ -153,6 +157,16 @@ def adapter_from_onnx(path: Path):
         except UsageError:
             pass
     return None, path.stem
+
+
+def source_model(path: Path) -> dict | None:
+    """The model and weights identity an enginekit-exported ONNX file records, else None."""
+    from enginekit.onnx.graph import get_metadata, load_model
+
+    meta = get_metadata(load_model(path))
+    if not meta.get("model"):
+        return None
+    return {"name": meta["model"], "weights": meta.get("weights")}
 
 
 def source_parity(pipe, precision: str, shape):

@@ -124,6 +124,9 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     verify_fn = None
     if r.verify and not r.is_file:
         verify_fn = source_parity(pipe, r.precision, opt_shape)
+    if repair_record is not None:  # part of the key: set before --explain computes it
+        precision.repaired_nodes = repair_record["nodes"]
+        extra["repair"] = repair_record
     if r.explain:
         from enginekit.pipeline import engine_key_parts
 
@@ -131,9 +134,6 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         parts = engine_key_parts(source.sha256, precision.to_json(), bound, be,
                                  resolve_targets(be, options.target_cc, gpu), gpu, options)
         explain(pipe, "engine", parts)
-    if repair_record is not None:
-        precision.repaired_nodes = repair_record["nodes"]
-        extra["repair"] = repair_record
     entry, status = pipe.engine(source, bound, be, options, precision.to_json(), verify_fn, chain, extra=extra or None)
     return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
 

@@ -263,8 +263,8 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
     precision = metadata.get("precision", "fp32")
     report = VerifyReport(adapter.variant, None, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
     try:
-        art = check_candidate(path.name, "onnx", precision, onnx_runner(path), refs, Gates(adapter, overrides, task_required=task_required),
-                              adapter, metadata)
+        gates = Gates(adapter, overrides, task_required=task_required)
+        art = check_candidate(path.name, "onnx", precision, onnx_runner(path), refs, gates, adapter, metadata)
     except (KeyError, ValueError) as exc:
         raise UsageError(f"{path.name} does not compute {adapter.variant}'s outputs: {exc}") from None
     report.artifacts.append(art)

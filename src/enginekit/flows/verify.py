@@ -198,6 +198,12 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
         report.artifacts.append(art)
     checked = [a.name for a in report.artifacts if a.kind == "onnx" and a.ran]
     report.artifacts.append(verify_engine(entry, pipe, refs, gates, metadata, precision, checked))
+    repaired = m.get("repair")
+    if repaired and repaired.get("nodes"):  # the repair's figures, where the report shows the engine
+        report.artifacts[-1].notes.append(
+            f"repair: {len(repaired['nodes'])} of {repaired.get('candidates', '?')} quantizable node(s) kept in high "
+            f"precision ({100 * repaired.get('share', 0):.1f}%), worst rel L2 {repaired.get('rel_l2_before', 0):.3g} -> "
+            f"{repaired.get('rel_l2_after', 0):.3g}, {repaired.get('trials')} trials: {', '.join(repaired['nodes'][:8])}")
     if report_dir is not None:
         from enginekit.verification.pictures import draw_pictures
 

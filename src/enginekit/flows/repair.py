@@ -100,7 +100,7 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
 
     try:
         with reporting.stage(f"repair {precision}: search") as s:
-            result = rp.search(trial, names, ranking, max_trials=40)
+            result = rp.search(trial, names, ranking, max_trials=40 if precision == "int8" else 16)
             s.detail = f"{len(result.nodes)} of {len(names)} node(s) in {result.trials} trials"
         final = result.artifact
         if precision == "int8" and result.nodes:

@@ -43,7 +43,7 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
     source = chain[-2]
     gates = Gates(pipe.adapter, overrides)
     folder = Path(data.source) if getattr(data, "source", None) is not None and Path(data.source).is_dir() else None
-    memory_parts = {"search": "sensitivity/2", "source": source.sha256, "precision": precision,
+    memory_parts = {"search": "sensitivity/2" if precision == "int8" else "reverse-topological/2", "source": source.sha256, "precision": precision,
                     "gates": {"parity": {p.name: gates.parity(precision, p.name).to_json()
                                          for p in pipe.adapter.output_parts({})},
                               "task": gates.task(precision), "options": gates.options(precision)},
@@ -100,7 +100,10 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
 
     try:
         with reporting.stage(f"repair {precision}: search") as s:
-            result = rp.search(trial, names, ranking, max_trials=40 if precision == "int8" else 16)
+            if precision == "int8":
+                result = rp.search(trial, names, ranking, max_trials=40)
+            else:  # FP16: from the output backwards (a ranked set leaves FP16 casts between FP32 nodes)
+                result = rp.repair(make, lambda art: check(art)[:2], names, ranking)
             s.detail = f"{len(result.nodes)} of {len(names)} node(s) in {result.trials} trials"
         final = result.artifact
         if precision == "int8" and result.nodes:
@@ -118,7 +121,7 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
     record = {**result.to_json(), "candidates": len(names), "share": round(len(result.nodes) / max(len(names), 1), 4),
               "rel_l2_after": after, "passed": ok, "task_before": first.task, "task_after": last.task,
               "failures_before": first.failures(), "failures_after": last.failures(),
-              "trial_seconds": round(sum(seconds) / max(len(seconds), 1), 3),
+              "trial_seconds": round(sum(seconds) / len(seconds), 3) if seconds else None,
               "trial": "Q/DQ removed around the nodes (ONNX edit)" if precision == "int8" else "AutoCast"}
     if ok:
         pipe.cache.get_or_create("repair", memory_parts, lambda t: {"nodes": result.nodes, "result": record},

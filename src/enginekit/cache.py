@@ -420,6 +420,10 @@ class Cache:
                 _touch(found.entry.path)
                 return found.entry, "hit"
             status = "forced" if found.entry is not None else found.status
+            if status == "corrupt":  # shown, not only rebuilt
+                from enginekit import reporting
+
+                reporting.warning(f"cache entry {kind}/{key[:12]} was corrupt ({found.reason}): removed it, rebuilding")
             return self._build(kind, key, parts, produce, subject), status
 
     def _build(

@@ -39,6 +39,22 @@ def package_version(name: str) -> str:
         return "absent"
 
 
+def model_versions(adapter) -> dict[str, str]:
+    """Versions of the code that builds a family's PyTorch model (and so its outputs)."""
+    framework = getattr(adapter, "framework", "") or ("ultralytics" if adapter.family == "yolo" else "transformers")
+    return {"enginekit": __version__, "torch": package_version("torch"), framework: package_version(framework)}
+
+
+def onnxruntime_version() -> str:
+    """ONNX Runtime runs ModelOpt's calibration and AutoCast's reference: its version shapes their graphs."""
+    gpu = package_version("onnxruntime-gpu")
+    return gpu if gpu != "absent" else package_version("onnxruntime")
+
+
+def quantizer_versions() -> dict[str, str]:
+    return {"nvidia-modelopt": package_version("nvidia-modelopt"), "onnxruntime": onnxruntime_version()}
+
+
 @dataclass
 class Artifact:
     """A stage's output: the file inside its cache entry (or a user's file), and how it was obtained."""
@@ -100,7 +116,8 @@ class ModelRequest:
             if self.weights.is_dir():
                 return f"sha256:{folder_sha256(self.weights)}"
             return f"sha256:{sha256_file(self.weights)}"
-        return f"hub:{self.adapter.variant}"
+        # a hub name: the content of the file it resolves to (downloaded if need be), not the name
+        return f"sha256:{sha256_file(self.adapter.hub_weights())}"
 
     @property
     def subject(self) -> str:
@@ -150,15 +167,13 @@ class Pipeline:
         return Artifact(stage, entry, status)
 
     def export_parts(self, shape: Shape, opset: int) -> dict:
-        framework = self.adapter.framework
         return {
             "stage": "export",
             "model": self.adapter.variant,
             "weights": self.request.weights_identity,
             "shape": format_shape(shape),
             "opset": opset,
-            "versions": {"enginekit": __version__, "torch": package_version("torch"),
-                         framework: package_version(framework)},
+            "versions": model_versions(self.adapter),
         }
 
     def export(self, shape: Shape, opset: int) -> Artifact:
@@ -196,7 +211,7 @@ class Pipeline:
         keep = sorted(set(family_keep) | set(keep_fp32_nodes or []))
         # A graph of no known family gets AutoCast's own random reference inputs (static shapes only).
         reference = data.digest(self.adapter, shape) if self.adapter else None
-        parts = {"stage": "fp16", "input": source.sha256, "modelopt": package_version("nvidia-modelopt"),
+        parts = {"stage": "fp16", "input": source.sha256, "versions": quantizer_versions(),
                  "keep_fp32": keep, "reference_data": reference}
 
         def produce(tmp: Path) -> dict:
@@ -231,9 +246,9 @@ class Pipeline:
         else:
             calibration = {"data": self._data_digest(data, shape)}
         calib_parts = {"stage": "calibration", "input": source.sha256, "method": method, **calibration,
-                       "modelopt": package_version("nvidia-modelopt")}
+                       "versions": quantizer_versions()}
         parts = {"stage": "int8", "input": source.sha256, "method": method, "exclude": excludes,
-                 "calibration": calibration, "modelopt": package_version("nvidia-modelopt")}
+                 "calibration": calibration, "versions": quantizer_versions()}
         input_name = self.adapter.input_name if self.adapter else None
 
         def produce(tmp: Path) -> dict:
@@ -267,7 +282,7 @@ class Pipeline:
 
         excludes = sorted(set(self.adapter.int8_exclude if self.adapter else ()) | set(exclude or []))
         parts = {"stage": "fp8", "input": source.sha256, "method": "max", "exclude": excludes,
-                 "calibration": {"data": self._data_digest(data, shape)}, "modelopt": package_version("nvidia-modelopt")}
+                 "calibration": {"data": self._data_digest(data, shape)}, "versions": quantizer_versions()}
         input_name = self.adapter.input_name if self.adapter else None
 
         def produce(tmp: Path) -> dict:

@@ -345,6 +345,10 @@ class VerifyRequest(Options):
         if kind == "model":
             precision = data.get("precision") or "fp32"
             data["build"] = BuildRequest(target=target, precision=precision, **options)
+        elif kind == "onnx" and target is not None:  # the weights (or seed) to compare the file against
+            if data.get("reference") is not None and options.get("weights") is not None:
+                raise UsageError("--reference and --weights name the same checkpoint: pass one")
+            data["build"] = BuildRequest(target=target, precision=data.get("precision") or "fp32", **options)
         return data
 
     @field_validator("tolerances", mode="before")

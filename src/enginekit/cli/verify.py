@@ -26,6 +26,16 @@ def register(app: typer.Typer) -> None:
         model: Annotated[Optional[str], typer.Option("--model", help="With an ONNX file that does not name its model.")] = None,
         require_engine: Annotated[bool, typer.Option("--require-engine", help="Fail (exit 3) if the engine cannot run here (GPU CI).")] = False,
         task_required: Annotated[bool, typer.Option("--task-required/--task-optional", help="--task-optional: where the reference has nothing to compare on the photographs (random-weight detectors find nothing), say so instead of failing; parity is gated as always.")] = True,
+        backend: Annotated[str, typer.Option("--backend", help="With a model name: as build's (auto, tensorrt, tensorrt-rtx).")] = "auto",
+        target_cc: Annotated[Optional[str], typer.Option("--target-cc", help="With a model name: as build's.")] = None,
+        workspace: Annotated[Optional[str], typer.Option("--workspace", help="With a model name: as build's.")] = None,
+        opt_level: Annotated[Optional[int], typer.Option("--opt-level", help="With a model name: as build's.")] = None,
+        calib_data: Annotated[Optional[Path], typer.Option("--calib-data", help="With a model name, INT8: as build's.")] = None,
+        calib_count: Annotated[int, typer.Option("--calib-count", help="With a model name, INT8: as build's.")] = 8,
+        calib_method: Annotated[str, typer.Option("--calib-method", help="With a model name, INT8: as build's.")] = "entropy",
+        calib_cache: Annotated[Optional[Path], typer.Option("--calib-cache", help="With a model name, INT8: as build's.")] = None,
+        exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="With a model name, INT8: as build's (repeatable).")] = None,
+        repair: Annotated[bool, typer.Option("--repair", help="With a model name: the engine build --repair made (its --tol too).")] = False,
         weights: WeightsOpt = None,
         trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
@@ -45,7 +55,10 @@ def register(app: typer.Typer) -> None:
 
           enginekit verify KEY --images data/val --report out/ --junit out/verify.xml
 
-          enginekit verify model.onnx --reference model.pt
+          enginekit verify model.onnx --weights model.pt
+
+        Every build flag that changes the engine is accepted, so `verify MODEL` with the flags of a
+        `build` finds (or builds) that same engine.
         """
         from enginekit import api
         from enginekit.errors import ParityError
@@ -63,6 +76,11 @@ def register(app: typer.Typer) -> None:
             from enginekit.requests import VerifyRequest
 
             build_options = {"profiles": profile or [], "weights": weights, "random_init": random_init, "seed": seed}
+            if target is not None and not target.endswith(".onnx"):
+                build_options.update(backend=backend, target_cc=target_cc, workspace=workspace, opt_level=opt_level,
+                                     calib_data=calib_data, calib_count=calib_count, calib_method=calib_method,
+                                     calib_cache=calib_cache, exclude=exclude or [], repair=repair,
+                                     tolerances=tol or [])
             request = VerifyRequest(target=target, precision=precision, images=images, image_count=image_count,
                                     report_dir=report, junit=junit, tolerances=tol or [], reference=reference,
                                     model=model, require_engine=require_engine, task_required=task_required,

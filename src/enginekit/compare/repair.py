@@ -1,6 +1,10 @@
 """Precision repair: when an FP16 or INT8 graph fails its gate, find a small set of nodes whose
 return to FP32 (or exclusion from quantization) makes it pass.
 
+``search`` (used by ``--repair``) ranks candidates by the error each adds, wherever they are, and
+prunes what the gate does not need; INT8 trials are ``strip_qdq`` edits of the one quantized graph.
+``repair`` below is the earlier search from the output backwards.
+
 The search walks the graph from the output backwards (reverse topological order: rounding
 near the output reaches it undamped; measured on Depth-Anything-V2, keeping its last 16 nodes
 in FP32 cut the error 5x, its first 64 changed nothing); each chosen node's measured
@@ -51,6 +55,17 @@ def candidate_nodes(onnx_path: Path, precision: str) -> list[str]:
     if precision == "int8":
         return [n.name for n in nodes if n.op_type in QUANTIZABLE_OPS and n.name]
     return [n.name for n in nodes if n.op_type not in EXACT_OPS and n.name]
+
+
+def quantized_nodes(qdq_path: Path) -> list[str]:
+    """Nodes of a Q/DQ graph that read a DequantizeLinear output (what the quantizer made INT8:
+    convolutions, and the Add/Concat/MaxPool/Resize between them), in topological order."""
+    import onnx
+
+    nodes = onnx.load(str(qdq_path)).graph.node
+    dq_out = {o for n in nodes if n.op_type == "DequantizeLinear" for o in n.output}
+    skip = EXACT_OPS | {"QuantizeLinear", "DequantizeLinear"}
+    return [n.name for n in nodes if n.name and n.op_type not in skip and any(i in dq_out for i in n.input)]
 
 
 def per_node_error(fp32_path: Path, reduced_path: Path, feed: dict[str, np.ndarray], names: list[str]) -> dict[str, float] | None:
@@ -134,6 +149,121 @@ def repair(try_nodes, check, names: list[str], ranking: dict[str, float] | None,
     result = RepairResult(order[:hi], len(history), history[0][1], after, art, "reverse topological order", history)
     if ranking:
         result.node_error = {n: ranking.get(n, 0.0) for n in result.nodes}
+    return result
+
+
+def strip_qdq(quantized, source, nodes) -> "onnx.ModelProto":
+    """The Q/DQ graph ``quantized`` with ``nodes`` computing in FP32 again: a pure ONNX edit.
+
+    Each input of a named node that comes through a DequantizeLinear is wired back to what was
+    quantized: an activation to the QuantizeLinear's input, a weight to the FP32 initializer of
+    ``source`` (the graph before quantization, same node names). Q/DQ pairs no longer used are
+    dropped. Takes well under a second, where a ModelOpt quantization takes seconds to minutes:
+    a repair trial is this edit and one ONNX Runtime run.
+    """
+    import copy
+
+    model = copy.deepcopy(quantized)
+    graph = model.graph
+    wanted = set(nodes)
+    producer = {o: n for n in graph.node for o in n.output}
+    src_nodes = {n.name: n for n in source.graph.node}
+    src_inits = {i.name: i for i in source.graph.initializer}
+    have_inits = {i.name for i in graph.initializer}
+    for node in graph.node:
+        if node.name not in wanted:
+            continue
+        original = src_nodes.get(node.name)
+        for i, name in enumerate(node.input):
+            dq = producer.get(name)
+            if dq is None or dq.op_type != "DequantizeLinear":
+                continue
+            q = producer.get(dq.input[0])
+            if q is not None and q.op_type == "QuantizeLinear":
+                node.input[i] = q.input[0]
+            elif original is not None and i < len(original.input) and original.input[i] in src_inits:
+                weight = original.input[i]
+                if weight not in have_inits:
+                    graph.initializer.append(src_inits[weight])
+                    have_inits.add(weight)
+                node.input[i] = weight
+    _drop_unused(graph)
+    return model
+
+
+def _drop_unused(graph) -> None:
+    """Remove nodes (and initializers) whose outputs nothing reads, repeatedly."""
+    keep_outputs = {o.name for o in graph.output}
+    while True:
+        used = keep_outputs | {i for n in graph.node for i in n.input}
+        dead = [n for n in graph.node if n.output and not any(o in used for o in n.output)]
+        if not dead:
+            break
+        for n in dead:
+            graph.node.remove(n)
+    used = {i for n in graph.node for i in n.input} | keep_outputs
+    for init in [i for i in graph.initializer if i.name not in used]:
+        graph.initializer.remove(init)
+
+
+def search(trial, names: list[str], ranking: dict[str, float] | None, *, max_trials: int = 24,
+           budget: int | None = None) -> "RepairResult":
+    """A small set of ``names`` that makes the gate pass, wherever the nodes are in the graph.
+
+    ``trial(nodes) -> (artifact, passed, rel_l2)`` makes and checks the graph with ``nodes`` in
+    high precision. Candidates are ordered by sensitivity (``ranking``: the error each node adds;
+    without it, from the output backwards); the first k of that order are grown 1, 2, 4, ...
+    until the gate passes, the smallest passing k is bisected, and then each chosen node is
+    dropped in turn where the gate still passes without it (one pass of delta debugging), so
+    the set found holds only nodes it needs. ``budget``: most nodes allowed (None: all).
+    """
+    if ranking:
+        order = sorted(names, key=lambda n: (-ranking.get(n, 0.0), -names.index(n)))
+        how = "sensitivity (error each node adds), grown then bisected, then pruned"
+    else:
+        order = list(reversed(names))
+        how = "reverse topological order, grown then bisected, then pruned"
+    history: list[tuple[int, float, bool]] = []
+    made: dict[tuple, tuple[object, float, bool]] = {}
+
+    def run(nodes: list[str]) -> bool:
+        key = tuple(sorted(nodes))
+        if key not in made:
+            art, ok, err = trial(list(nodes))
+            made[key] = (art, err, ok)
+            history.append((len(nodes), err, ok))
+        return made[key][2]
+
+    if run([]):
+        art, err, _ = made[()]
+        return RepairResult([], 1, err, err, art, how, history)
+    limit = len(order) if budget is None else min(budget, len(order))
+    lo, hi, k = 0, None, 1
+    while k <= limit and len(history) < max_trials:
+        if run(order[:k]):
+            hi = k
+            break
+        lo, k = k, min(k * 2, limit) if k < limit else k + 1
+    if hi is None:
+        if limit == len(order) or not run(order):
+            last = history[-1][1]
+            raise ParityError(f"repair failed: even with {limit} of {len(order)} candidate nodes in high precision "
+                              f"the gate fails (worst rel L2 {last:.2e})")
+        hi = len(order)
+    while hi - lo > 1 and len(history) < max_trials:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if run(order[:mid]) else (mid, hi)
+    chosen = list(order[:hi])
+    for node in list(reversed(chosen)):  # least sensitive first
+        if len(chosen) <= 1 or len(history) >= max_trials:
+            break
+        fewer = [n for n in chosen if n != node]
+        if run(fewer):
+            chosen = fewer
+    art, after, _ = made[tuple(sorted(chosen))]
+    result = RepairResult(chosen, len(history), history[0][1], after, art, how, history)
+    if ranking:
+        result.node_error = {n: ranking.get(n, 0.0) for n in chosen}
     return result
 
 

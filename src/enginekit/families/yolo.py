@@ -190,6 +190,21 @@ class YoloAdapter(ModelAdapter):
         return _TOLERANCES[precision]
 
     # -- loading ------------------------------------------------------------------------
+    def hub_weights(self) -> Path:
+        """The local file ``<variant>.pt`` resolves to (downloaded by Ultralytics if need be):
+        its content, not its name, keys every stage of a hub model."""
+        from ultralytics.utils.downloads import attempt_download_asset
+
+        hub = f"{self.variant}.pt"
+        try:
+            path = Path(attempt_download_asset(hub))
+        except Exception:  # noqa: BLE001
+            path = None
+        if path is None or not path.is_file():
+            raise UsageError(f"cannot download {hub} (offline?): pass --weights PATH to a local checkpoint, "
+                             "or --random-init for structure-only work")
+        return path
+
     def load(self, weights: Path | None, *, random_init: bool, seed: int) -> LoadedModel:
         from ultralytics import YOLO
 
@@ -216,15 +231,12 @@ class YoloAdapter(ModelAdapter):
                 ) from None
         else:
             hub = f"{self.variant}.pt"
+            downloaded = self.hub_weights()
             try:
-                model = YOLO(hub, task=self.task).model
-            except Exception:  # noqa: BLE001
-                raise UsageError(
-                    f"cannot download {hub} (offline?): pass --weights PATH to a local checkpoint, "
-                    "or --random-init for structure-only work"
-                ) from None
-            downloaded = Path(getattr(model, "pt_path", None) or hub)
-            source = WeightsSource("hub", hub, sha256_file(downloaded) if downloaded.is_file() else None)
+                model = YOLO(str(downloaded), task=self.task).model
+            except Exception as exc:  # noqa: BLE001
+                raise UsageError(describe_load_error(exc, f"cannot load {hub} ({downloaded})")) from None
+            source = WeightsSource("hub", hub, sha256_file(downloaded))
         if getattr(model, "task", "detect") != self.task:
             raise UsageError(task_mismatch(weights or self.variant, model.task, self.variant, self.task))
         return LoadedModel(self._prepare(model), self.variant, source, self._metadata(model))

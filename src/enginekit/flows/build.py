@@ -76,9 +76,11 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         data.image_paths  # noqa: B018 - refuse a missing or empty image folder before any work
     cache = cache or Cache()
 
+    extra: dict = {}
     if r.is_file:
         source_path = Path(r.target)
         adapter, subject = adapter_from_onnx(source_path)
+        extra["source_model"] = source_model(source_path)  # what verify by model name checks
         pipe = Pipeline(None, cache, force=r.force, adapter=adapter, subject=subject)
         from enginekit.onnx.graph import input_dims, load_model
 
@@ -93,6 +95,8 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         chain = [pipe.export(export_shape, r.opset)]
         chain.append(pipe.simplify(chain[-1], export_shape))
 
+    if getattr(pipe.adapter, "size_note", None):  # what happens to an input size (depth: any H x W)
+        extra["input_sizes"] = pipe.adapter.size_note
     precision = PrecisionRecipe(r.precision)
     if r.precision == "fp16":
         chain.append(pipe.fp16(chain[-1], opt_shape, CalibrationData(None, count=2)))
@@ -120,6 +124,9 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     verify_fn = None
     if r.verify and not r.is_file:
         verify_fn = source_parity(pipe, r.precision, opt_shape)
+    if repair_record is not None:  # part of the key: set before --explain computes it
+        precision.repaired_nodes = repair_record["nodes"]
+        extra["repair"] = repair_record
     if r.explain:
         from enginekit.pipeline import engine_key_parts
 
@@ -127,10 +134,7 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         parts = engine_key_parts(source.sha256, precision.to_json(), bound, be,
                                  resolve_targets(be, options.target_cc, gpu), gpu, options)
         explain(pipe, "engine", parts)
-    if repair_record is not None:
-        precision.repaired_nodes = repair_record["nodes"]
-    entry, status = pipe.engine(source, bound, be, options, precision.to_json(), verify_fn, chain,
-                                extra={"repair": repair_record} if repair_record is not None else None)
+    entry, status = pipe.engine(source, bound, be, options, precision.to_json(), verify_fn, chain, extra=extra or None)
     return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
 
 
@@ -153,6 +157,16 @@ def adapter_from_onnx(path: Path):
         except UsageError:
             pass
     return None, path.stem
+
+
+def source_model(path: Path) -> dict | None:
+    """The model and weights identity an enginekit-exported ONNX file records, else None."""
+    from enginekit.onnx.graph import get_metadata, load_model
+
+    meta = get_metadata(load_model(path))
+    if not meta.get("model"):
+        return None
+    return {"name": meta["model"], "weights": meta.get("weights")}
 
 
 def source_parity(pipe, precision: str, shape):

@@ -42,13 +42,13 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
     data.image_paths  # noqa: B018 - refuse a missing or empty folder before any work
 
     if r.kind == "onnx":
-        reports = [verify_onnx_file(Path(r.target), r.reference, r.model, data, overrides, cache,
+        reports = [verify_onnx_file(Path(r.target), r.reference, r.model, data, overrides, cache, spec=r.build,
                                     task_required=r.task_required)]
     else:
-        entries = entries_to_verify(r, cache)
+        found = entries_to_verify(r, cache)
         reports = [verify_corrupt(e) if isinstance(e, CorruptEntry) else
-                   verify_entry(e, data, overrides, cache, r.report_dir, task_required=r.task_required)
-                   for e in entries]
+                   verify_entry(e, data, overrides, cache, r.report_dir, given=given, task_required=r.task_required)
+                   for e, given in found]
     outcome = VerifyOutcome(reports)
     write_reports(outcome, r.report_dir, r.junit)
     if r.require_engine and not outcome.engine_ran:
@@ -59,8 +59,9 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
     return outcome
 
 
-def entries_to_verify(request: VerifyRequest, cache) -> list:
-    """The engine entries a request names: every cached one, a key, or a model name's build."""
+def entries_to_verify(request: VerifyRequest, cache) -> list[tuple]:
+    """The engine entries a request names, each with the model to compare against when the request
+    brings one: every cached engine, a key, or a model name's build (found by its recipe)."""
     if request.kind == "all":
         rows = [i for i in cache.ls() if i.kind == "engine"]
         entries, corrupt = [], []
@@ -72,14 +73,16 @@ def entries_to_verify(request: VerifyRequest, cache) -> list:
                 entries.append(found.entry)
         if not entries and not corrupt:
             raise UsageError("no engines in the cache to verify: build one first (enginekit build MODEL)")
-        return entries + corrupt
+        return [(e, None) for e in entries + corrupt]
     if request.kind == "key":
-        entry = _resolve_engine(request.target, cache)
-        return [entry]
-
+        return [(_resolve_engine(request.target, cache), None)]
     from enginekit.flows.build import run_build
 
-    return [run_build(request.build_request, cache).entry]
+    build = request.build_request
+    outcome = run_build(build, cache)
+    # The same engine may have been built from an exported ONNX file (same content, same key):
+    # this request's model and chain of artifacts are what it is compared against.
+    return [(outcome.entry, (build.model_request, outcome.artifacts))]
 
 
 @dataclass
@@ -127,23 +130,49 @@ def verify_corrupt(entry: CorruptEntry):
     return report
 
 
-def verify_entry(entry, data, overrides, cache, report_dir, *, task_required: bool = True):
+def model_of(entry, given):
+    """(ModelRequest, chain links) an engine entry is verified with: its own, or the request's."""
+    from enginekit.pipeline import ModelRequest
+
+    m = entry.manifest
+    if m.get("model_request"):
+        return ModelRequest.from_json(m["model_request"]), m.get("chain", [])
+    if given is None:
+        raise UsageError(f"engine {entry.key[:12]} was built from an ONNX file with no PyTorch model to compare "
+                         "against: verify it by model name (enginekit verify MODEL --weights ... and the build's "
+                         "flags) or verify that file with --weights CHECKPOINT")
+    request, artifacts = given
+    recorded = (m.get("source_model") or {}).get("weights")
+    if recorded and not same_weights(recorded, request):
+        raise UsageError(f"engine {entry.key[:12]} was built from a graph of weights {recorded[:23]}, not "
+                         f"{request.weights_identity[:23]}")
+    return request, [a.to_json() for a in artifacts]
+
+
+def same_weights(recorded: str, request) -> bool:
+    """Whether an ONNX file's recorded weights identity is the one ``request`` loads."""
+    if recorded.startswith("random:"):
+        return request.random_init and recorded.rpartition("@")[2] == str(request.seed)
+    if recorded.startswith("hub:"):
+        return request.weights is None and not request.random_init
+    return request.weights_identity == recorded
+
+
+def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_required: bool = True):
     from enginekit.compare.gate import (STAGE_PRECISION, Gates, VerifyReport, check_candidate, onnx_runner, skipped,
                                         unrunnable)
     from enginekit.pipeline import ModelRequest, Pipeline
     from enginekit.verification.references import get_references
 
     m = entry.manifest
-    if not m.get("model_request"):
-        raise UsageError(f"engine {entry.key[:12]} was built from an ONNX file with no PyTorch model to compare "
-                         "against: verify that file with --reference CHECKPOINT")
-    pipe = Pipeline(ModelRequest.from_json(m["model_request"]), cache)
+    model, links = model_of(entry, given)
+    pipe = Pipeline(model, cache)
     precision = m["precision"]["mode"]
     refs = get_references(pipe, m["profiles"], data)
     gates = Gates(pipe.adapter, overrides, task_required=task_required)
     report = VerifyReport(pipe.subject, entry.key, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
     metadata: dict[str, str] = {}
-    for link in m.get("chain", []):
+    for link in links:
         name = f"onnx-{link['stage']}"
         found = cache.lookup(link["kind"], link["key"]) if "kind" in link else None
         stage_precision = STAGE_PRECISION.get(link["stage"]) or precision
@@ -169,6 +198,12 @@ def verify_entry(entry, data, overrides, cache, report_dir, *, task_required: bo
         report.artifacts.append(art)
     checked = [a.name for a in report.artifacts if a.kind == "onnx" and a.ran]
     report.artifacts.append(verify_engine(entry, pipe, refs, gates, metadata, precision, checked))
+    repaired = m.get("repair")
+    if repaired and repaired.get("nodes"):  # the repair's figures, where the report shows the engine
+        report.artifacts[-1].notes.append(
+            f"repair: {len(repaired['nodes'])} of {repaired.get('candidates', '?')} quantizable node(s) kept in high "
+            f"precision ({100 * repaired.get('share', 0):.1f}%), worst rel L2 {repaired.get('rel_l2_before', 0):.3g} -> "
+            f"{repaired.get('rel_l2_after', 0):.3g}, {repaired.get('trials')} trials: {', '.join(repaired['nodes'][:8])}")
     if report_dir is not None:
         from enginekit.verification.pictures import draw_pictures
 
@@ -204,21 +239,18 @@ def verify_engine(entry, pipe, refs, gates, metadata, precision, checked=()):
     return art
 
 
-def verify_onnx_file(path: Path, reference, model, data, overrides, cache, *, task_required: bool = True):
-    """Any ONNX against its PyTorch checkpoint (enginekit-written ONNX names its family)."""
+def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=None, *, task_required: bool = True):
+    """Any ONNX against its PyTorch model: an enginekit-written ONNX names its model and weights."""
     from enginekit.compare.gate import Gates, VerifyReport, check_candidate, onnx_runner
     from enginekit.onnx.graph import input_dims, load_model, output_names
-    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.pipeline import Pipeline
     from enginekit.verification.references import get_references
 
-    if reference is None:
-        raise UsageError("verify of an ONNX file needs --reference CHECKPOINT (its PyTorch weights)")
+    if not path.is_file():
+        raise UsageError(f"ONNX file not found: {path}")
     onnx_model = load_model(path)
     metadata = onnx_metadata(path)
-    name = model or metadata.get("model")
-    if not name:
-        raise UsageError(f"{path.name} does not say which model it is: pass --model NAME (yolo12n, depth, ...)")
-    request = ModelRequest(name, Path(reference), False, 0)
+    request = onnx_model_request(path, metadata, model, reference, spec)
     adapter = request.adapter
     dims = input_dims(onnx_model)
     outs = output_names(onnx_model)
@@ -237,12 +269,42 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, *, ta
     precision = metadata.get("precision", "fp32")
     report = VerifyReport(adapter.variant, None, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
     try:
-        art = check_candidate(path.name, "onnx", precision, onnx_runner(path), refs, Gates(adapter, overrides, task_required=task_required),
-                              adapter, metadata)
+        gates = Gates(adapter, overrides, task_required=task_required)
+        art = check_candidate(path.name, "onnx", precision, onnx_runner(path), refs, gates, adapter, metadata)
     except (KeyError, ValueError) as exc:
         raise UsageError(f"{path.name} does not compute {adapter.variant}'s outputs: {exc}") from None
     report.artifacts.append(art)
     return report
+
+
+def onnx_model_request(path: Path, metadata: dict, model, reference, spec):
+    """The model an ONNX file is compared against: --model/--weights/--random-init, else its metadata.
+
+    Refused in one line when the given weights are not the ones its metadata records."""
+    from enginekit.pipeline import ModelRequest
+
+    name = model or metadata.get("model")
+    if not name:
+        raise UsageError(f"{path.name} does not say which model it is: pass --model NAME (yolo12n, depth, ...)")
+    weights = Path(reference) if reference is not None else (spec.weights if spec is not None else None)
+    random_init = bool(spec is not None and spec.random_init)
+    seed = spec.seed if spec is not None else 0
+    recorded = metadata.get("weights", "")
+    if weights is None and not random_init:
+        if recorded.startswith("random:"):  # reproducible: the same seeded architecture
+            random_init, seed = True, int(recorded.rpartition("@")[2] or 0)
+        elif not recorded.startswith("hub:"):
+            known = f" (it was exported from weights {recorded[:23]})" if recorded else ""
+            raise UsageError(f"verify of {path.name} needs its PyTorch weights: pass --weights CHECKPOINT or "
+                             f"--random-init{known}")
+    request = ModelRequest(name, weights, random_init, seed)
+    if recorded and model in (None, metadata.get("model")):
+        if not same_weights(recorded, request):
+            given = f"--weights {weights.name}" if weights is not None else (
+                f"--random-init --seed {seed}" if random_init else "hub weights")
+            raise UsageError(f"{given} ({request.weights_identity[:23]}) is not what {path.name} was exported from "
+                             f"({recorded[:23]})")
+    return request
 
 
 def onnx_metadata(path: Path) -> dict[str, str]:

@@ -43,11 +43,8 @@ class DepthProcessor:
         if isinstance(input_size, (tuple, list)):
             self.fixed = tuple(input_size)
             input_size = None
+        # any fixed H x W is served: the graph resizes a side that is not a multiple of 14 itself
         self.size = int(input_size or 518)
-        if self.fixed is not None and (self.fixed[0] % PATCH or self.fixed[1] % PATCH):
-            from enginekit.errors import UsageError
-
-            raise UsageError(f"Depth-Anything-V2 inputs are multiples of {PATCH}: {self.fixed[0]}x{self.fixed[1]} is not")
 
     def input_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
         return self.fixed or lower_bound_size(*image_hw, self.size)

@@ -61,7 +61,7 @@ def quiet_polygraphy() -> None:
 def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: int = 0) -> References:
     """Stored references for the pipeline's model over photographs and profile shapes."""
     quiet_polygraphy()
-    from enginekit.pipeline import package_version
+    from enginekit.pipeline import model_versions
 
     adapter = pipe.adapter
     photo_shape, random_shapes = reference_shapes(profiles, adapter.input_name)
@@ -72,8 +72,9 @@ def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: in
         "photos": images.digest(adapter, photo_shape),
         "random": [format_shape(s) for s in random_shapes],
         "seed": seed,
-        # random-init weights are made by enginekit's code, so its version is part of them
-        "versions": {"enginekit": package_version("enginekit"), "torch": package_version("torch")},
+        # the code that builds the model and computes its outputs: enginekit (random init, the
+        # wrappers), torch, and the family's framework (ultralytics or transformers)
+        "versions": model_versions(adapter),
     }
 
     def produce(tmp: Path) -> dict:

@@ -1,0 +1,98 @@
+"""Repair: a search that finds the few nodes a gate needs wherever they are, INT8 trials as ONNX
+edits of the quantized graph, and the repair of the trained detector gated by parity and task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+@pytest.mark.parametrize("needed", [{3}, {0, 57}, {10, 11, 40}])
+def test_search_finds_the_needed_nodes_anywhere(needed):
+    from enginekit.compare.repair import search
+
+    names = [f"n{i}" for i in range(64)]
+    need = {f"n{i}" for i in needed}
+    # the ranking is only roughly right: the needed nodes are among the top third, not first
+    rng = np.random.default_rng(0)
+    ranking = {n: float(rng.uniform(0.0, 1.0)) + (0.5 if n in need else 0.0) for n in names}
+
+    def trial(nodes):
+        ok = need <= set(nodes)
+        return object(), ok, 0.01 if ok else 0.1
+
+    result = search(trial, names, ranking, max_trials=60)
+    assert set(result.nodes) == need, result.nodes  # exactly the needed ones: none near the output by default
+    assert result.trials <= 60
+
+
+def test_search_that_cannot_pass_says_so():
+    from enginekit.compare.repair import search
+    from enginekit.errors import ParityError
+
+    with pytest.raises(ParityError, match="even with 4 of 4"):
+        search(lambda nodes: (None, False, 0.5), ["a", "b", "c", "d"], None)
+
+
+def _qdq_pair_graph(tmp_path: Path):
+    """x -> Q/DQ -> Conv(W as Q/DQ of an int8 weight) -> y, and its FP32 source."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((2, 1, 1, 1)).astype(np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    src = helper.make_model(helper.make_graph([helper.make_node("Conv", ["x", "W"], ["y"], name="conv")], "g", [x], [y],
+                                              [numpy_helper.from_array(w, "W")]), opset_imports=[helper.make_opsetid("", 17)])
+    scale = numpy_helper.from_array(np.array(0.5, np.float32), "s")
+    zero = numpy_helper.from_array(np.array(0, np.int8), "z")
+    wq = numpy_helper.from_array(np.clip(np.round(w / 0.5), -127, 127).astype(np.int8), "Wq")
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq"),
+             helper.make_node("DequantizeLinear", ["Wq", "s", "z"], ["Wd"], name="wdq"),
+             helper.make_node("Conv", ["xd", "Wd"], ["y"], name="conv")]
+    q = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [scale, zero, wq]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    for m in (src, q):
+        m.ir_version = 9
+    return src, q
+
+
+def test_strip_qdq_gives_the_fp32_node_back(tmp_path):
+    from enginekit.compare.repair import quantized_nodes, strip_qdq
+    from enginekit.onnx import runtime
+
+    import onnx
+
+    src, q = _qdq_pair_graph(tmp_path)
+    onnx.save(q, str(tmp_path / "q.onnx"))
+    assert quantized_nodes(tmp_path / "q.onnx") == ["conv"]
+    stripped = strip_qdq(q, src, ["conv"])
+    assert [n.op_type for n in stripped.graph.node] == ["Conv"]  # Q/DQ pairs nobody reads are gone
+    feed = {"x": np.array([[[[0.3, -1.7], [2.2, 0.05]]]], np.float32)}
+    want = runtime.run(runtime.session_from_model(src), feed)["y"]
+    got = runtime.run(runtime.session_from_model(stripped), feed)["y"]
+    quant = runtime.run(runtime.session_from_model(q), feed)["y"]
+    assert np.allclose(got, want) and not np.allclose(quant, want)
+    assert strip_qdq(q, src, []).graph.node[0].op_type == "QuantizeLinear"  # untouched without nodes
+
+
+def test_int8_repair_on_the_trained_detector(trained_detector, detector_images, tmp_path):
+    """A gate the INT8 graph fails (scores rel L2 tightened to 0.05; default INT8 passes): repair keeps
+    a few nodes from all over the graph in FP32 and passes parity and task gates; figures recorded."""
+    from enginekit import api
+    from enginekit.cache import Cache
+
+    out = api.build("yolov8n", weights=trained_detector.weights, precision="int8", profiles=["1x3x320x320"],
+                    calib_data=detector_images, repair=True, tolerances=["int8.rel_l2=0.05"], verify=False,
+                    cache=Cache(tmp_path / "cache"), quiet=True)
+    rec = out.manifest["repair"]
+    assert rec["passed"] and rec["failures_before"] and not rec["failures_after"], rec
+    assert 0 < len(rec["nodes"]) <= 0.15 * rec["candidates"], (len(rec["nodes"]), rec["candidates"])
+    assert rec["task_after"]["recall"] >= 0.95 and rec["task_after"]["compared"] > 0  # the task was gated too
+    assert rec["trial_seconds"] < 2.0  # an ONNX edit, not a ModelOpt run
+    assert out.manifest["precision"]["repaired_nodes"] == rec["nodes"]
+    assert out.manifest["chain"][-1]["stage"] == "int8-repair"

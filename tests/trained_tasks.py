@@ -176,8 +176,11 @@ def cache_key(task: str) -> str:
 
 
 def cache_root() -> Path:
-    env = os.environ.get("ENGINEKIT_TEST_DATA")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / ".pytest_cache" / "enginekit-trained"
+    """The trained detector's folder (``$ENGINEKIT_TEST_DATA``, else ``~/.cache/enginekit-tests``):
+    outside the repository, so every checkout reuses what one trained."""
+    from trained_detector import cache_root as shared_root
+
+    return shared_root()
 
 
 def trained_task_model(task: str, root: Path | None = None) -> Path:

@@ -342,3 +342,57 @@ def test_broken_image_is_skipped_and_reported(run_cli, tmp_path, trained):
                 "--image-count", "9", env={"ENGINEKIT_CACHE": str(trained["root"] / "cache")})
     assert r.code == 0, r.stderr
     assert "skipped images" in r.stderr and "broken.jpg" in r.stderr
+
+
+# --- INT8 on the trained detector: the default passes, a lossy graph exits 1 -----------------------------
+
+def _verify_int8(trained, tmp_path, **build):
+    from enginekit import api
+    from enginekit.cache import Cache
+
+    options = {"profiles": [TRAINED_SHAPE], "weights": trained["weights"], **build}
+    return api.verify(trained["model"], precision="int8", build_options=options, images=trained["images"],
+                      image_count=8, cache=Cache(trained["root"] / "cache"), quiet=True,
+                      report_dir=tmp_path / "report")
+
+
+def _int8_artifact(outcome):
+    (report,) = outcome.reports
+    return report, next(a for a in report.artifacts if a.precision == "int8" and a.task)
+
+
+def test_default_int8_passes_with_figures_that_are_not_trivial(trained, tmp_path):
+    """YOLO's default calibration (max, on the embedded photographs) keeps the FP32 detections."""
+    outcome = _verify_int8(trained, tmp_path)
+    report, art = _int8_artifact(outcome)
+    assert outcome.passed, [str(c) for c in report.failures()]
+    assert art.task["reference_detections"] >= 16 and art.task["recall"] >= 0.95
+    assert art.parts["scores"]["worst"]["rel_l2"] > 1e-3  # INT8 moved the scores: the gate compared something
+    methods = {json.loads(m.read_text()).get("method") for m in (trained["root"] / "cache").glob("onnx-int8/*/manifest.json")}
+    assert "max" in methods, f"YOLO's default calibration is max, found {methods}"
+
+
+def test_lossy_int8_exits_1_naming_what_it_lost(trained, tmp_path, run_cli):
+    """Calibrated on data unlike what the detector sees (noise), INT8 adds false detections: exit 1."""
+    noise = tmp_path / "noise.npy"
+    np.save(noise, np.random.default_rng(0).random((8, 3, 320, 320), dtype=np.float32))
+    r = run_cli("verify", trained["model"], "--weights", str(trained["weights"]), "--precision", "int8",
+                "--profile", TRAINED_SHAPE, "--calib-data", str(noise), "--images", str(trained["images"]),
+                "--image-count", "8", "--report", "rep", env={"ENGINEKIT_CACHE": str(trained["root"] / "cache")})
+    from conftest import assert_one_line_error
+
+    line = assert_one_line_error(r, 1)
+    assert "task" in line or "scores" in line, line
+    failures = json.loads((tmp_path / "rep" / "report.json").read_text())["entries"][0]["failures"]
+    assert any("task precision" in f for f in failures), failures
+    assert any("parity scores" in f for f in failures), failures
+
+
+def test_entropy_calibration_at_320_loses_detections(trained, tmp_path):
+    """The old default (entropy on the embedded photographs) drops 3 of 49 FP32 detections at 320:
+    more than the 5% the gate allows. The reason YOLO's default is max."""
+    outcome = _verify_int8(trained, tmp_path, calib_method="entropy")
+    report, art = _int8_artifact(outcome)
+    assert not outcome.passed
+    assert "task recall" in {c.name for c in report.failures()}
+    assert 0.85 < art.task["recall"] < 0.95, art.task

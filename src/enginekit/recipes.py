@@ -68,16 +68,16 @@ class Calibration(_Strict):
 
     data: Optional[str] = None  # image folder or .npy/.npz; default: photographs in installed packages
     count: int = Field(8, gt=0)  # --calib-count
-    method: str = "entropy"  # --calib-method
+    method: Optional[str] = None  # --calib-method; None: the family's default
     cache: Optional[str] = None  # --calib-cache: read if it exists, else written
     exclude: list[str] = []  # --exclude: node-name regexes kept out of INT8 (on top of the family's)
 
     @field_validator("method")
     @classmethod
-    def _known_method(cls, method: str) -> str:
+    def _known_method(cls, method: Optional[str]) -> Optional[str]:
         from enginekit.stages.int8 import CALIBRATION_METHODS
 
-        if method not in CALIBRATION_METHODS:
+        if method is not None and method not in CALIBRATION_METHODS:
             raise _problem(("calibration", "method"),
                            f"unknown calibration method {method!r}: choose {', '.join(CALIBRATION_METHODS)}")
         return method

@@ -216,7 +216,7 @@ class BuildRequest(_ModelOptions):
     opt_level: Optional[int] = Field(None, ge=0, le=5)
     calib_data: Optional[Path] = None
     calib_count: int = Field(8, ge=1)
-    calib_method: str = "entropy"
+    calib_method: Optional[str] = None  # None: the family's (ModelAdapter.int8_calibration)
     calib_cache: Optional[Path] = None
     exclude: list[str] = []
     opset: int = Field(18, ge=7)
@@ -257,10 +257,10 @@ class BuildRequest(_ModelOptions):
 
     @field_validator("calib_method")
     @classmethod
-    def _method(cls, value: str) -> str:
+    def _method(cls, value: Optional[str]) -> Optional[str]:
         from enginekit.stages.int8 import CALIBRATION_METHODS
 
-        if value not in CALIBRATION_METHODS:
+        if value is not None and value not in CALIBRATION_METHODS:
             raise UsageError(f"unknown calibration method {value!r}: choose {', '.join(CALIBRATION_METHODS)}")
         return value
 

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         opt_level: Annotated[Optional[int], typer.Option("--opt-level", help="Builder optimization level 0..5.")] = None,
         calib_data: Annotated[Optional[Path], typer.Option("--calib-data", help="INT8: image folder or .npy/.npz (default: embedded photographs).")] = None,
         calib_count: Annotated[int, typer.Option("--calib-count", help="INT8: number of calibration inputs.")] = 8,
-        calib_method: Annotated[str, typer.Option("--calib-method", help="INT8 calibration method.")] = "entropy",
+        calib_method: Annotated[Optional[str], typer.Option("--calib-method", help="INT8 calibration method (default: the family's: max for YOLO, entropy otherwise).")] = None,
         calib_cache: Annotated[Optional[Path], typer.Option("--calib-cache", help="INT8: calibration cache to read (if it exists) or write.")] = None,
         exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="INT8: node-name regex kept out of quantization (repeatable).")] = None,
         weights: WeightsOpt = None,

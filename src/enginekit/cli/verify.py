@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         opt_level: Annotated[Optional[int], typer.Option("--opt-level", help="With a model name: as build's.")] = None,
         calib_data: Annotated[Optional[Path], typer.Option("--calib-data", help="With a model name, INT8: as build's.")] = None,
         calib_count: Annotated[int, typer.Option("--calib-count", help="With a model name, INT8: as build's.")] = 8,
-        calib_method: Annotated[str, typer.Option("--calib-method", help="With a model name, INT8: as build's.")] = "entropy",
+        calib_method: Annotated[Optional[str], typer.Option("--calib-method", help="With a model name, INT8: as build's.")] = None,
         calib_cache: Annotated[Optional[Path], typer.Option("--calib-cache", help="With a model name, INT8: as build's.")] = None,
         exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="With a model name, INT8: as build's (repeatable).")] = None,
         repair: Annotated[bool, typer.Option("--repair", help="With a model name: the engine build --repair made (its --tol too).")] = False,

@@ -92,6 +92,8 @@ class ModelAdapter:
     fp16_keep_fp32: tuple[str, ...] = ()
     #: node-name patterns (regex) kept out of INT8 quantization by default
     int8_exclude: tuple[str, ...] = ()
+    #: INT8 calibration method when none is asked for (``--calib-method``)
+    int8_calibration: str = "entropy"
 
     def __init__(self, variant: str):
         self.variant = variant

@@ -98,12 +98,13 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     if getattr(pipe.adapter, "size_note", None):  # what happens to an input size (depth: any H x W)
         extra["input_sizes"] = pipe.adapter.size_note
     precision = PrecisionRecipe(r.precision)
+    calib_method = r.calib_method or pipe.adapter.int8_calibration
     if r.precision == "fp16":
         chain.append(pipe.fp16(chain[-1], opt_shape, CalibrationData(None, count=2)))
     elif r.precision == "int8":
-        chain.append(pipe.int8(chain[-1], opt_shape, data, method=r.calib_method, exclude=list(r.exclude),
+        chain.append(pipe.int8(chain[-1], opt_shape, data, method=calib_method, exclude=list(r.exclude),
                                calibration_cache=calib_cache))
-        precision.method = r.calib_method
+        precision.method = calib_method
     elif r.precision == "fp8":
         chain.append(pipe.fp8(chain[-1], opt_shape, data, exclude=list(r.exclude)))
         precision.method = "max"
@@ -114,7 +115,7 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     if r.repair:
         from enginekit.flows.repair import repair
 
-        repaired, repair_record = repair(pipe, chain, r.precision, opt_shape, overrides, data, r.calib_method,
+        repaired, repair_record = repair(pipe, chain, r.precision, opt_shape, overrides, data, calib_method,
                                          list(r.exclude))
         chain[-1] = repaired
         if r.precision == "int8":

@@ -192,8 +192,12 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
                 art = check_candidate(name, "onnx", stage_precision, onnx_runner(path), refs, gates, pipe.adapter,
                                       metadata)
             except Exception as exc:  # noqa: BLE001 - ORT refuses FP8 Q/DQ graphs: say so, and fail
-                art = unrunnable(name, "onnx", stage_precision,
-                                 f"ONNX Runtime cannot run it ({str(exc).splitlines()[0][:160]})")
+                first = (str(exc).splitlines() or [""])[0][:160]
+                if type(exc).__module__.startswith("onnxruntime"):
+                    why = f"ONNX Runtime cannot run it ({first})"
+                else:  # a fault of the comparison itself is named, never passed off as ORT's refusal
+                    why = f"checking it raised {type(exc).__name__}: {first}"
+                art = unrunnable(name, "onnx", stage_precision, why)
             s.status = "pass" if art.passed else "fail"
         report.artifacts.append(art)
     checked = [a.name for a in report.artifacts if a.kind == "onnx" and a.ran]

@@ -92,6 +92,9 @@ class ModelAdapter:
     fp16_keep_fp32: tuple[str, ...] = ()
     #: node-name patterns (regex) kept out of INT8 quantization by default
     int8_exclude: tuple[str, ...] = ()
+    #: the runtime's pre/postprocessing of this family (``load()``, ``enginekit predict``), as
+    #: "module:Class" under enginekit.runtime (imported only there); "" where the runtime does not run it
+    runtime_processor: str = ""
 
     def __init__(self, variant: str):
         self.variant = variant

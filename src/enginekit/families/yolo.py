@@ -130,6 +130,7 @@ class YoloAdapter(ModelAdapter):
     # quantizing it collapses confidence scores. Detect's branches are ModuleLists (cv2.0,
     # cv3.1, ...), which tells them from the cv1/cv2 convolutions of C2f blocks.
     int8_exclude = (r"/model\.\d+/(one2one_)?cv[23]\.\d+/.*", r"/model\.\d+/(one2one_)?dfl/.*")
+    runtime_processor = "enginekit.runtime.yolo:YoloProcessor"
 
     # Against the FP32 detections at the operating point (conf 0.25): a graph fails when it loses
     # more than 5% of them (recall), adds more than 5% (precision), or ranks them below mAP50 0.9

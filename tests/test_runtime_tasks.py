@@ -147,6 +147,27 @@ def test_onnx_cpu_matches_ultralytics_predict_on_trained_task_model(task, task_o
     assert compared > 0 and compared_wide > 0, f"the trained {task} model found nothing: the check compared nothing"
 
 
+def test_classify_device_preprocessing_matches_the_host_transforms():
+    """The GPU path's classify preprocessing (torch ops, run here on CPU tensors) == classify_transforms on PIL,
+    within a grey level: resize of the shorter side (antialiased bilinear), centre crop, 0..1."""
+    import cv2
+    import torch
+
+    from enginekit.families import resolve
+    from enginekit.images import embedded_image_paths
+    from enginekit.runtime.backends import SessionInfo
+    from enginekit.runtime.yolo_tasks import ClassifyProcessor
+
+    bus = next(p for p in embedded_image_paths() if p.name == "bus.jpg")
+    rgb = np.ascontiguousarray(cv2.resize(cv2.imread(str(bus)), (405, 540))[..., ::-1])
+    processor = ClassifyProcessor(resolve("yolo11n-cls"), {}, SessionInfo("torch", "cpu", "images", ("output0",),
+                                                                          (None, 3, 224, 224)))
+    host = processor.preprocess_cpu(rgb, (224, 224))
+    device = processor.preprocess_gpu(torch.from_numpy(rgb).permute(2, 0, 1).float(), (224, 224)).numpy()
+    assert host.shape == device.shape == (3, 224, 224)
+    assert np.abs(host - device).max() <= 2 / 255 and np.abs(host - device).mean() <= 0.5 / 255
+
+
 def test_family_without_runtime_is_refused_before_any_export(monkeypatch):
     import enginekit
     from enginekit.errors import UsageError

@@ -81,7 +81,8 @@ class Segments(Detections):
     kind = "segments"
 
     def polygons(self) -> list[np.ndarray]:
-        """Each mask's outline (its largest contour, K x 2 pixels), as Ultralytics' ``Masks.xy``."""
+        """Each mask's outline (K x 2 pixels; a mask in several parts is merged into one), as Ultralytics'
+        ``Masks.xy`` gives it."""
         from ultralytics.utils import ops
 
         if not len(self.masks):

@@ -196,26 +196,48 @@ def photo(tmp_path_factory):
     return path
 
 
-def test_predict_segment_writes_masks_and_overlay(run_cli, tmp_path, photo):
-    import cv2
-
-    # random weights score every class near 1e-5: a tiny threshold keeps some instances
-    r = run_cli("predict", "yolo11n-seg", str(photo), "--random-init", "--backend", "onnxruntime-cpu",
-                "--conf", "0.000001", "--save", str(tmp_path / "out"))
-    assert r.code == 0, r.stderr
-    data = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert data["models"][0]["family"] == "yolo-seg"
-    result = data["frames"][0]["results"]["yolo11n-seg"]
-    assert result["kind"] == "segments" and result["image_shape"] == [140, 105]
-    assert result["detections"], result
+def _check_segments(result: dict) -> None:
     for d in result["detections"]:
         x1, y1, x2, y2 = d["box"]
         assert d["mask"]["area"] > 0 and len(d["mask"]["polygon"]) >= 3
         xs, ys = np.array(d["mask"]["polygon"]).T
         assert xs.min() >= x1 - 1 and xs.max() <= x2 + 1 and ys.min() >= y1 - 1 and ys.max() <= y2 + 1
-    overlay = cv2.imread(str(tmp_path / "out" / result["overlay"]))
-    assert overlay.shape == (140, 105, 3)
-    assert np.abs(overlay.astype(int) - cv2.imread(str(photo)).astype(int)).mean() > 1  # something drawn on it
+
+
+def test_predict_segment_random_init_writes_results_and_overlay(run_cli, tmp_path, photo):
+    import cv2
+
+    r = run_cli("predict", "yolo11n-seg", str(photo), "--random-init", "--backend", "onnxruntime-cpu",
+                "--save", str(tmp_path / "out"))
+    assert r.code == 0, r.stderr
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["models"][0]["family"] == "yolo-seg"
+    result = data["frames"][0]["results"]["yolo11n-seg"]
+    assert result["kind"] == "segments" and result["image_shape"] == [140, 105]
+    _check_segments(result)  # random weights score every anchor alike (~1e-5): what they keep is arbitrary
+    assert cv2.imread(str(tmp_path / "out" / result["overlay"])).shape == (140, 105, 3)
+
+
+def test_predict_segment_trained_writes_masks_and_overlays(run_cli, tmp_path, task_onnx, task_images):
+    import cv2
+
+    _, onnx_path = task_onnx("segment")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for image in task_images["segment"]:
+        (folder / image.name).write_bytes(image.read_bytes())
+    r = run_cli("predict", str(onnx_path), str(folder), "--backend", "onnxruntime-cpu", "--save", str(tmp_path / "out"))
+    assert r.code == 0, r.stderr
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    results = [f["results"]["yolo11n-seg"] for f in data["frames"]]
+    assert len(results) == len(task_images["segment"]) and sum(len(r["detections"]) for r in results) > 0
+    for result, image in zip(results, sorted(folder.iterdir())):
+        _check_segments(result)
+        frame = cv2.imread(str(image))
+        overlay = cv2.imread(str(tmp_path / "out" / result["overlay"]))
+        assert overlay.shape == frame.shape
+        if result["detections"]:  # masks and boxes drawn on it
+            assert np.abs(overlay.astype(int) - frame.astype(int)).mean() > 1
 
 
 def test_predict_classify_writes_top5_and_overlay(run_cli, tmp_path, photo):

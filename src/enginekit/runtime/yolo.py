@@ -91,7 +91,10 @@ class YoloProcessor:
 
     def nms(self, pred, *, nc: int = 0, rotated: bool = False) -> list:
         """``ultralytics.utils.nms.non_max_suppression`` as Ultralytics' predictors call it, with no time limit:
-        its default (2 s + 50 ms per image) stops early on a busy CPU and silently drops detections."""
+        its default (2 s + 50 ms per image) stops early on a busy CPU and silently drops detections.
+        torchvision is imported first: that function uses torchvision's NMS kernel only where it is imported,
+        as it is in Ultralytics' own predictor, and falls back to a Python loop 100x slower on many boxes."""
+        import torchvision  # noqa: F401
         from ultralytics.utils import nms
 
         return nms.non_max_suppression(pred, self.conf, self.iou, max_det=self.max_det, nc=nc, end2end=self.end2end,

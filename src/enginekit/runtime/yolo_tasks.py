@@ -63,7 +63,7 @@ class SegmentProcessor(_TaskProcessor):
             det, boxes, masks = det[keep], boxes[keep], masks[keep]
             ids = _numpy(det[:, 5], np.int64)
             results.append(Segments(_numpy(boxes), _numpy(det[:, 4]), ids, self.names_of(ids), shape,
-                                    masks=masks.cpu().numpy().astype(bool)))
+                                    masks=masks.cpu().numpy().view(np.bool_)))  # 0/1 uint8: no copy
         return results
 
 

@@ -234,6 +234,7 @@ class DepthAnythingAdapter(ModelAdapter):
     aliases = {"depth": "depth-anything-v2-small", "depth-anything-v2": "depth-anything-v2-small"}
     example = "depth-anything-v2-small"
     picture_kind = "depth"
+    runtime_processor = "enginekit.runtime.depth:DepthProcessor"
     input_name = "pixel_values"
     output_names = ("depth",)
     default_input = (1, 3, 518, 518)

@@ -134,6 +134,7 @@ class YoloAdapter(ModelAdapter):
     # recall 0.939 / 0.989 with entropy (fails the 5% rule at 320) and 0.980 / 1.000 with max, which
     # also calibrates 5-15x faster (benchmarks/int8_calibration.py). Max is the YOLO default.
     int8_calibration = "max"
+    runtime_processor = "enginekit.runtime.yolo:YoloProcessor"
 
     # Against the FP32 detections at the operating point (conf 0.25): a graph fails when it loses
     # more than 5% of them (recall), adds more than 5% (precision), or ranks them below mAP50 0.9

@@ -90,6 +90,7 @@ class UltralyticsTaskAdapter(YoloAdapter):
     summary = ""  # what the outputs are, for `enginekit models`
     picture_kind = None
     int8_exclude = _HEAD_EXCLUDE
+    runtime_processor = ""  # each task names its own (the detector's would misread its outputs)
 
     @classmethod
     def matches(cls, name: str) -> bool:
@@ -167,6 +168,7 @@ class YoloSegmentAdapter(_InstanceTask):
     family = "yolo-seg"
     task = "segment"
     suffix = "-seg"
+    runtime_processor = "enginekit.runtime.yolo_tasks:SegmentProcessor"
     example = "yolo11n-seg"
     summary = "instance masks: output0 boxes + class scores + 32 mask coefficients, output1 prototypes"
     output_names = ("output0", "output1")
@@ -194,6 +196,7 @@ class YoloPoseAdapter(_InstanceTask):
     family = "yolo-pose"
     task = "pose"
     suffix = "-pose"
+    runtime_processor = "enginekit.runtime.yolo_tasks:PoseProcessor"
     example = "yolo11n-pose"
     summary = "keypoints: output0 boxes + class scores + keypoints (x, y, visibility) per anchor"
     extra_part = "keypoints"
@@ -222,6 +225,7 @@ class YoloObbAdapter(_InstanceTask):
     family = "yolo-obb"
     task = "obb"
     suffix = "-obb"
+    runtime_processor = "enginekit.runtime.yolo_tasks:ObbProcessor"
     example = "yolo11n-obb"
     summary = "rotated boxes: output0 xywh + class scores + angle (radians), compared by probiou"
     extra_part = "angle"
@@ -245,6 +249,7 @@ class YoloClassifyAdapter(UltralyticsTaskAdapter):
     family = "yolo-cls"
     task = "classify"
     suffix = "-cls"
+    runtime_processor = "enginekit.runtime.yolo_tasks:ClassifyProcessor"
     example = "yolo11n-cls"
     summary = "class probabilities (softmax); input resized and centre-cropped as Ultralytics classifies"
     default_input = (1, 3, 224, 224)

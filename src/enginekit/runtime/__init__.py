@@ -2,6 +2,8 @@
 
     predictor = load("yolo12n", precision="fp16", weights="best.pt")
     result = predictor("bus.jpg")            # Detections: boxes (xyxy, original pixels), scores, class_ids, names
+    seg = load("yolo11n-seg", weights="seg.pt")("bus.jpg")   # Segments: + masks N x H x W at the original size
+    # Poses (+ keypoints N x K x 3), OrientedBoxes (xywhr), Classification (top-5 class_ids, scores, names)
     depth = load("depth", random_init=True)(frame_bgr)   # DepthMap: depth H x W float32
 
 Importing this package is cheap: backends load their libraries when a predictor is made.
@@ -9,7 +11,8 @@ Importing this package is cheap: backends load their libraries when a predictor 
 
 from __future__ import annotations
 
-__all__ = ["load", "Predictor", "Pipeline", "Detections", "DepthMap", "onnxruntime_providers"]
+RESULTS = ("Detections", "Segments", "Poses", "OrientedBoxes", "Classification", "DepthMap")
+__all__ = ["load", "Predictor", "Pipeline", *RESULTS, "onnxruntime_providers"]
 
 
 def __getattr__(name: str):
@@ -21,7 +24,7 @@ def __getattr__(name: str):
         from enginekit.runtime import predictor
 
         return getattr(predictor, name)
-    if name in ("Detections", "DepthMap"):
+    if name in RESULTS:
         from enginekit.runtime import results
 
         return getattr(results, name)

@@ -265,6 +265,7 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     if not t.model:
         raise UsageError(f"{t.label} does not say which model it is: enginekit runs the graphs it wrote")
     adapter = resolve(t.model)
+    processor_cls = processor_for(adapter)  # a family the runtime does not run is refused before any export
     metadata = dict(t.metadata)
 
     if name == "torch":
@@ -314,8 +315,8 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
         source = str(t.path)
     if adapter.family == "yolo" and "names" not in metadata:
         metadata["names"] = str(_coco_names())
-    processor = processor_for(adapter.family)(adapter, metadata, session.info, conf=conf, iou=iou, max_det=max_det,
-                                              input_size=input_size)
+    processor = processor_cls(adapter, metadata, session.info, conf=conf, iou=iou, max_det=max_det,
+                              input_size=input_size)
     return Predictor(session, processor, model=adapter.variant, family=adapter.family, reason=reason,
                      precision=prec or "fp32", source=source)
 

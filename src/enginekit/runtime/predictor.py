@@ -9,18 +9,20 @@ import numpy as np
 
 from enginekit.errors import UsageError
 
-PROCESSORS = {
-    "yolo": "enginekit.runtime.yolo:YoloProcessor",
-    "depth-anything-v2": "enginekit.runtime.depth:DepthProcessor",
-}
 
-
-def processor_for(family: str):
+def processor_for(adapter):
+    """The pre/postprocessing class ``adapter``'s family declares (``ModelAdapter.runtime_processor``)."""
     import importlib
 
-    if family not in PROCESSORS:
-        raise UsageError(f"no runtime pre/postprocessing for the {family!r} family (known: {', '.join(PROCESSORS)})")
-    module, name = PROCESSORS[family].split(":")
+    spec = getattr(adapter, "runtime_processor", "")
+    if not spec:
+        from enginekit.families.registry import registered
+
+        known = sorted({c.family for c in registered() if c.runtime_processor})
+        raise UsageError(f"enginekit does not run {adapter.family} models yet (the runtime knows {', '.join(known)})")
+    module, name = spec.split(":")
+    if not module.startswith("enginekit.runtime."):
+        raise RuntimeError(f"{adapter.family} declares {spec!r}: the runtime's processors live in enginekit.runtime")
     return getattr(importlib.import_module(module), name)
 
 

@@ -1,4 +1,9 @@
-"""One results contract for every backend: detections or a depth map, per image, in original pixels."""
+"""One results contract for every backend and task, per image, in the original image's pixels.
+
+Detections (boxes), Segments (boxes + masks), Poses (boxes + keypoints), OrientedBoxes (rotated
+boxes), Classification (top-k classes) and DepthMap. ``to_json()`` is what ``enginekit predict``
+writes; ``plot(frame)`` draws a YOLO result with Ultralytics' own ``Results.plot``.
+"""
 
 from __future__ import annotations
 
@@ -51,6 +56,167 @@ class Detections:
             ],
             "timings": self.timings.to_json(),
         }
+
+    def _label_names(self) -> dict[int, str]:
+        return {int(c): n for c, n in zip(self.class_ids, self.names)}
+
+    def to_ultralytics(self, frame: np.ndarray):
+        """This result as Ultralytics' ``Results`` over ``frame`` (BGR, the image it was computed on)."""
+        import torch
+        from ultralytics.engine.results import Results
+
+        boxes = np.concatenate([self.boxes, self.scores[:, None], self.class_ids[:, None]], 1).astype(np.float32)
+        return Results(frame, path=self.source or "", names=self._label_names(), boxes=torch.from_numpy(boxes))
+
+    def plot(self, frame: np.ndarray) -> np.ndarray:
+        """An overlay (BGR): Ultralytics' ``Results.plot`` of this result on ``frame``."""
+        return self.to_ultralytics(frame).plot()
+
+
+@dataclass
+class Segments(Detections):
+    """Detections with one instance mask each: ``masks`` N x H x W bool at the original resolution."""
+
+    masks: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0), bool))
+    kind = "segments"
+
+    def polygons(self) -> list[np.ndarray]:
+        """Each mask's outline (K x 2 pixels; a mask in several parts is merged into one), as Ultralytics'
+        ``Masks.xy`` gives it."""
+        from ultralytics.utils import ops
+
+        if not len(self.masks):
+            return []
+        return ops.masks2segments(self.masks.astype(np.uint8))
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        for d, mask, poly in zip(out["detections"], self.masks, self.polygons()):
+            d["mask"] = {"area": int(mask.sum()), "polygon": [[round(float(x), 1), round(float(y), 1)] for x, y in poly]}
+        return out
+
+    def to_ultralytics(self, frame: np.ndarray):
+        import torch
+
+        result = super().to_ultralytics(frame)
+        if len(self.masks):
+            result.update(masks=torch.from_numpy(self.masks.astype(np.uint8)))
+        return result
+
+
+@dataclass
+class Poses(Detections):
+    """Detections with keypoints: ``keypoints`` N x K x 3 (x, y in original pixels, visibility) or N x K x 2."""
+
+    keypoints: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 3), np.float32))
+    kind = "poses"
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        for d, k in zip(out["detections"], self.keypoints):
+            d["keypoints"] = [[round(float(v), 2 if i < 2 else 4) for i, v in enumerate(p)] for p in k]
+        return out
+
+    def to_ultralytics(self, frame: np.ndarray):
+        import torch
+
+        result = super().to_ultralytics(frame)
+        if len(self.keypoints):
+            result.update(keypoints=torch.from_numpy(self.keypoints.astype(np.float32)))
+        return result
+
+
+@dataclass
+class OrientedBoxes:
+    """Rotated boxes: ``boxes`` N x 5 (centre x, y, width, height in original pixels, angle in radians, as
+    Ultralytics' ``OBB.xywhr``), scores, class ids and their names; ``corners`` N x 4 x 2."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    class_ids: np.ndarray
+    names: list[str]
+    image_shape: tuple[int, int]
+    source: str | None = None
+    timings: Timings = field(default_factory=Timings)
+    kind = "oriented_boxes"
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    @property
+    def corners(self) -> np.ndarray:
+        from ultralytics.utils import ops
+
+        if not len(self.boxes):
+            return np.zeros((0, 4, 2), np.float32)
+        return np.asarray(ops.xywhr2xyxyxyxy(self.boxes.astype(np.float32)), np.float32)
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "source": self.source,
+            "image_shape": list(self.image_shape),
+            "detections": [
+                {"xywhr": [round(float(v), 2) for v in b[:4]] + [round(float(b[4]), 5)],
+                 "corners": [[round(float(x), 2), round(float(y), 2)] for x, y in c],
+                 "score": round(float(s), 5), "class_id": int(i), "name": n}
+                for b, c, s, i, n in zip(self.boxes, self.corners, self.scores, self.class_ids, self.names)
+            ],
+            "timings": self.timings.to_json(),
+        }
+
+    def to_ultralytics(self, frame: np.ndarray):
+        import torch
+        from ultralytics.engine.results import Results
+
+        data = np.concatenate([self.boxes, self.scores[:, None], self.class_ids[:, None]], 1).astype(np.float32)
+        names = {int(c): n for c, n in zip(self.class_ids, self.names)}
+        return Results(frame, path=self.source or "", names=names, obb=torch.from_numpy(data.reshape(-1, 7)))
+
+    def plot(self, frame: np.ndarray) -> np.ndarray:
+        return self.to_ultralytics(frame).plot()
+
+
+@dataclass
+class Classification:
+    """The top-k classes of an image: ``class_ids`` and their ``scores`` (probabilities), best first, with
+    ``names``; ``probabilities`` holds every class's."""
+
+    class_ids: np.ndarray
+    scores: np.ndarray
+    names: list[str]
+    probabilities: np.ndarray
+    image_shape: tuple[int, int]
+    source: str | None = None
+    timings: Timings = field(default_factory=Timings)
+    kind = "classification"
+
+    @property
+    def top1(self) -> int:
+        return int(self.class_ids[0])
+
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "source": self.source,
+            "image_shape": list(self.image_shape),
+            "top": [{"class_id": int(c), "name": n, "score": round(float(s), 5)}
+                    for c, s, n in zip(self.class_ids, self.scores, self.names)],
+            "timings": self.timings.to_json(),
+        }
+
+    def to_ultralytics(self, frame: np.ndarray):
+        import torch
+        from ultralytics.engine.results import Results
+
+        names = {i: str(i) for i in range(len(self.probabilities))}
+        names.update({int(c): n for c, n in zip(self.class_ids, self.names)})
+        return Results(frame, path=self.source or "", names=names,
+                       probs=torch.from_numpy(self.probabilities.astype(np.float32)))
+
+    def plot(self, frame: np.ndarray) -> np.ndarray:
+        """The top five classes written on ``frame`` by Ultralytics' ``Results.plot``."""
+        return self.to_ultralytics(frame).plot()
 
 
 @dataclass

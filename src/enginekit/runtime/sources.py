@@ -91,7 +91,8 @@ def open_source(source: str, *, max_frames: int | None = None) -> FrameSource:
 
 
 def draw(frame: np.ndarray, result) -> np.ndarray:
-    """An overlay: boxes with labels, or the depth map in a colour map beside nothing else."""
+    """An overlay: a YOLO result drawn by Ultralytics' ``Results.plot`` (boxes, masks, keypoints, rotated
+    boxes, top-5 classes), or the depth map in a colour map."""
     import cv2
 
     if getattr(result, "kind", "") == "depth":
@@ -99,11 +100,4 @@ def draw(frame: np.ndarray, result) -> np.ndarray:
         lo, hi = float(np.nanmin(d)), float(np.nanmax(d))
         norm = ((d - lo) / (hi - lo + 1e-12) * 255).astype(np.uint8)
         return cv2.applyColorMap(norm, cv2.COLORMAP_INFERNO)
-    out = frame.copy()
-    for (x1, y1, x2, y2), s, c, n in zip(result.boxes, result.scores, result.class_ids, result.names):
-        color = tuple(int(v) for v in np.random.default_rng(int(c)).integers(64, 255, 3))
-        p1, p2 = (int(x1), int(y1)), (int(x2), int(y2))
-        cv2.rectangle(out, p1, p2, color, 2)
-        cv2.putText(out, f"{n} {s:.2f}", (p1[0], max(p1[1] - 4, 10)), cv2.FONT_HERSHEY_SIMPLEX, 0.5, color, 1,
-                    cv2.LINE_AA)
-    return out
+    return result.plot(np.ascontiguousarray(frame))

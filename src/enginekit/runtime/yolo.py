@@ -80,15 +80,31 @@ class YoloProcessor:
         out[:, :, top:top + uh, left:left + uw] = x
         return out[0].mul_(1.0 / 255.0)
 
+    def output(self, outputs: dict, index: int):
+        """One output of the session as a float32 torch tensor (on the device it came from)."""
+        import torch
+
+        value = outputs[self.info.output_names[index]]
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(value)
+        return value.float()
+
+    def nms(self, pred, *, nc: int = 0, rotated: bool = False) -> list:
+        """``ultralytics.utils.nms.non_max_suppression`` as Ultralytics' predictors call it, with no time limit:
+        its default (2 s + 50 ms per image) stops early on a busy CPU and silently drops detections.
+        torchvision is imported first: that function uses torchvision's NMS kernel only where it is imported,
+        as it is in Ultralytics' own predictor, and falls back to a Python loop 100x slower on many boxes."""
+        import torchvision  # noqa: F401
+        from ultralytics.utils import nms
+
+        return nms.non_max_suppression(pred, self.conf, self.iou, max_det=self.max_det, nc=nc, end2end=self.end2end,
+                                       rotated=rotated, max_time_img=1e6)
+
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Detections]:
         import torch
-        from ultralytics.utils import nms, ops
+        from ultralytics.utils import ops
 
-        pred = outputs[self.info.output_names[0]]
-        if isinstance(pred, np.ndarray):
-            pred = torch.from_numpy(pred)
-        pred = pred.float()
-        kept = nms.non_max_suppression(pred, self.conf, self.iou, max_det=self.max_det, end2end=self.end2end)
+        kept = self.nms(self.output(outputs, 0))
         results = []
         for det, shape in zip(kept, image_hws):
             boxes = ops.scale_boxes(hw, det[:, :4].clone(), shape) if len(det) else det[:, :4]

@@ -92,14 +92,11 @@ class ModelAdapter:
     fp16_keep_fp32: tuple[str, ...] = ()
     #: node-name patterns (regex) kept out of INT8 quantization by default
     int8_exclude: tuple[str, ...] = ()
-<<<<<<< HEAD
     #: INT8 calibration method when none is asked for (``--calib-method``)
     int8_calibration: str = "entropy"
-=======
     #: the runtime's pre/postprocessing of this family (``load()``, ``enginekit predict``), as
     #: "module:Class" under enginekit.runtime (imported only there); "" where the runtime does not run it
     runtime_processor: str = ""
->>>>>>> wip/rtasks
 
     def __init__(self, variant: str):
         self.variant = variant

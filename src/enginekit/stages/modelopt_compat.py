@@ -76,18 +76,15 @@ def problem(versions: dict[str, str | None] | None = None, probe: bool = True) -
     if not (_in_series(modelopt_version, MODELOPT_SERIES) and _in_series(ort_version, ONNXRUNTIME_SERIES)):
         return f"INT8 quantization is written for {wanted}; installed: {found} ({_PIN})"
     if probe:
-        missing = [f"{module}.{name}" for module, name in INTERNALS if not _has(module, name)]
-        if missing:
-            return (f"INT8 quantization needs {missing[0]}, which {found} lack"
-                    f"{'s' if len(versions) == 1 else ''} ({_PIN})")
+        for module, name in INTERNALS:
+            try:
+                present = hasattr(importlib.import_module(module), name)
+            except ImportError as exc:  # a broken install, not a version: say what is missing
+                return f"INT8 quantization cannot import {module}: {exc} ({_PIN})"
+            if not present:
+                return (f"INT8 quantization needs {module}.{name}, which {found} lack"
+                        f"{'s' if len(versions) == 1 else ''} ({_PIN})")
     return None
-
-
-def _has(module: str, name: str) -> bool:
-    try:
-        return hasattr(importlib.import_module(module), name)
-    except ImportError:
-        return False
 
 
 @functools.lru_cache(maxsize=1)

@@ -69,7 +69,9 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     targets = resolve_targets(be, options.target_cc, gpu_info())  # refuse bad --target-cc before any work
     if r.precision == "fp8":
         require_fp8(targets)
+    model = None
     if r.nms:
+        model = r.model_request  # a model with no NMS to add is bad input, whatever the backend
         require_nms(be, "a graph ending in NMS (--nms)")
     overrides = parse_overrides(list(r.tolerances))
     calib_cache = Path(r.calib_cache) if r.calib_cache else None
@@ -90,11 +92,11 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         dims = input_dims(graph)
         bound, opt_shape = bind_to_inputs(parsed, dims, adapter, source_path.name)
         if get_metadata(graph).get("nms") == "True":
-            require_nms(be, f"{source_path.name}, which ends in NMS")
             check_nms_batch(bound, get_metadata(graph), source_path.name)
+            require_nms(be, f"{source_path.name}, which ends in NMS")
         chain = [Artifact.given(source_path)]
     else:
-        pipe = Pipeline(r.model_request, cache, force=r.force)
+        pipe = Pipeline(model or r.model_request, cache, force=r.force)
         bound, opt_shape, export_shape = bind_to_model(parsed, pipe.adapter)
         if pipe.adapter.nms is not None:  # its NMS is unrolled over the largest batch the engine takes
             largest = max(rng.max[0] for p in bound for rng in p.inputs.values())

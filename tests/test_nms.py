@@ -192,3 +192,28 @@ def test_build_with_nms_through_tensorrt(trained_detector, cache):
     assert [t["shape"][1:] for t in outputs] == [[300, 6]]
     parity = json.loads((outcome.engine.parent / "parity.json").read_text())
     assert parity["checked"] and parity["passed"], parity.get("failures")
+
+
+def test_int8_nms_graph_verifies(trained_detector, detector_images, cache, tmp_path, run_cli):
+    """INT8 (ModelOpt Q/DQ, the Detect head excluded) leaves the NMS in FP32: the kept boxes still pass."""
+    import shutil
+
+    from enginekit.calibration import CalibrationData
+    from enginekit.pipeline import ModelRequest, Pipeline
+
+    pipe = Pipeline(ModelRequest("yolov8n", trained_detector.weights, nms=True), cache)
+    shape = (1, 3, 640, 640)
+    chain = pipe.onnx_chain(shape, opset=18)
+    int8 = pipe.int8(chain[-1], shape, CalibrationData(detector_images, count=6), method="entropy")
+    path = Path(shutil.copy(int8.path, tmp_path / "nms.int8.onnx"))
+    r = run_cli("verify", str(path), "--weights", str(trained_detector.weights), "--images", str(detector_images))
+    assert r.code == 0, r.stdout + r.stderr
+    assert "recall 1," in " ".join((r.stdout + r.stderr).split())
+
+
+def test_models_say_which_families_take_nms():
+    from enginekit.families import families
+
+    rows = {f.family: f for f in families()}
+    assert rows["yolo"].nms and rows["yolo"].to_json()["nms"] is True
+    assert not rows["yolo-seg"].nms and not rows["depth-anything-v2"].nms

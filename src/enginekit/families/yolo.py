@@ -236,7 +236,8 @@ class YoloAdapter(ModelAdapter):
         return FamilyInfo(cls.family, cls.task, known_variants(), "1x3x640x640 (dynamic batch)",
                           "Ultralytics .pt checkpoint, or <name>.pt from the Ultralytics hub",
                           "any detector Ultralytics builds by name; heads with a one-to-one branch "
-                          "(yolo26, yolov10) export end-to-end (kept boxes, no NMS)")
+                          "(yolo26, yolov10) export end-to-end (kept boxes, no NMS); the others take --nms "
+                          "(Ultralytics' NMS in the graph)", nms=True)
 
     @property
     def constraint(self) -> InputConstraint:

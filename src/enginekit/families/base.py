@@ -57,13 +57,6 @@ class NmsSettings:
         return {"nms": "True", "nms_conf": repr(self.conf), "nms_iou": repr(self.iou), "nms_max_det": str(self.max_det),
                 "nms_agnostic": str(self.agnostic), "nms_max_batch": str(max_batch)}
 
-    @classmethod
-    def from_metadata(cls, metadata: dict[str, str]) -> "NmsSettings | None":
-        if metadata.get("nms") != "True":
-            return None
-        return cls(float(metadata["nms_conf"]), float(metadata["nms_iou"]), int(metadata["nms_max_det"]),
-                   metadata.get("nms_agnostic") == "True")
-
 
 @dataclass
 class LoadedModel:

@@ -70,7 +70,7 @@ _END2END_REFUSAL = ("{} ends in a one-to-one head whose outputs are the kept box
                     "export it without --nms")
 
 
-def _ZeroPadded(nms_model):
+def _zero_padded(nms_model):
     """Ultralytics' NMSModel with the rows past the kept boxes zeroed: its fixed-size candidate
     path also returns, after them, the candidates it scored 0 (under conf), with their boxes."""
     import torch
@@ -320,7 +320,7 @@ class YoloAdapter(ModelAdapter):
         # Ultralytics' fixed-size candidate path (its TensorFlow one): scores under conf zeroed and
         # the top max_det*5 kept, rather than a boolean mask (NonZero: TensorRT-RTX has no such layer)
         wrapper.is_tf = True
-        return _ZeroPadded(wrapper)
+        return _zero_padded(wrapper)
 
     def _prepare(self, model):
         """Fuse and switch the Detect head to export mode, as Ultralytics' exporter does."""

@@ -99,10 +99,13 @@ class ModelRequest:
     weights: Path | None = None
     random_init: bool = False
     seed: int = 0
+    nms: bool = False  # NMS in the graph (``--nms``): the family's with_nms adapter
     adapter: ModelAdapter = field(init=False)
 
     def __post_init__(self) -> None:
         self.adapter = resolve(self.name)
+        if self.nms:
+            self.adapter = self.adapter.with_nms()
         if self.weights is not None and self.random_init:
             raise UsageError("--weights and --random-init exclude each other")
         if self.weights is not None and not self.weights.exists():
@@ -125,13 +128,17 @@ class ModelRequest:
 
     def to_json(self) -> dict:
         """How to load this model again (paths are fine here: this is no cache key)."""
-        return {"name": self.name, "weights": str(self.weights.resolve()) if self.weights else None,
+        data = {"name": self.name, "weights": str(self.weights.resolve()) if self.weights else None,
                 "random_init": self.random_init, "seed": self.seed, "identity": self.weights_identity}
+        if self.nms:
+            data["nms"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "ModelRequest":
         weights = Path(data["weights"]) if data.get("weights") else None
-        return cls(data["name"], weights, bool(data.get("random_init")), int(data.get("seed", 0)))
+        return cls(data["name"], weights, bool(data.get("random_init")), int(data.get("seed", 0)),
+                   bool(data.get("nms")))
 
 
 class Pipeline:
@@ -167,7 +174,7 @@ class Pipeline:
         return Artifact(stage, entry, status)
 
     def export_parts(self, shape: Shape, opset: int) -> dict:
-        return {
+        parts = {
             "stage": "export",
             "model": self.adapter.variant,
             "weights": self.request.weights_identity,
@@ -175,6 +182,9 @@ class Pipeline:
             "opset": opset,
             "versions": model_versions(self.adapter),
         }
+        if self.adapter.nms is not None:  # a graph ending in NMS is another graph (absent: the keys of before)
+            parts["nms"] = self.adapter.nms.to_json()
+        return parts
 
     def export(self, shape: Shape, opset: int) -> Artifact:
         from enginekit.stages.export import export_onnx

@@ -94,6 +94,8 @@ class _ModelOptions(Options):
     weights: Optional[Path] = None
     random_init: bool = False
     seed: int = Field(0, ge=0, le=SEED_MAX)
+    #: NMS in the graph, as Ultralytics' ``nms=True`` export: detectors without an end-to-end head
+    nms: bool = False
 
     @model_validator(mode="after")
     def _weights_or_random(self):
@@ -102,7 +104,7 @@ class _ModelOptions(Options):
         return self
 
     def model_spec(self, name: str) -> "ModelSpec":
-        return ModelSpec(name=name, weights=self.weights, random_init=self.random_init, seed=self.seed)
+        return ModelSpec(name=name, weights=self.weights, random_init=self.random_init, seed=self.seed, nms=self.nms)
 
 
 class ModelSpec(_ModelOptions):
@@ -114,7 +116,8 @@ class ModelSpec(_ModelOptions):
         """The pipeline's ModelRequest (resolves the family; checks the weights file exists)."""
         from enginekit.pipeline import ModelRequest
 
-        return ModelRequest(self.name, Path(self.weights) if self.weights else None, self.random_init, self.seed)
+        return ModelRequest(self.name, Path(self.weights) if self.weights else None, self.random_init, self.seed,
+                            self.nms)
 
 
 @lru_cache(maxsize=1)
@@ -292,6 +295,8 @@ class BuildRequest(_ModelOptions):
     def _repair_needs(self) -> "BuildRequest":
         if self.repair and (self.is_file or self.precision not in ("fp16", "int8")):
             raise UsageError("--repair works on fp16 and int8 builds of a model name (it needs the PyTorch reference)")
+        if self.nms and self.is_file:
+            raise UsageError("--nms applies to a model name: an ONNX file is built as it is (export it with --nms)")
         return self
 
     @property

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import NmsOpt, ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
         trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
+        nms: NmsOpt = False,
         explain: Annotated[bool, typer.Option("--explain", help="Say hit or miss, and which part of the key changed.")] = False,
         no_verify: Annotated[bool, typer.Option("--no-verify", help="Skip the parity check recorded in the manifest.")] = False,
         repair: Annotated[bool, typer.Option("--repair", help="fp16/int8: if the parity gate fails, keep the fewest offending nodes in FP32 and rebuild.")] = False,
@@ -66,7 +67,7 @@ def register(app: typer.Typer) -> None:
             workspace=workspace, opt_level=opt_level, calib_data=calib_data, calib_count=calib_count,
             calib_method=calib_method, calib_cache=calib_cache, exclude=exclude or [], weights=weights,
             random_init=random_init, seed=seed, explain=explain, verify=not no_verify, force=force,
-            repair=repair, tolerances=tol or [],
+            repair=repair, tolerances=tol or [], nms=nms,
         )
         quiet_third_party()
         outcome = api.build(request)

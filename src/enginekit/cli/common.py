@@ -99,3 +99,5 @@ RandomInitOpt = Annotated[
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --random-init and of random test inputs.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Rebuild even when the cache has the result.")]
+NmsOpt = Annotated[bool, typer.Option(
+    "--nms", help="Detectors: NMS in the graph, as Ultralytics' nms=True (per class, conf 0.25, IoU 0.7, 300 kept boxes).")]

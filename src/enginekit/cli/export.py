@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import NmsOpt, ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
@@ -23,6 +23,7 @@ def register(app: typer.Typer) -> None:
         trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
+        nms: NmsOpt = False,
         opset: Annotated[int, typer.Option("--opset", help="ONNX opset.")] = 18,
         simplifier: Annotated[str, typer.Option("--simplifier", help="onnxsim or onnxslim.")] = "onnxsim",
         images: Annotated[Optional[Path], typer.Option("--images", help="Folder of photographs for the parity check (default: embedded).")] = None,
@@ -41,6 +42,8 @@ def register(app: typer.Typer) -> None:
 
           enginekit export yolo12n --fp16 --weights runs/best.pt
 
+          enginekit export yolov8n --nms --weights runs/best.pt
+
           enginekit export depth --input 1x3x518x518 --weights depth_anything_v2_vits.pth
         """
         from enginekit import api
@@ -50,7 +53,7 @@ def register(app: typer.Typer) -> None:
         check_output_path(report, "--report")
         request = ExportRequest(model=model, input=input, fp16=fp16, output=output, weights=weights,
                                 random_init=random_init, seed=seed, opset=opset, simplifier=simplifier, images=images,
-                                rel_l2=rel_l2, force=force)
+                                rel_l2=rel_l2, force=force, nms=nms)
         quiet_third_party()
         result = api.export(request)
         from enginekit.cli.render import parity_table

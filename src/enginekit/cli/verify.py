@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import NmsOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
@@ -40,6 +40,7 @@ def register(app: typer.Typer) -> None:
         trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
+        nms: NmsOpt = False,
     ) -> None:
         """Check engines and every ONNX artifact they came from against the PyTorch model.
 
@@ -80,7 +81,7 @@ def register(app: typer.Typer) -> None:
                 build_options.update(backend=backend, target_cc=target_cc, workspace=workspace, opt_level=opt_level,
                                      calib_data=calib_data, calib_count=calib_count, calib_method=calib_method,
                                      calib_cache=calib_cache, exclude=exclude or [], repair=repair,
-                                     tolerances=tol or [])
+                                     tolerances=tol or [], nms=nms)
             request = VerifyRequest(target=target, precision=precision, images=images, image_count=image_count,
                                     report_dir=report, junit=junit, tolerances=tol or [], reference=reference,
                                     model=model, require_engine=require_engine, task_required=task_required,

@@ -39,6 +39,25 @@ class WeightsSource:
         return f"hub:{self.ref}"
 
 
+@dataclass(frozen=True)
+class NmsSettings:
+    """NMS put in the graph (``--nms``), with Ultralytics' export defaults for ``nms=True``:
+    per-class NMS at IoU 0.7 of the boxes scoring above 0.25, at most 300 kept per image."""
+
+    conf: float = 0.25
+    iou: float = 0.7
+    max_det: int = 300
+    agnostic: bool = False
+
+    def to_json(self) -> dict:
+        return {"conf": self.conf, "iou": self.iou, "max_det": self.max_det, "agnostic": self.agnostic}
+
+    def metadata(self, max_batch: int) -> dict[str, str]:
+        """What the graph records of its NMS (``nms_*`` keys of the ONNX metadata)."""
+        return {"nms": "True", "nms_conf": repr(self.conf), "nms_iou": repr(self.iou), "nms_max_det": str(self.max_det),
+                "nms_agnostic": str(self.agnostic), "nms_max_batch": str(max_batch)}
+
+
 @dataclass
 class LoadedModel:
     """An export-ready module (eval mode, FP32, CPU) and what it is."""
@@ -100,6 +119,27 @@ class ModelAdapter:
 
     def __init__(self, variant: str):
         self.variant = variant
+        #: NMS put in the graph (``with_nms``), or None: the family's own outputs
+        self.nms: NmsSettings | None = None
+
+    # -- NMS in the graph (``--nms``) ----------------------------------------------------------
+    def nms_refusal(self) -> str | None:
+        """Why ``--nms`` does not apply to this model (one line), or None where it does."""
+        return f"{self.variant} is a {self.task or self.family} model: --nms applies to detectors"
+
+    def with_nms(self, settings: NmsSettings | None = None) -> "ModelAdapter":
+        """This adapter, with NMS in the exported graph: its output is the kept boxes, as an
+        end-to-end head's. A one-line UsageError where the model has no NMS to add."""
+        reason = self.nms_refusal()
+        if reason is not None:
+            raise UsageError(f"--nms: {reason}")
+        adapter = type(self)(self.variant)
+        adapter.nms = settings or NmsSettings()
+        return adapter
+
+    def export_module(self, loaded: LoadedModel, batch: int) -> "torch.nn.Module":
+        """The module traced with a ``batch``-image example (the loaded one, unless NMS needs to know)."""
+        return loaded.module
 
     # -- registry (families.registry asks these; no family is named outside its module) --
     @classmethod
@@ -128,6 +168,11 @@ class ModelAdapter:
     def output_parts(self, metadata: dict[str, str] | None = None) -> tuple[OutputPart, ...]:
         """The outputs by meaning; by default each output tensor is one part."""
         return tuple(OutputPart(name, name) for name in self.output_names)
+
+    def parity_outputs(self, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
+                       metadata: dict[str, str]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The outputs parity compares, row for row; by default as they come."""
+        return reference, candidate
 
     def known_parts(self) -> tuple[str, ...]:
         """Every part name this family may declare (for checking ``--tol PART.NAME``)."""

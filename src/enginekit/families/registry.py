@@ -37,10 +37,12 @@ class FamilyInfo:
     default_input: str
     weights: str
     note: str
+    #: ``--nms`` puts NMS in its graph (for the variants without an end-to-end head)
+    nms: bool = False
 
     def to_json(self) -> dict:
         return {"family": self.family, "task": self.task, "variants": self.variants,
-                "default_input": self.default_input, "weights": self.weights, "note": self.note}
+                "default_input": self.default_input, "weights": self.weights, "note": self.note, "nms": self.nms}
 
 
 def register(cls: type) -> type:

@@ -66,6 +66,27 @@ _PART_TOLERANCES = {
 }
 
 
+_END2END_REFUSAL = ("{} ends in a one-to-one head whose outputs are the kept boxes already (no NMS to add): "
+                    "export it without --nms")
+
+
+def _zero_padded(nms_model):
+    """Ultralytics' NMSModel with the rows past the kept boxes zeroed: its fixed-size candidate
+    path also returns, after them, the candidates it scored 0 (under conf), with their boxes."""
+    import torch
+
+    class ZeroPadded(torch.nn.Module):
+        def __init__(self, nms):
+            super().__init__()
+            self.nms = nms
+
+        def forward(self, x):
+            out = self.nms(x)
+            return out * (out[..., 4:5] > 0)
+
+    return ZeroPadded(nms_model).eval()
+
+
 def ultralytics_model_dir() -> Path | None:
     """Ultralytics' model YAML folder, found without importing ultralytics (slow)."""
     spec = importlib.util.find_spec("ultralytics")
@@ -98,6 +119,16 @@ def task_mismatch(what, found: str, variant: str, expected: str) -> str:
         base = re.sub(r"-(seg|pose|obb|cls|sem|depth)$", "", variant)
         hint = f": use the name {base}{TASK_SUFFIXES[found]}"
     return f"{what} is a {found} checkpoint, but {variant} is a {expected} model{hint}"
+
+
+def ends_in_own_nms(name: str) -> bool:
+    """Whether the architecture ``name`` is built from has a one-to-one head (yolo26's
+    ``end2end: True``, yolov10's v10Detect): its outputs are kept boxes already."""
+    path = architecture_yaml(name)
+    if path is None:
+        return False
+    text = path.read_text()
+    return re.search(r"^end2end:\s*True\b", text, re.M) is not None or "v10Detect" in text
 
 
 def known_variants() -> list[str]:
@@ -161,6 +192,14 @@ class YoloAdapter(ModelAdapter):
     def known_parts(self):
         return ("boxes", "scores", "classes")
 
+    def parity_outputs(self, reference, candidate, metadata):
+        if metadata.get("nms") != "True":
+            return reference, candidate
+        from enginekit.compare.tasks import paired_rows  # kept boxes: compare the ones both kept
+
+        ref, cand = paired_rows(reference["output0"], candidate["output0"])
+        return {**reference, "output0": ref}, {**candidate, "output0": cand}
+
     def part_tolerance(self, precision, part):
         per = _PART_TOLERANCES[precision]
         return per.get(part, per["boxes"] if part == "classes" else self.tolerance(precision))
@@ -180,12 +219,25 @@ class YoloAdapter(ModelAdapter):
     def matches(cls, name: str) -> bool:
         return architecture_yaml(name) is not None
 
+    def nms_refusal(self) -> str | None:
+        if ends_in_own_nms(self.variant):
+            return _END2END_REFUSAL.format(self.variant)
+        return None
+
+    def export_module(self, loaded: LoadedModel, batch: int):
+        """With ``--nms``: Ultralytics' NMS wrapper, unrolled over ``batch`` images (its trace
+        serves batches up to that one; smaller batches are padded, as Ultralytics' export does)."""
+        if self.nms is not None:
+            loaded.module.nms.args.batch = batch
+        return loaded.module
+
     @classmethod
     def describe(cls) -> FamilyInfo:
         return FamilyInfo(cls.family, cls.task, known_variants(), "1x3x640x640 (dynamic batch)",
                           "Ultralytics .pt checkpoint, or <name>.pt from the Ultralytics hub",
                           "any detector Ultralytics builds by name; heads with a one-to-one branch "
-                          "(yolo26, yolov10) export end-to-end (kept boxes, no NMS)")
+                          "(yolo26, yolov10) export end-to-end (kept boxes, no NMS); the others take --nms "
+                          "(Ultralytics' NMS in the graph)", nms=True)
 
     @property
     def constraint(self) -> InputConstraint:
@@ -244,7 +296,31 @@ class YoloAdapter(ModelAdapter):
             source = WeightsSource("hub", hub, sha256_file(downloaded))
         if getattr(model, "task", "detect") != self.task:
             raise UsageError(task_mismatch(weights or self.variant, model.task, self.variant, self.task))
-        return LoadedModel(self._prepare(model), self.variant, source, self._metadata(model))
+        prepared = self._prepare(model)
+        if self.nms is None:
+            return LoadedModel(prepared, self.variant, source, self._metadata(model))
+        return LoadedModel(self._wrap_nms(prepared), self.variant, source, {**self._metadata(model), "end2end": "True"})
+
+    def _wrap_nms(self, model):
+        """The prepared model inside Ultralytics' ``nms=True`` wrapper (``exporter.NMSModel``):
+        one graph from image to kept boxes, (B, max_det, 6) x1 y1 x2 y2 score class, zero-padded."""
+        from types import SimpleNamespace
+
+        import torchvision.ops  # noqa: F401 - NMSModel imports it in forward; its import calls an op a trace refuses
+        from ultralytics.engine.exporter import NMSModel
+
+        head = model.model[-1]
+        if getattr(model, "end2end", False) or getattr(head, "end2end", False):
+            raise UsageError(f"--nms: {_END2END_REFUSAL.format(self.variant)}")
+        head.xyxy = True  # NMSModel takes corner boxes, as Ultralytics' exporter sets for nms=True
+        s = self.nms
+        args = SimpleNamespace(format="onnx", dynamic=True, batch=2, conf=s.conf, iou=s.iou, max_det=s.max_det,
+                               agnostic_nms=s.agnostic, opset=None)
+        wrapper = NMSModel(model, args).eval()
+        # Ultralytics' fixed-size candidate path (its TensorFlow one): scores under conf zeroed and
+        # the top max_det*5 kept, rather than a boolean mask (NonZero: TensorRT-RTX has no such layer)
+        wrapper.is_tf = True
+        return _zero_padded(wrapper)
 
     def _prepare(self, model):
         """Fuse and switch the Detect head to export mode, as Ultralytics' exporter does."""

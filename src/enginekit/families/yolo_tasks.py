@@ -115,6 +115,11 @@ class UltralyticsTaskAdapter(YoloAdapter):
     def tolerance(self, precision: str) -> Tolerance:
         return _DENSE_TOLERANCES[precision]
 
+    def nms_refusal(self) -> str | None:
+        if self.task in ("segment", "pose", "obb"):  # Ultralytics' nms=True covers these; enginekit not yet
+            return f"{self.variant} is a {self.task} model: enginekit puts NMS in detector graphs only"
+        return f"{self.variant} is a {self.task} model: it has no boxes to suppress (--nms applies to detectors)"
+
     def part_tolerance(self, precision: str, part: str) -> Tolerance:
         if part in ("boxes", "scores", "classes"):  # as the detector's
             return super().part_tolerance(precision, part)
@@ -419,6 +424,9 @@ class RtdetrAdapter(UltralyticsTaskAdapter):
         variants = sorted(p.stem for p in (root / "rt-detr").glob("rtdetr-*.yaml")) if root else []
         return FamilyInfo(cls.family, cls.task, variants, "1x3x640x640 (dynamic batch)",
                           "Ultralytics .pt checkpoint, or <name>.pt from the Ultralytics hub", cls.summary)
+
+    def nms_refusal(self) -> str | None:
+        return f"{self.variant} ends in RT-DETR's decoder, whose outputs are the kept boxes already (no NMS to add)"
 
     def output_parts(self, metadata=None):
         return (OutputPart("boxes", "output0", -1, 0, 4, "boxes_xywh"),

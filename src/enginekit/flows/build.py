@@ -55,7 +55,7 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     from enginekit.pipeline import Artifact, Pipeline
     from enginekit.shapes import bind_to_inputs, bind_to_model, parse_profile
     from enginekit.gpu import gpu_info
-    from enginekit.trt.backends import require_fp8, resolve_backend, resolve_targets
+    from enginekit.trt.backends import require_fp8, require_nms, resolve_backend, resolve_targets
     from enginekit.trt.builder import BuildOptions
 
     r = request
@@ -69,6 +69,10 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     targets = resolve_targets(be, options.target_cc, gpu_info())  # refuse bad --target-cc before any work
     if r.precision == "fp8":
         require_fp8(targets)
+    model = None
+    if r.nms:
+        model = r.model_request  # a model with no NMS to add is bad input, whatever the backend
+        require_nms(be, "a graph ending in NMS (--nms)")
     overrides = parse_overrides(list(r.tolerances))
     calib_cache = Path(r.calib_cache) if r.calib_cache else None
     data = CalibrationData(Path(r.calib_data) if r.calib_data else None, count=r.calib_count)
@@ -82,14 +86,21 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         adapter, subject = adapter_from_onnx(source_path)
         extra["source_model"] = source_model(source_path)  # what verify by model name checks
         pipe = Pipeline(None, cache, force=r.force, adapter=adapter, subject=subject)
-        from enginekit.onnx.graph import input_dims, load_model
+        from enginekit.onnx.graph import get_metadata, input_dims, load_model
 
-        dims = input_dims(load_model(source_path))
+        graph = load_model(source_path)
+        dims = input_dims(graph)
         bound, opt_shape = bind_to_inputs(parsed, dims, adapter, source_path.name)
+        if get_metadata(graph).get("nms") == "True":
+            check_nms_batch(bound, get_metadata(graph), source_path.name)
+            require_nms(be, f"{source_path.name}, which ends in NMS")
         chain = [Artifact.given(source_path)]
     else:
-        pipe = Pipeline(r.model_request, cache, force=r.force)
+        pipe = Pipeline(model or r.model_request, cache, force=r.force)
         bound, opt_shape, export_shape = bind_to_model(parsed, pipe.adapter)
+        if pipe.adapter.nms is not None:  # its NMS is unrolled over the largest batch the engine takes
+            largest = max(rng.max[0] for p in bound for rng in p.inputs.values())
+            export_shape = (largest, *export_shape[1:])
         if r.explain:
             explain(pipe, "onnx-export", pipe.export_parts(export_shape, r.opset))
         chain = [pipe.export(export_shape, r.opset)]
@@ -137,6 +148,17 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         explain(pipe, "engine", parts)
     entry, status = pipe.engine(source, bound, be, options, precision.to_json(), verify_fn, chain, extra=extra or None)
     return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
+
+
+def check_nms_batch(profiles: list, metadata: dict[str, str], name: str) -> None:
+    """A graph ending in Ultralytics' NMS serves batches up to the one it was traced with: a
+    profile beyond it is refused (the images past it would come back with no boxes)."""
+    largest = metadata.get("nms_max_batch", "0")
+    for profile in profiles:
+        for input_name, rng in profile.inputs.items():
+            if rng.max[0] > int(largest):
+                raise UsageError(f"{name} ends in NMS unrolled over {largest} images: profile batch {rng.max[0]} "
+                                 f"exceeds it (export it with --nms --input {rng.max[0]}x...)")
 
 
 def explain(pipe, kind: str, parts: dict) -> None:

@@ -55,7 +55,7 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
     adapter.constraint.check(shape, what="--input")
     images = Path(r.images) if r.images else None
     photos = load_images(images, limit=4)
-    suffix = ".fp16.onnx" if r.fp16 else ".onnx"
+    suffix = (".nms" if r.nms else "") + (".fp16.onnx" if r.fp16 else ".onnx")
     dest = Path(r.output) if r.output else Path.cwd() / f"{adapter.variant}{suffix}"
     check_output_path(dest, "--output")  # before any work: a run that cannot write its result does none
 

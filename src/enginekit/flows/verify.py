@@ -301,7 +301,8 @@ def onnx_model_request(path: Path, metadata: dict, model, reference, spec):
             known = f" (it was exported from weights {recorded[:23]})" if recorded else ""
             raise UsageError(f"verify of {path.name} needs its PyTorch weights: pass --weights CHECKPOINT or "
                              f"--random-init{known}")
-    request = ModelRequest(name, weights, random_init, seed)
+    # a graph ending in NMS is compared with the same model wrapped in the same NMS
+    request = ModelRequest(name, weights, random_init, seed, nms=metadata.get("nms") == "True")
     if recorded and model in (None, metadata.get("model")):
         if not same_weights(recorded, request):
             given = f"--weights {weights.name}" if weights is not None else (

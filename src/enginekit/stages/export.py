@@ -29,12 +29,13 @@ def export_onnx(
     import torch
 
     example = adapter.example_input(shape)
+    module = adapter.export_module(loaded, example.shape[0])
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         # Tracer warnings about Python ints in shape arithmetic are expected and harmless here.
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            loaded.module,
+            module,
             (example,),
             buffer,
             opset_version=opset,
@@ -49,5 +50,7 @@ def export_onnx(
     meta = adapter.onnx_metadata(loaded)
     meta["export_shape"] = format_shape(shape)
     meta["opset"] = str(opset)
+    if adapter.nms is not None:  # its thresholds, and the largest batch its unrolled NMS serves
+        meta.update(adapter.nms.metadata(max_batch=example.shape[0]))
     set_metadata(model, meta)
     return save_model(model, out)

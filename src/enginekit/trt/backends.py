@@ -52,6 +52,8 @@ class BackendTraits:
     supports_version_compatibility: bool  # BuilderFlag.VERSION_COMPATIBLE builds
     workspace_via_memory_pool_limit: bool  # set_memory_pool_limit(WORKSPACE), not max_workspace_size
     can_deserialize_without_gpu: bool  # Runtime.deserialize_cuda_engine works with no GPU
+    #: builds ONNX NonMaxSuppression (the parser's INMSLayer): graphs exported with --nms
+    builds_nms: bool = True
 
 
 TRAITS: dict[str, BackendTraits] = {
@@ -75,6 +77,7 @@ TRAITS: dict[str, BackendTraits] = {
             supports_version_compatibility=True,
             workspace_via_memory_pool_limit=True,
             can_deserialize_without_gpu=False,
+            builds_nms=True,  # the ONNX parser's INMSLayer and INonZeroLayer
         ),
         BackendTraits(
             name="tensorrt-11",
@@ -94,6 +97,7 @@ TRAITS: dict[str, BackendTraits] = {
             supports_version_compatibility=True,
             workspace_via_memory_pool_limit=True,
             can_deserialize_without_gpu=False,
+            builds_nms=True,  # the ONNX parser's INMSLayer and INonZeroLayer
         ),
         BackendTraits(
             name="tensorrt-rtx",
@@ -113,6 +117,10 @@ TRAITS: dict[str, BackendTraits] = {
             supports_version_compatibility=False,  # the flag exists; the build needs a lean runtime it lacks
             workspace_via_memory_pool_limit=True,
             can_deserialize_without_gpu=False,  # deserializing creates a CUDA stream
+            # 1.7: the parser makes an INMSLayer, but the builder has no implementation of it
+            # ("NonMaxSuppression has no runners that implement it", for every target, even a
+            # one-layer network), and NonZero becomes a plugin it does not ship
+            builds_nms=False,
         ),
     )
 }
@@ -279,6 +287,13 @@ def resolve_targets(
     if requested is None or (not isinstance(requested, str) and len(requested) == 0):
         return default_targets(backend, gpu)
     return validate_targets(backend, requested, gpu)
+
+
+def require_nms(backend: "Backend", what: str) -> None:
+    """Refuse, before any work, a graph ending in NMS on a backend that cannot build it."""
+    if not backend.traits.builds_nms:
+        raise CapabilityError(f"{backend.label} cannot build {what}: its builder has no NonMaxSuppression layer; "
+                              "build it with --backend tensorrt (TensorRT 10/11), or run the ONNX graph")
 
 
 def fp8_unsupported(targets: Sequence[str]) -> list[str]:

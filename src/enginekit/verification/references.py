@@ -76,6 +76,8 @@ def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: in
         # wrappers), torch, and the family's framework (ultralytics or transformers)
         "versions": model_versions(adapter),
     }
+    if adapter.nms is not None:  # the kept boxes of the model wrapped in NMS
+        parts["nms"] = adapter.nms.to_json()
 
     def produce(tmp: Path) -> dict:
         cases = _compute(pipe, images, photo_shape, random_shapes, seed)

@@ -1,0 +1,219 @@
+"""``--nms``: one graph from image to kept boxes (Ultralytics' ``nms=True`` wrapper), on the trained detector.
+
+The graph's kept boxes, run by ONNX Runtime, are the ones Ultralytics' own NMS keeps: on the plain
+graph's output (``non_max_suppression`` with the thresholds the graph records) and through
+``YOLO(weights).predict``. TensorRT-RTX has no NMS layer (refused, exit 3); TensorRT proper builds it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import assert_one_line_error
+
+
+@pytest.fixture(scope="module")
+def graphs(trained_detector, detector_images, cache, tmp_path_factory):
+    """The trained detector exported with and without --nms (FP32), and --nms in FP16."""
+    from enginekit import api
+
+    out = tmp_path_factory.mktemp("nms")
+    common = dict(weights=trained_detector.weights, images=detector_images, cache=cache, quiet=True)
+    plain = api.export("yolov8n", output=out / "plain.onnx", **common)
+    nms = api.export("yolov8n", nms=True, output=out / "nms.onnx", **common)
+    fp16 = api.export("yolov8n", nms=True, fp16=True, output=out / "nms.fp16.onnx", **common)
+    return plain.output, nms.output, fp16.output
+
+
+def _metadata(path: Path) -> dict[str, str]:
+    import onnx
+
+    return {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+
+
+def _run(path: Path, batch: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"images": batch})[0]
+
+
+def _photo_batches(detector_images: Path):
+    import cv2
+
+    from enginekit.families import resolve
+
+    adapter = resolve("yolov8n")
+    for path in sorted(detector_images.iterdir()):
+        rgb = cv2.cvtColor(cv2.imread(str(path)), cv2.COLOR_BGR2RGB)
+        yield path, adapter.preprocess(rgb, (640, 640))
+
+
+def _assert_same_detections(boxes, scores, classes, ref_boxes, ref_scores, ref_classes, where: str):
+    import torch
+    from ultralytics.utils.metrics import box_iou
+
+    assert len(scores) == len(ref_scores), (where, len(scores), len(ref_scores))
+    if not len(scores):
+        return
+    np.testing.assert_array_equal(classes.astype(int), ref_classes.astype(int), err_msg=where)
+    np.testing.assert_allclose(scores, ref_scores, atol=1e-3, err_msg=where)
+    iou = box_iou(torch.as_tensor(boxes, dtype=torch.float32), torch.as_tensor(ref_boxes, dtype=torch.float32))
+    assert float(iou.diagonal().min()) >= 0.99, (where, iou.diagonal())
+
+
+def test_nms_graph_keeps_what_ultralytics_nms_keeps(graphs, detector_images):
+    import torch
+    from ultralytics.utils.nms import non_max_suppression
+
+    plain, nms, _ = graphs
+    meta = _metadata(nms)
+    assert meta["nms"] == "True" and meta["end2end"] == "True"
+    settings = dict(conf_thres=float(meta["nms_conf"]), iou_thres=float(meta["nms_iou"]),
+                    max_det=int(meta["nms_max_det"]), agnostic=meta["nms_agnostic"] == "True")
+    assert settings == dict(conf_thres=0.25, iou_thres=0.7, max_det=300, agnostic=False)  # Ultralytics' nms=True
+    total = 0
+    for path, batch in _photo_batches(detector_images):
+        kept = _run(nms, batch)[0]
+        assert kept.shape == (300, 6)
+        valid = kept[:, 4] > 0
+        assert not kept[~valid].any(), "rows past the kept boxes are zero"
+        kept = kept[valid]
+        (ref,) = non_max_suppression(torch.from_numpy(_run(plain, batch)), max_time_img=1e6, **settings)
+        ref = ref.numpy()
+        _assert_same_detections(kept[:, :4], kept[:, 4], kept[:, 5], ref[:, :4], ref[:, 4], ref[:, 5], path.name)
+        total += len(kept)
+    assert total >= 20  # the shapes and photographs give detections to compare
+
+
+def test_nms_graph_loads_and_predicts_as_ultralytics(graphs, detector_images, trained_detector):
+    """The runtime takes the graph's kept boxes as an end-to-end head's, in the photograph's pixels."""
+    from ultralytics import YOLO
+
+    import enginekit
+
+    _, nms, _ = graphs
+    predictor = enginekit.load(str(nms), backend="onnxruntime-cpu")
+    assert predictor.backend == "onnxruntime-cpu"
+    yolo = YOLO(str(trained_detector.weights))
+    for path in sorted(detector_images.iterdir()):
+        (got,) = predictor([str(path)])
+        (want,) = yolo.predict(str(path), imgsz=640, rect=False, conf=0.25, iou=0.7, max_det=300, verbose=False)
+        b = want.boxes
+        _assert_same_detections(got.boxes, got.scores, got.class_ids, b.xyxy.numpy(), b.conf.numpy(),
+                                b.cls.numpy(), path.name)
+
+
+def test_nms_graph_serves_batches_up_to_its_trace(graphs, detector_images):
+    _, nms, _ = graphs
+    assert _metadata(nms)["nms_max_batch"] == "2"
+    (_, a), (_, b) = list(_photo_batches(detector_images))[:2]
+    both = _run(nms, np.concatenate([a, b]))
+    np.testing.assert_allclose(both[0], _run(nms, a)[0], atol=1e-4)
+    np.testing.assert_allclose(both[1], _run(nms, b)[0], atol=1e-4)
+
+
+def test_nms_graph_form(graphs):
+    """ONNX NonMaxSuppression, and no NonZero (Ultralytics' fixed-size candidate path)."""
+    import onnx
+
+    _, nms, fp16 = graphs
+    for path in (nms, fp16):
+        ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+        assert ops.count("NonMaxSuppression") == 2, path  # one per image of the traced batch
+        assert "NonZero" not in ops, path
+
+
+@pytest.mark.parametrize("graph", [1, 2], ids=["fp32", "fp16"])
+def test_verify_nms_graph(graphs, graph, trained_detector, detector_images, run_cli):
+    path = graphs[graph]
+    r = run_cli("verify", str(path), "--weights", str(trained_detector.weights), "--images", str(detector_images))
+    assert r.code == 0, r.stdout + r.stderr
+    assert "recall 1," in " ".join((r.stdout + r.stderr).split())
+
+
+def test_nms_has_its_own_cache_key():
+    from enginekit.pipeline import ModelRequest, Pipeline
+
+    plain = Pipeline(ModelRequest("yolov8n", random_init=True)).export_parts((1, 3, 640, 640), 18)
+    nms = Pipeline(ModelRequest("yolov8n", random_init=True, nms=True)).export_parts((1, 3, 640, 640), 18)
+    assert "nms" not in plain  # keys of graphs without NMS are the ones they had
+    assert nms["nms"] == {"conf": 0.25, "iou": 0.7, "max_det": 300, "agnostic": False}
+    assert {k: v for k, v in nms.items() if k != "nms"} == plain
+
+
+def test_nms_request_round_trips_through_the_manifest():
+    from enginekit.pipeline import ModelRequest
+
+    request = ModelRequest.from_json(ModelRequest("yolov8n", random_init=True, nms=True).to_json())
+    assert request.nms and request.adapter.nms is not None
+    assert not ModelRequest.from_json(ModelRequest("yolov8n", random_init=True).to_json()).adapter.nms
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["export", "yolo26n", "--nms", "--random-init"], ["--nms", "yolo26n", "one-to-one head"]),
+    (["export", "yolov10n", "--nms", "--random-init"], ["--nms", "yolov10n", "one-to-one head"]),
+    (["export", "yolo11n-seg", "--nms", "--random-init"], ["--nms", "segment", "detector graphs only"]),
+    (["export", "yolo11n-pose", "--nms", "--random-init"], ["--nms", "pose"]),
+    (["export", "yolo11n-cls", "--nms", "--random-init"], ["--nms", "classify", "no boxes"]),
+    (["build", "depth", "--nms", "--random-init"], ["--nms", "depth"]),
+    (["verify", "yolo26n", "--nms", "--random-init"], ["--nms", "one-to-one head"]),
+    (["build", "model.onnx", "--nms"], ["--nms", "model name"]),
+])
+def test_nms_refused_where_there_is_no_nms_to_add(run_cli, args, needles):
+    assert_one_line_error(run_cli(*args), 2, *needles)
+
+
+def test_nms_graph_batch_beyond_its_trace_is_refused(graphs, run_cli):
+    _, nms, _ = graphs
+    r = run_cli("build", str(nms), "--profile", "1x3x640x640:2x3x640x640:4x3x640x640")
+    assert_one_line_error(r, 2, "unrolled over 2 images", "batch 4")
+
+
+def test_tensorrt_rtx_refuses_nms_before_any_work(run_cli):
+    pytest.importorskip("tensorrt_rtx")
+    r = run_cli("build", "yolov8n", "--nms", "--random-init", "--backend", "tensorrt-rtx")
+    assert_one_line_error(r, 3, "TensorRT-RTX", "NonMaxSuppression", "--backend tensorrt")
+    assert "export" not in r.stdout + r.stderr.replace("error:", "")  # refused before exporting
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+def test_build_with_nms_through_tensorrt(trained_detector, cache):
+    from enginekit import api
+
+    outcome = api.build("yolov8n", weights=trained_detector.weights, nms=True, backend="tensorrt",
+                        profiles=["1x3x640x640:2x3x640x640:2x3x640x640"], cache=cache, quiet=True)
+    outputs = [t for t in outcome.manifest["io"] if t["mode"] == "output"]
+    assert [t["shape"][1:] for t in outputs] == [[300, 6]]
+    parity = json.loads((outcome.engine.parent / "parity.json").read_text())
+    assert parity["checked"] and parity["passed"], parity.get("failures")
+
+
+def test_int8_nms_graph_verifies(trained_detector, detector_images, cache, tmp_path, run_cli):
+    """INT8 (ModelOpt Q/DQ, the Detect head excluded) leaves the NMS in FP32: the kept boxes still pass."""
+    import shutil
+
+    from enginekit.calibration import CalibrationData
+    from enginekit.pipeline import ModelRequest, Pipeline
+
+    pipe = Pipeline(ModelRequest("yolov8n", trained_detector.weights, nms=True), cache)
+    shape = (1, 3, 640, 640)
+    chain = pipe.onnx_chain(shape, opset=18)
+    int8 = pipe.int8(chain[-1], shape, CalibrationData(detector_images, count=6), method="entropy")
+    path = Path(shutil.copy(int8.path, tmp_path / "nms.int8.onnx"))
+    r = run_cli("verify", str(path), "--weights", str(trained_detector.weights), "--images", str(detector_images))
+    assert r.code == 0, r.stdout + r.stderr
+    assert "recall 1," in " ".join((r.stdout + r.stderr).split())
+
+
+def test_models_say_which_families_take_nms():
+    from enginekit.families import families
+
+    rows = {f.family: f for f in families()}
+    assert rows["yolo"].nms and rows["yolo"].to_json()["nms"] is True
+    assert not rows["yolo-seg"].nms and not rows["depth-anything-v2"].nms

@@ -642,3 +642,20 @@ def test_deep_or_huge_recipe_is_one_line(tmp_path):
         with pytest.raises(UsageError, match=needle) as info:
             load_recipe(str(path))
         assert "\n" not in str(info.value) and len(str(info.value)) < 300
+
+
+def test_a_missing_library_is_one_line_exit_3(capsys):
+    """A step whose library is missing or broken (an install problem) says so in one line, exit 3."""
+    import typer
+
+    from enginekit.cli.common import handles_errors
+
+    @handles_errors
+    def step():
+        raise ModuleNotFoundError("No module named 'onnxruntime.quantization'", name="onnxruntime.quantization")
+
+    with pytest.raises(typer.Exit) as exit_info:
+        step()
+    assert exit_info.value.exit_code == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot import onnxruntime.quantization"), err

@@ -28,6 +28,12 @@ def handles_errors(fn: Callable) -> Callable:
         except EnginekitError as exc:
             print_error(str(exc))
             raise typer.Exit(exc.exit_code) from None
+        except ImportError as exc:  # a library the step needs is missing or broken: an install problem
+            from enginekit.errors import CapabilityError
+
+            missing = getattr(exc, "name", None) or "a library"
+            print_error(f"cannot import {missing}, which this step needs: {exc} (`enginekit doctor` lists what is installed)")
+            raise typer.Exit(CapabilityError.exit_code) from None
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
 

@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
     @app.command("bench")
     @handles_errors
     def bench_cmd(
-        model: Annotated[str, typer.Argument(help="Model name: yolo12n, depth, depth-anything-v2-base, ...")],
+        model: Annotated[str, typer.Argument(help="Model name: yolo12n, depth, depth-anything-v2-base, ...; a comma list times each (and, with --e2e, their pipeline).")],
         batch: Annotated[Optional[str], typer.Option("--batch", "-b", help="Batch sizes, e.g. 1,8,16 (default: the N of --input, else 1).")] = None,
         input: Annotated[Optional[str], typer.Option("--input", "-i", help="Image size HxW, CxHxW or NxCxHxW (default: the family's, e.g. 640x640).")] = None,
         precision: Annotated[str, typer.Option("--precision", help="fp32 or fp16: the graph ONNX Runtime runs and engines are built from (torch rows name their own).")] = "fp32",
@@ -26,6 +26,8 @@ def register(app: typer.Typer) -> None:
         iters: Annotated[int, typer.Option("--iters", "-n", help="Timed runs per backend and batch size.")] = 50,
         include_copies: Annotated[bool, typer.Option("--include-copies", help="GPU rows: time the host-to-device input copy and the outputs' copy back (default: inputs already on the GPU).")] = False,
         threads: Annotated[Optional[int], typer.Option("--threads", help="CPU rows: intra-op threads of torch and ONNX Runtime (default: theirs).")] = None,
+        e2e: Annotated[bool, typer.Option("--e2e", help="Also time what a user feels per frame: decode a photograph, preprocess, infer, postprocess through enginekit.load, beside the network-only rows (and, for several models, their pipeline).")] = False,
+        image: Annotated[Optional[Path], typer.Option("--image", help="--e2e: the photograph to decode every frame (default: one an installed package ships, e.g. Ultralytics' bus.jpg).")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the report (settings, machine, every row) as JSON on stdout instead of the table.")] = False,
         plot_path: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of latency and throughput against batch size here.")] = None,
         weights: WeightsOpt = None,
@@ -39,6 +41,10 @@ def register(app: typer.Typer) -> None:
 
         Every row says whether host-to-device copies are in its time and whether it replays a CUDA graph.
 
+        --e2e adds per-frame rows (decode + preprocess + infer + postprocess, each stage's mean, p50/p95/p99,
+        frames per second) on the artifacts each backend's network rows timed, and e2e/net: their p50 over the
+        network-only p50 at batch 1.
+
         A backend that cannot run here is a row marked skipped, with the reason; exit 3 only when nothing ran.
 
         Examples:
@@ -48,24 +54,31 @@ def register(app: typer.Typer) -> None:
           enginekit bench yolo12n --precision fp16 --batch 1,8,16 --backend torch,onnxruntime,tensorrt --json > out.json
 
           enginekit bench depth --random-init --input 518x518 --backend torch --plot depth.png
+
+          enginekit bench yolo12n,depth --random-init --backend onnxruntime-cpu --e2e
         """
         from enginekit import bench
 
+        models = _models(model, plot_path, weights)
         _check_plot_path(plot_path)
-        settings = _settings(model, batch, input, precision, backend, warmup, iters, include_copies, threads,
-                             weights, random_init, seed)
+        image_path, image_hw = _image(e2e, image)
+        settings = [_settings(m, batch, input, precision, backend, warmup, iters, include_copies, threads,
+                              weights, random_init, seed) for m in models]
         quiet_third_party()
-        plan = bench.prepare(settings)
-        report = _measure_with_progress(plan)
+        plans = [bench.prepare(s) for s in settings]
+        reports, e2e_rows = _measure_with_progress(plans, image_path)
         if as_json:
-            typer.echo(json.dumps(report.to_json(), indent=2))
+            typer.echo(json.dumps(_json(reports, e2e_rows, image_path, image_hw), indent=2))
         else:
-            _render(report)
-        _write_plot(report, plot_path)
-        if not report.measured:
+            for report in reports:
+                _render(report)
+            if e2e_rows is not None:
+                _render_e2e(e2e_rows, image_path, image_hw, settings[0])
+        _write_plot(reports[0], plot_path)
+        if not any(r.measured for r in reports):
             from enginekit.errors import CapabilityError
 
-            first = report.rows[0].reason if report.rows else "no backend"
+            first = reports[0].rows[0].reason if reports[0].rows else "no backend"
             raise CapabilityError(f"no backend could run here (first reason: {first})")
 
 
@@ -80,11 +93,92 @@ def _settings(model, batch, input, precision, backend, warmup, iters, include_co
                          iters, include_copies, threads, weights, random_init, seed)
 
 
-def _measure_with_progress(plan):
+def _models(text: str, plot_path, weights) -> list[str]:
+    """The comma list of models, each one a name the families know (checked before any work)."""
+    from enginekit.errors import UsageError
+    from enginekit.families import resolve
+
+    models = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    if not models:
+        raise UsageError("no model given: e.g. enginekit bench yolo12n")
+    if len(models) > 1 and (plot_path is not None or weights is not None):
+        raise UsageError(f"--{'plot' if plot_path is not None else 'weights'} takes one model, not {len(models)}")
+    for m in models:
+        resolve(m)
+    return models
+
+
+def _image(e2e: bool, image: Optional[Path]):
+    """--e2e's photograph and its H x W, read once before any model loads; (None, None) without --e2e."""
+    from enginekit.errors import UsageError
+
+    if not e2e:
+        if image is not None:
+            raise UsageError("--image is the photograph --e2e decodes: add --e2e")
+        return None, None
+    from enginekit.bench.e2e import check_image, default_image
+
+    path = image if image is not None else default_image()
+    return path, check_image(path)
+
+
+def _measure_with_progress(plans, image_path):
     from enginekit import bench, reporting
 
-    with reporting.progress("timing", bench.total_runs(plan)) as progress:
-        return bench.measure(plan, tick=progress.advance)
+    total = sum(bench.total_runs(p) for p in plans)
+    if image_path is not None:
+        from enginekit.bench.e2e import total_runs
+
+        total += total_runs(plans)
+    with reporting.progress("timing", total) as progress:
+        reports = [bench.measure(p, tick=progress.advance) for p in plans]
+        if image_path is None:
+            return reports, None
+        from enginekit.bench.e2e import measure_e2e
+
+        return reports, measure_e2e(plans, reports, image_path, tick=progress.advance)
+
+
+def _json(reports, e2e_rows, image_path, image_hw) -> dict:
+    """One model: its report (plus "end_to_end" with --e2e); several: {"models": [reports], "end_to_end"}."""
+    data = reports[0].to_json() if len(reports) == 1 else {
+        "enginekit_version": reports[0].to_json()["enginekit_version"], "models": [r.to_json() for r in reports]}
+    if e2e_rows is not None:
+        from enginekit.bench.e2e import e2e_json
+
+        data["end_to_end"] = e2e_json(e2e_rows, image_path, image_hw)
+    return data
+
+
+def _render_e2e(rows, image_path, image_hw, settings) -> None:
+    """Per-frame rows: stage means, percentiles, frames per second, and e2e over network-only p50."""
+    from rich import box
+    from rich.table import Table
+
+    from enginekit.cli.render import out
+
+    title = (f"end to end per frame ({image_path.name} {image_hw[0]}x{image_hw[1]}: decode, preprocess, infer, "
+             f"postprocess), ms over {settings.iters} frames; e2e/net: p50 over network-only p50 at batch 1")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("model", "backend", "decode", "pre", "infer", "post", "p50", "p95", "p99", "fps", "e2e/net"):
+        table.add_column(col, justify="left" if col in ("model", "backend") else "right", no_wrap=True)
+    for row in (r for r in rows if r.status == "ok"):
+        st = row.stages_ms
+        if row.kind == "model":
+            pre, inf, post = (f"{st[k]:.1f}" for k in ("preprocess", "infer", "postprocess"))
+        else:
+            pre, inf, post = ("\n".join(f"{st[m][k]:.1f}" for m in row.models)  # one line per model
+                              for k in ("preprocess", "infer", "postprocess"))
+        lat = row.latency_ms
+        ratio = f"{row.ratio_e2e_over_network:.2f}x" if row.ratio_e2e_over_network else "-"
+        name = "\n".join(f"+ {m}" if i else m for i, m in enumerate(row.models)) if row.kind == "pipeline" \
+            else row.models[0]
+        table.add_row(name, row.backend, f"{st['decode']:.1f}", pre, inf, post,
+                      *(f"{lat[k]:.1f}" for k in ("p50", "p95", "p99")), f"{row.throughput_fps:.1f}", ratio)
+    out.print(table)
+    for row in (r for r in rows if r.status == "failed" or (r.reason or "").startswith(("no batch-1", "the runtime"))):
+        tag = "[yellow]skipped[/]" if row.status == "skipped" else "[red]failed[/]"
+        out.print(f"  {tag} {' + '.join(row.models)} end to end on {row.backend}: {row.reason}")
 
 
 def _render(report) -> None:

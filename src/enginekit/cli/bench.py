@@ -160,8 +160,9 @@ def _render_e2e(rows, image_path, image_hw, settings) -> None:
     title = (f"end to end per frame ({image_path.name} {image_hw[0]}x{image_hw[1]}: decode, preprocess, infer, "
              f"postprocess), ms over {settings.iters} frames; e2e/net: p50 over network-only p50 at batch 1")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("model", "backend", "decode", "pre", "infer", "post", "p50", "p95", "p99", "fps", "e2e/net"):
-        table.add_column(col, justify="left" if col in ("model", "backend") else "right", no_wrap=True)
+    table.add_column("model", max_width=18, overflow="ellipsis", no_wrap=True)  # the JSON has full names
+    for col in ("backend", "decode", "pre", "infer", "post", "p50", "p95", "p99", "fps", "e2e/net"):
+        table.add_column(col, justify="left" if col == "backend" else "right", no_wrap=True)
     for row in (r for r in rows if r.status == "ok"):
         st = row.stages_ms
         if row.kind == "model":

@@ -21,6 +21,7 @@ def _check_e2e_row(row: dict, network_p50: float) -> None:
     # the ratio is the end-to-end p50 over the network-only row's p50 at batch 1, on the same backend
     assert row["network_p50_ms"] == pytest.approx(network_p50)
     assert row["ratio_e2e_over_network"] == pytest.approx(lat["p50"] / network_p50, rel=1e-2)
+    assert row["ratio_e2e_over_infer"] > 1  # decode, preprocess and postprocess are in the frame, not in infer
 
 
 def _stage_sum(stages: dict) -> float:

@@ -5,6 +5,7 @@ progress bar over the timed runs:
 
     plan = prepare(settings)   # plan.py: which runners can run here; artifacts they need, from the cache
     report = measure(plan)     # measure.py: warm-up, then timed runs per (runner, batch)
+    rows = measure_e2e([plan], [report], image)   # e2e.py: per frame through enginekit.load (optional)
 
 ``settings.py`` parses the flags, ``runners.py`` holds one runner per backend and the clocks,
 ``plot.py`` draws the report. Each row says what its time includes: host-to-device copies
@@ -14,6 +15,7 @@ run here is a row marked "skipped" with the reason, never a number. Nothing here
 
 from __future__ import annotations
 
+from enginekit.bench.e2e import E2ERow, default_image, e2e_json, measure_e2e
 from enginekit.bench.measure import (
     PERCENTILES,
     BenchReport,
@@ -40,7 +42,8 @@ from enginekit.bench.settings import (
 
 __all__ = [
     "COPIES_EXCLUDED", "COPIES_INCLUDED", "COPIES_NOT_APPLICABLE", "FAMILIES", "PERCENTILES", "PRECISIONS",
-    "RUNNERS", "BenchPlan", "BenchReport", "BenchRow", "BenchSettings", "Planned", "Runner", "input_batch",
+    "RUNNERS", "BenchPlan", "BenchReport", "BenchRow", "BenchSettings", "E2ERow", "Planned", "Runner",
+    "default_image", "e2e_json", "input_batch", "measure_e2e",
     "latency_stats", "machine_info", "measure", "parse_backends", "parse_batches", "parse_image_shape", "plot",
     "prepare", "runs_per_row", "throughput", "time_cpu", "time_cuda", "total_runs",
 ]

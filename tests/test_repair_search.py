@@ -87,7 +87,8 @@ def test_int8_repair_on_the_trained_detector(trained_detector, detector_images, 
     from enginekit.cache import Cache
 
     out = api.build("yolov8n", weights=trained_detector.weights, precision="int8", profiles=["1x3x320x320"],
-                    calib_data=detector_images, repair=True, tolerances=["int8.rel_l2=0.05"], verify=False,
+                    calib_data=detector_images, calib_method="entropy", repair=True,
+                    tolerances=["int8.rel_l2=0.05"], verify=False,
                     cache=Cache(tmp_path / "cache"), quiet=True)
     rec = out.manifest["repair"]
     assert rec["passed"] and rec["failures_before"] and not rec["failures_after"], rec

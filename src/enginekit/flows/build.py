@@ -109,7 +109,11 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     if getattr(pipe.adapter, "size_note", None):  # what happens to an input size (depth: any H x W)
         extra["input_sizes"] = pipe.adapter.size_note
     precision = PrecisionRecipe(r.precision)
-    calib_method = r.calib_method or pipe.adapter.int8_calibration
+    # the family's default method; an ONNX file of no known family gets the stage's
+    from enginekit.stages.int8 import DEFAULT_METHOD
+
+    family_method = getattr(pipe.adapter, "int8_calibration", None)
+    calib_method = r.calib_method or family_method or DEFAULT_METHOD
     if r.precision == "fp16":
         chain.append(pipe.fp16(chain[-1], opt_shape, CalibrationData(None, count=2)))
     elif r.precision == "int8":

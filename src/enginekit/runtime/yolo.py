@@ -40,6 +40,19 @@ def parse_names(value) -> dict[int, str]:
     return {}
 
 
+def network_hw(adapter, info, input_size) -> tuple[int, int]:
+    """The network's H x W: the graph's fixed size, else ``input_size`` (int or (H, W)), else the family's."""
+    fixed = info.fixed_hw
+    if input_size is None:
+        return fixed or tuple(adapter.default_input[2:])
+    size = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
+    if fixed and tuple(size) != fixed:
+        from enginekit.errors import UsageError
+
+        raise UsageError(f"the model takes {fixed[0]}x{fixed[1]} inputs, not {size[0]}x{size[1]}")
+    return tuple(size)
+
+
 class YoloProcessor:
     family = "yolo"
 
@@ -50,16 +63,7 @@ class YoloProcessor:
         self.names = parse_names(metadata.get("names"))
         self.end2end = str(metadata.get("end2end")) == "True"
         self.conf, self.iou, self.max_det = conf, iou, max_det
-        fixed = info.fixed_hw
-        if input_size is not None:
-            size = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
-            if fixed and tuple(size) != fixed:
-                from enginekit.errors import UsageError
-
-                raise UsageError(f"the model takes {fixed[0]}x{fixed[1]} inputs, not {size[0]}x{size[1]}")
-            self.hw = tuple(size)
-        else:
-            self.hw = fixed or tuple(adapter.default_input[2:])
+        self.hw = network_hw(adapter, info, input_size)
 
     def input_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
         return self.hw

@@ -16,7 +16,7 @@ import ast
 import numpy as np
 
 from enginekit.runtime.results import Classification, OrientedBoxes, Poses, Segments
-from enginekit.runtime.yolo import YoloProcessor
+from enginekit.runtime.yolo import YoloProcessor, network_hw
 
 TOP_K = 5
 
@@ -127,16 +127,7 @@ class ClassifyProcessor:
         self.info = info
         self.names = parse_names(metadata.get("names"))
         self.top_k = top_k
-        fixed = info.fixed_hw
-        if input_size is not None:
-            size = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
-            if fixed and tuple(size) != fixed:
-                from enginekit.errors import UsageError
-
-                raise UsageError(f"the model takes {fixed[0]}x{fixed[1]} inputs, not {size[0]}x{size[1]}")
-            self.hw = tuple(size)
-        else:
-            self.hw = fixed or tuple(adapter.default_input[2:])
+        self.hw = network_hw(adapter, info, input_size)
         self._gpu_transforms = None
 
     def input_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:

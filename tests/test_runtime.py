@@ -296,3 +296,46 @@ def test_torch_cuda_graph_replays_the_same_result(model, tmp_path, cache):
             b = next(iter(graphed.session(x).values())).clone()
     assert a.std() > 0
     assert (torch.linalg.norm(a - b) / torch.linalg.norm(a)).item() < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["yolo12n", "depth"])
+def test_captured_preprocessing_gives_what_eager_preprocessing_gives(model, cache):
+    """The predictor replays its GPU preprocessing from a CUDA graph per frame shape: each new frame of the
+    same shape must be preprocessed afresh (not the captured frame again), equal to the eager path."""
+    if not _cuda():
+        pytest.skip("needs a CUDA GPU")
+    import cv2
+    import torch
+
+    import enginekit
+
+    kw = dict(conf=1e-4) if model == "yolo12n" else dict(input_size=252)
+    predictor = enginekit.load(model, random_init=True, backend="torch", cuda_graph=False, cache=cache, **kw)
+    assert predictor.graph_preprocess
+    bus = cv2.imread(str(_bus()))
+    frames = [bus, np.ascontiguousarray(bus[:, ::-1]), np.ascontiguousarray(bus[::-1])]
+    device = torch.device(predictor.device)
+    hw = predictor.processor.input_hw(bus.shape[:2])
+    with torch.cuda.stream(predictor.stream), torch.inference_mode():
+        replayed = []
+        for f in frames:  # the first frame captures, the next two replay
+            t = torch.from_numpy(f).to(device)
+            replayed.append(predictor._preprocess_gpu([t], hw, False, device).clone())
+        predictor.graph_preprocess = False
+        eager = [predictor._preprocess_gpu([torch.from_numpy(f).to(device)], hw, False, device) for f in frames]
+    torch.cuda.synchronize()
+    captured = list(predictor._pre_graphs.values())
+    assert len(captured) == 1 and captured[0] is not False  # captured once, replayed for the same shape
+    assert (replayed[1] - replayed[0]).abs().max().item() > 0.1  # different frames, different inputs
+    for r, e in zip(replayed, eager):
+        assert torch.equal(r, e)
+    predictor.graph_preprocess = True  # whole frames through predict: the same results either way
+    with_graph = predictor(frames[1])
+    predictor.graph_preprocess = False
+    without = predictor(frames[1])
+    if model == "yolo12n":
+        assert len(with_graph.scores) > 0
+        assert np.array_equal(with_graph.boxes, without.boxes) and np.array_equal(with_graph.scores, without.scores)
+    else:
+        assert np.array_equal(with_graph.depth, without.depth)

@@ -139,15 +139,15 @@ def _cuda_graph_runner(model, x, host, include_copies: bool, device: str, copies
     """Capture one forward in a CUDA graph (static input buffer), then replay it."""
     import torch
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad(), torch.cuda.stream(side):
-        for _ in range(3):  # lazy initialisation (cuDNN/cuBLAS handles, autotuning) before capture
-            model(x)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(graph):
-        out = model(x)
+    from enginekit.runtime.backends import capture_graph
+
+    def forward():
+        with torch.no_grad():
+            return model(x)
+
+    for _ in range(2):  # lazy initialisation (cuDNN/cuBLAS handles, autotuning) before capture
+        forward()
+    graph, out = capture_graph(forward, x.device)
 
     def run():
         if include_copies:

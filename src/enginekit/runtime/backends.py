@@ -182,6 +182,34 @@ class OrtCudaSession:
         return state["outs"]
 
 
+#: one CUDA-graph capture at a time in this process, and failed graphs kept: a predictor pipeline runs
+#: its models on threads, and torch aborts the process when it frees a graph whose capture failed
+_CAPTURE_LOCK = __import__("threading").Lock()
+_FAILED_GRAPHS: list = []
+
+
+def capture_graph(fn, device):
+    """``fn()`` captured as a CUDA graph on ``device`` (after one warm-up run on a side stream):
+    ``(graph, outputs)``. Work other threads queue meanwhile does not spoil the capture
+    (``thread_local`` mode). Raises RuntimeError where ``fn`` cannot be captured."""
+    import torch
+
+    with _CAPTURE_LOCK:
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up outside the capture: kernels chosen, memory allocated
+            fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                out = fn()
+        except Exception:
+            _FAILED_GRAPHS.append(graph)
+            raise
+    return graph, out
+
+
 def _torch_dtype(ort_type: str):
     import torch
 
@@ -246,17 +274,10 @@ class TorchSession:
             return static_out
 
     def _capture(self, x):
-        torch = self.torch
         static_in = x.clone()
-        side = torch.cuda.Stream(device=self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(3):  # warm-up: cuDNN picks its algorithms outside the capture
-                self._forward(static_in)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = self._forward(static_in)
+        for _ in range(2):  # more warm-up: cuDNN picks its algorithms outside the capture
+            self._forward(static_in)
+        graph, static_out = capture_graph(lambda: self._forward(static_in), self.device)
         self._keep.append([(m.anchors, m.strides) for m in self._heads])  # the graph reads these addresses
         return graph, static_in, static_out
 

@@ -35,6 +35,7 @@ def lower_bound_size(h: int, w: int, size: int = 518, multiple: int = PATCH) -> 
 
 class DepthProcessor:
     family = "depth-anything-v2"
+    gpu_graphable = True  # preprocess_gpu launches only device work (mean/std made once per device)
 
     def __init__(self, adapter, metadata: dict, info, *, input_size=None, **_):
         self.adapter = adapter
@@ -45,6 +46,7 @@ class DepthProcessor:
             input_size = None
         # any fixed H x W is served: the graph resizes a side that is not a multiple of 14 itself
         self.size = int(input_size or 518)
+        self._norm: dict = {}
 
     def input_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
         return self.fixed or lower_bound_size(*image_hw, self.size)
@@ -59,8 +61,11 @@ class DepthProcessor:
         x = chw[None]
         if tuple(x.shape[2:]) != tuple(hw):
             x = F.interpolate(x, size=hw, mode="bicubic", align_corners=False).clamp_(0, 255)
-        mean = torch.tensor(MEAN, device=x.device, dtype=x.dtype).view(1, 3, 1, 1) * 255.0
-        std = torch.tensor(STD, device=x.device, dtype=x.dtype).view(1, 3, 1, 1) * 255.0
+        key = (x.device, x.dtype)
+        if key not in self._norm:  # made here once: a host-to-device copy cannot be captured in a CUDA graph
+            self._norm[key] = tuple(torch.tensor(v, device=x.device, dtype=x.dtype).view(1, 3, 1, 1) * 255.0
+                                    for v in (MEAN, STD))
+        mean, std = self._norm[key]
         return ((x - mean) / std)[0]
 
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[DepthMap]:

@@ -60,6 +60,10 @@ class Predictor:
         self.info = session.info
         self.stream = getattr(session, "stream", None)
         self._pinned: dict[tuple, object] = {}
+        # on a GPU, preprocessing is captured as one CUDA graph per frame shape and replayed (a camera's
+        # frames repeat their shape): one launch instead of a dozen small kernels per frame
+        self.graph_preprocess = bool(getattr(processor, "gpu_graphable", False))
+        self._pre_graphs: dict[tuple, object] = {}
 
     @property
     def backend(self) -> str:
@@ -159,18 +163,11 @@ class Predictor:
         events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
         with torch.cuda.stream(stream), torch.inference_mode():
             events[0].record(stream)
-            batch = []
+            tensors = []
             for f in frames:
                 t = f if _is_torch(f) else self._upload(f, device)
-                if t.device != device:
-                    t = t.to(device, non_blocking=True)
-                chw = t.permute(2, 0, 1).float()
-                if not rgb:
-                    chw = chw.flip(0)
-                batch.append(self.processor.preprocess_gpu(chw, hw))
-            x = torch.stack(batch).contiguous()
-            if x.dtype != torch.float32:
-                x = x.float()
+                tensors.append(t if t.device == device else t.to(device, non_blocking=True))
+            x = self._preprocess_gpu(tensors, hw, rgb, device)
             events[1].record(stream)
             outputs = self.session(x)
             events[2].record(stream)
@@ -181,6 +178,44 @@ class Predictor:
         for r in results:
             r.timings.preprocess, r.timings.infer, r.timings.postprocess = pre, inf, post
         return results
+
+    def _eager_preprocess(self, tensors: list, hw, rgb: bool):
+        import torch
+
+        batch = []
+        for t in tensors:
+            chw = t.permute(2, 0, 1).float()
+            if not rgb:
+                chw = chw.flip(0)
+            batch.append(self.processor.preprocess_gpu(chw, hw))
+        x = torch.stack(batch).contiguous()
+        return x if x.dtype == torch.float32 else x.float()
+
+    def _preprocess_gpu(self, tensors: list, hw, rgb: bool, device):
+        """The batch for the session, on the current stream: replayed from a captured graph where one exists."""
+        if not self.graph_preprocess:
+            return self._eager_preprocess(tensors, hw, rgb)
+        key = (tuple((tuple(t.shape), t.dtype) for t in tensors), tuple(hw), rgb)
+        entry = self._pre_graphs.get(key)
+        if entry is None:
+            entry = self._pre_graphs[key] = self._capture_preprocess(tensors, hw, rgb, device)
+        if entry is False:  # this processor's preprocessing could not be captured: run it as it is
+            return self._eager_preprocess(tensors, hw, rgb)
+        static_in, graph, static_out = entry
+        for s, t in zip(static_in, tensors):
+            s.copy_(t, non_blocking=True)
+        graph.replay()
+        return static_out  # rewritten by the next replay, after the session has read it on this stream
+
+    def _capture_preprocess(self, tensors: list, hw, rgb: bool, device):
+        from enginekit.runtime.backends import capture_graph
+
+        static_in = [t.clone() for t in tensors]
+        try:
+            graph, static_out = capture_graph(lambda: self._eager_preprocess(static_in, hw, rgb), device)
+        except RuntimeError:  # e.g. a host-to-device copy inside the preprocessing
+            return False
+        return static_in, graph, static_out
 
 
 class Pipeline:

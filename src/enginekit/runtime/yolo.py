@@ -55,6 +55,7 @@ def network_hw(adapter, info, input_size) -> tuple[int, int]:
 
 class YoloProcessor:
     family = "yolo"
+    gpu_graphable = True  # preprocess_gpu launches only device work: the predictor may capture it
 
     def __init__(self, adapter, metadata: dict, info, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
                  input_size=None, **_):

@@ -31,7 +31,8 @@ _HEAD_EXCLUDE = (
     r"/model\.\d+/proto/.*",
 )
 
-# INT8 of segment, pose and obb heads, measured 2026-11-26 (ONNX Runtime CPU against PyTorch FP32, 2-core CPU):
+# INT8 of segment, pose and obb heads, measured 2026-11-26 (benchmarks/int8_tasks.py; ONNX Runtime CPU against
+# PyTorch FP32, 2-core CPU):
 # the suite's trained yolo11n-seg/-pose/-obb (tests/trained_tasks.py: generated shapes, 160 px), 8 held-out
 # images at conf 0.1 (25 / 11 / 18 FP32 instances), heads excluded (_HEAD_EXCLUDE), YOLO's max calibration.
 #   calibrated on 8 images of the models' own kind (generated shapes, another seed):
@@ -43,10 +44,10 @@ _HEAD_EXCLUDE = (
 #     pose scores rel L2 0.54, recall 0.727, pose mAP50 0.877
 #     obb  boxes rel L2 0.057 (limit 0.05), max abs 44 px; at conf 0.25 recall 0.889, mAP50 0.829. A real loss,
 #          not a tolerance wrong for obb: the angle moves by at most 0.18 rad (no wrap) and the same boxes
-#          limit holds 6x over with calibration on shapes.
+#          limit holds about 6x over with calibration on shapes.
 #   The photographs' activation ranges are not these models': per tensor, photographs/shapes amax spans
-#   0.27-1.3 (seg) and 0.2-49 (pose, obb; widest in the neck) across the whole network, so no node set to
-#   exclude restores it. Entropy keeps as many (seg, obb) or fewer (pose: recall 0.909) instances than max,
+#   0.27-1.3 (seg) and 0.2-49 (pose, obb; widest in the neck): they differ throughout the network, not in a
+#   few nodes an exclusion could keep out of INT8. Entropy keeps as many (seg, obb) or fewer (pose: recall 0.909) instances than max,
 #   percentile 99.99 (ONNX Runtime's, through the same calibrator hook) fewer (seg 0.92, pose 0.909).
 #   Calibrated on noise: seg recall 0.28, pose and obb 0 (every task gate fails).
 #   yolo11n-cls (96 px, 8 held-out shapes): top-1 agreement 1 with either calibration set, and on noise too

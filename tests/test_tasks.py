@@ -230,6 +230,29 @@ def test_obb_gate_passes_identical_and_fails_on_turned_boxes():
     assert not task_check(bad, "map50").passed, bad.task
 
 
+def test_obb_conf_margin_turns_threshold_flips_into_kept_instances():
+    """An instance the candidate scores 0.01 under the operating point is lost by the plain rule and a
+    threshold flip within a margin of 0.02; 0.04 under it, it is lost either way."""
+    meta = {"names": NAMES2, "end2end": "False"}
+    out = instance_output(1, box=lambda k: (30 + 35 * k, 80, 40, 10))
+    out[:, 6] = 0.3
+    ref = {"output0": out}
+    assert np.allclose(out[:, 4, 0], 0.5)  # object 0's best anchor; its others score 0.31 and 0.18
+    conf = 0.49
+    under = out.copy()
+    under[:, 4, 0] = 0.48
+    plain = gate("yolo11n-obb", ref, {"output0": under}, meta, conf=conf, **{"scores.max_abs": 1.0})
+    assert not task_check(plain, "recall").passed and plain.task["recall"] == 0.75, plain.task  # 6 of 8
+    assert "threshold_flips" not in plain.task
+    flipped = gate("yolo11n-obb", ref, {"output0": under}, meta, conf=conf, conf_margin=0.02, **{"scores.max_abs": 1.0})
+    assert flipped.passed, (flipped.failures(), flipped.task)
+    assert flipped.task["recall"] == 1.0 and flipped.task["threshold_flips"] == 2 and flipped.task["map50"] > 0.99
+    further = under.copy()
+    further[:, 4, 0] = 0.45
+    lost = gate("yolo11n-obb", ref, {"output0": further}, meta, conf=conf, conf_margin=0.02, **{"scores.max_abs": 1.0})
+    assert not task_check(lost, "recall").passed and lost.task["recall"] == 0.75, lost.task
+
+
 def test_classify_gate_passes_identical_and_fails_on_swapped_top1():
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 1, (4, 10))

@@ -278,6 +278,7 @@ class Pipeline:
                 copy_file_atomic(tmp / CALIB_FILE, calibration_cache)
             return {"calibrated": report.calibrated, "qdq_nodes": report.n_qdq_nodes, "exclude": excludes,
                     "method": method, "calibration_seconds": round(report.seconds, 3),
+                    "calibration_data": "user cache" if user_cache else data.describe(),
                     "calibration_source": "user cache" if user_cache else ("calibration cache" if found else data.describe())}
 
         artifact = self._stage("int8", parts, produce, f"int8 ({method})")
@@ -298,7 +299,8 @@ class Pipeline:
         def produce(tmp: Path) -> dict:
             n = quantize_fp8(source.path, tmp / ONNX_FILE, self._calibration_batch(data, shape),
                              input_name or _single_input(source.path), exclude_nodes=excludes)
-            return {"qdq_nodes": n, "exclude": excludes, "method": "max", "calibration_source": data.describe()}
+            return {"qdq_nodes": n, "exclude": excludes, "method": "max", "calibration_source": data.describe(),
+                    "calibration_data": data.describe()}
 
         return self._stage("fp8", parts, produce, "fp8 (ModelOpt Q/DQ, max)")
 

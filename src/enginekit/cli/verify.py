@@ -100,6 +100,8 @@ def _render(outcome) -> None:
 
     for r in outcome.reports:
         verify_table(r)
+        for note in dict.fromkeys(n for a in r.artifacts for n in a.notes):
+            console.print(f"  [yellow]note:[/] {note}")
         if r.skipped_images:
             console.print(f"  [yellow]skipped images:[/] {'; '.join(r.skipped_images)}")
     for kind, path in outcome.files.items():

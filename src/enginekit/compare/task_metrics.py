@@ -11,7 +11,9 @@ Ultralytics' own metric code where it exists:
   point. The similarity is the task's: mask IoU of decoded masks (``mask_iou``, masks at the
   prototypes' resolution, 1/4 of the input, as the validator's ``mask_ratio`` 4), OKS of
   keypoints (``kpt_iou`` with COCO sigmas, area = 0.53 x box area as the pose validator),
-  probiou of rotated boxes (``batch_probiou``), box IoU (``box_iou``);
+  probiou of rotated boxes (``batch_probiou``), box IoU (``box_iou``). With a margin (the task
+  option ``conf_margin``, 0 by default) a score that crosses the operating point by less than it
+  is a threshold flip (``threshold_flips``), neither a lost nor an extra instance;
 - classify: top-1 agreement and top-5 overlap (``ClassifyMetrics`` gives top-5 accuracy);
 - semantic: mIoU and pixel accuracy of the candidate's class map (``SemanticMetrics``);
 - depth: ``compare.tasks.depth_metrics``.
@@ -69,8 +71,13 @@ def _greedy(sim: np.ndarray, ref_cls: np.ndarray, cand: Rows, thr: float = IOU_M
     return pairs
 
 
-def _ultralytics_ap(refs: list[Rows], ranked: list[Rows], similarity: Similarity) -> tuple[float, float]:
-    """mAP50 and mAP50-95 by Ultralytics' validator matching and ``ap_per_class``."""
+def _ultralytics_ap(refs: list[Rows], ranked: list[Rows], similarity: Similarity,
+                    truth: list[np.ndarray] | None = None) -> tuple[float, float]:
+    """mAP50 and mAP50-95 by Ultralytics' validator matching and ``ap_per_class``.
+
+    ``truth``: per image, which of ``refs`` are ground truth; the others are "difficult" as in
+    PASCAL VOC: a ranked instance whose best match (same class, similarity >= 0.5) is one of them
+    counts neither as a hit nor as a false positive, and they are not counted as missed."""
     import torch
     from ultralytics.engine.validator import BaseValidator
     from ultralytics.utils.metrics import ap_per_class
@@ -79,11 +86,19 @@ def _ultralytics_ap(refs: list[Rows], ranked: list[Rows], similarity: Similarity
     matcher = type("Matcher", (), {"iouv": iouv})()
     tps, confs, pred_cls, target_cls = [], [], [], []
     for i, (ref, cand) in enumerate(zip(refs, ranked)):
+        real = truth[i] if truth is not None else np.ones(len(ref), dtype=bool)
         if len(ref) and len(cand):
-            sim = torch.from_numpy(np.asarray(similarity(i, ref, cand), dtype=np.float32))
+            sim = np.asarray(similarity(i, ref, cand), dtype=np.float32)
+            if not real.all():
+                best = np.where(ref[:, 5][:, None] == cand[:, 5][None], sim, -1.0)
+                near = best.argmax(0)
+                keep = ~((best.max(0) >= IOU_MATCH) & ~real[near])
+                sim, cand = sim[:, keep], cand[keep]
+            ref, sim = ref[real], sim[real]
             tp = BaseValidator.match_predictions(matcher, torch.from_numpy(cand[:, 5]), torch.from_numpy(ref[:, 5]),
-                                                 sim).numpy()
+                                                 torch.from_numpy(sim)).numpy()
         else:
+            ref = ref[real]
             tp = np.zeros((len(cand), len(iouv)), dtype=bool)
         tps.append(tp)
         confs.append(cand[:, 4])
@@ -97,26 +112,41 @@ def _ultralytics_ap(refs: list[Rows], ranked: list[Rows], similarity: Similarity
 
 
 def instance_metrics(refs: list[Rows], cands: list[Rows], ranked: list[Rows], similarity: Similarity, *,
-                     conf: float, prefix: str = "") -> dict[str, float]:
-    """Recall/precision at the operating point and Ultralytics mAP, for any instance similarity."""
-    n_ref = sum(len(r) for r in refs)
-    n_cand = sum(len(c) for c in cands)
-    out = {"conf": conf, "compared": float(n_ref), "reference_detections": float(n_ref),
+                     conf: float, margin: float = 0.0, prefix: str = "") -> dict[str, float]:
+    """Recall/precision at the operating point and Ultralytics mAP, for any instance similarity.
+
+    ``refs`` and ``cands`` hold the instances scoring ``conf - margin`` or more. An instance of the
+    reference at ``conf`` counts as kept when the candidate scores it ``conf - margin`` or more, and
+    a candidate's instance at ``conf`` as correct when the reference scored it ``conf - margin`` or
+    more: a score that crosses the threshold by less than the margin is a threshold flip (counted in
+    ``threshold_flips``), not a lost or an extra instance. For mAP, reference instances between
+    ``conf - margin`` and ``conf`` are "difficult" (``_ultralytics_ap``). ``margin`` 0: the plain rule."""
+    truth = [r[:, 4] >= conf for r in refs]
+    kept = [c[:, 4] >= conf for c in cands]
+    n_ref = int(sum(t.sum() for t in truth))
+    n_cand = int(sum(k.sum() for k in kept))
+    out = {"conf": conf, **({"conf_margin": margin} if margin else {}), "compared": float(n_ref), "reference_detections": float(n_ref),
            "candidate_detections": float(n_cand)}
     if n_ref == 0:
         return {**out, "matched": 0.0, "recall": 0.0, "precision": 0.0, f"{prefix}map50": 0.0,
                 f"{prefix}map50_95": 0.0, f"{prefix}similarity_mean": float("nan"), "score_shift_max": float("nan")}
     shifts, sims = [], []
+    recalled = correct = flips = 0
     for i, (ref, cand) in enumerate(zip(refs, cands)):
         if not len(ref) or not len(cand):
             continue
         sim = np.asarray(similarity(i, ref, cand))
         for ci, ri in _greedy(sim, ref[:, 5], cand):
-            shifts.append(abs(float(cand[ci, 4]) - float(ref[ri, 4])))
-            sims.append(float(sim[ri, ci]))
-    map50, map50_95 = _ultralytics_ap(refs, ranked, similarity)
-    return {**out, "matched": float(len(shifts)), "recall": len(shifts) / n_ref,
-            "precision": len(shifts) / n_cand if n_cand else 0.0,
+            recalled += int(truth[i][ri])
+            correct += int(kept[i][ci])
+            if truth[i][ri] and kept[i][ci]:
+                shifts.append(abs(float(cand[ci, 4]) - float(ref[ri, 4])))
+                sims.append(float(sim[ri, ci]))
+            elif truth[i][ri] or kept[i][ci]:
+                flips += 1
+    map50, map50_95 = _ultralytics_ap(refs, ranked, similarity, truth)
+    return {**out, "matched": float(len(shifts)), "recall": recalled / n_ref,
+            "precision": correct / n_cand if n_cand else 0.0, **({"threshold_flips": float(flips)} if margin else {}),
             f"{prefix}map50": map50, f"{prefix}map50_95": map50_95,
             f"{prefix}similarity_mean": float(np.mean(sims)) if sims else float("nan"),
             "score_shift_max": float(np.max(shifts)) if shifts else float("nan")}
@@ -144,7 +174,7 @@ def _masks(proto: np.ndarray, rows: Rows, nm: int) -> "np.ndarray":
 
 
 def segment_metrics(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], *, nc: int,
-                    end2end: bool = False, conf: float = CONF) -> dict[str, float]:
+                    end2end: bool = False, conf: float = CONF, margin: float = 0.0) -> dict[str, float]:
     """Instance masks: mask IoU of the decoded masks, mask mAP50/mAP50-95, box mAP50.
 
     An instance whose decoded mask is empty (no pixel inside its box) has nothing to compare by
@@ -165,8 +195,9 @@ def segment_metrics(reference: dict[str, np.ndarray], candidate: dict[str, np.nd
             kept_masks.append(masks[keep].reshape(int(keep.sum()), int(np.prod(masks.shape[1:]))))
         return kept_rows, kept_masks, empty
 
-    refs, ref_masks, ref_empty = with_masks(decode(ref0, conf, nc=nc, end2end=end2end), ref1)
-    cands, cand_masks, cand_empty = with_masks(decode(cand0, conf, nc=nc, end2end=end2end), cand1)
+    low = max(conf - margin, CONF_MAP)
+    refs, ref_masks, ref_empty = with_masks(decode(ref0, low, nc=nc, end2end=end2end), ref1)
+    cands, cand_masks, cand_empty = with_masks(decode(cand0, low, nc=nc, end2end=end2end), cand1)
     ranked, ranked_masks, _ = with_masks(decode(cand0, min(CONF_MAP, conf), nc=nc, end2end=end2end,
                                                 max_det=MAX_DET_MAP), cand1)
     masks_of = {id(r): m for r, m in zip(cands + ranked, cand_masks + ranked_masks)}
@@ -174,8 +205,9 @@ def segment_metrics(reference: dict[str, np.ndarray], candidate: dict[str, np.nd
     def similarity(i: int, ref: Rows, cand: Rows) -> np.ndarray:
         return mask_iou(torch.from_numpy(ref_masks[i]), torch.from_numpy(masks_of[id(cand)])).numpy()
 
-    result = instance_metrics(refs, cands, ranked, similarity, conf=conf, prefix="mask_")
-    result["box_map50"] = _ultralytics_ap(refs, ranked, _box_iou)[0] if result["compared"] else 0.0
+    result = instance_metrics(refs, cands, ranked, similarity, conf=conf, margin=margin, prefix="mask_")
+    truth = [r[:, 4] >= conf for r in refs]
+    result["box_map50"] = _ultralytics_ap(refs, ranked, _box_iou, truth)[0] if result["compared"] else 0.0
     result["empty_masks_reference"] = float(ref_empty)
     result["empty_masks_candidate"] = float(cand_empty)
     return result
@@ -183,15 +215,16 @@ def segment_metrics(reference: dict[str, np.ndarray], candidate: dict[str, np.nd
 
 # -- pose ----------------------------------------------------------------------------------
 def pose_metrics(ref_out: np.ndarray, cand_out: np.ndarray, *, nc: int, kpt_shape: tuple[int, int],
-                 end2end: bool = False, conf: float = CONF) -> dict[str, float]:
+                 end2end: bool = False, conf: float = CONF, margin: float = 0.0) -> dict[str, float]:
     """Keypoints: OKS-matched recall/precision, pose mAP50/mAP50-95 (OKS), box mAP50."""
     import torch
     from ultralytics.utils.metrics import OKS_SIGMA, kpt_iou
 
     nk, dims = kpt_shape
     sigma = OKS_SIGMA if nk == 17 else np.ones(nk) / nk
-    refs = decode(ref_out, conf, nc=nc, end2end=end2end)
-    cands = decode(cand_out, conf, nc=nc, end2end=end2end)
+    low = max(conf - margin, CONF_MAP)
+    refs = decode(ref_out, low, nc=nc, end2end=end2end)
+    cands = decode(cand_out, low, nc=nc, end2end=end2end)
     ranked = decode(cand_out, min(CONF_MAP, conf), nc=nc, end2end=end2end)
 
     def kpts(rows: Rows) -> torch.Tensor:
@@ -202,20 +235,22 @@ def pose_metrics(ref_out: np.ndarray, cand_out: np.ndarray, *, nc: int, kpt_shap
         area = torch.from_numpy((ref[:, 2] - ref[:, 0]) * (ref[:, 3] - ref[:, 1]) * 0.53)
         return kpt_iou(kpts(ref), kpts(cand), area, sigma).numpy()
 
-    result = instance_metrics(refs, cands, ranked, similarity, conf=conf, prefix="pose_")
-    result["box_map50"] = _ultralytics_ap(refs, ranked, _box_iou)[0] if result["compared"] else 0.0
+    result = instance_metrics(refs, cands, ranked, similarity, conf=conf, margin=margin, prefix="pose_")
+    truth = [r[:, 4] >= conf for r in refs]
+    result["box_map50"] = _ultralytics_ap(refs, ranked, _box_iou, truth)[0] if result["compared"] else 0.0
     return result
 
 
 # -- oriented boxes ------------------------------------------------------------------------
 def obb_metrics(ref_out: np.ndarray, cand_out: np.ndarray, *, nc: int, end2end: bool = False,
-                conf: float = CONF) -> dict[str, float]:
+                conf: float = CONF, margin: float = 0.0) -> dict[str, float]:
     """Rotated boxes matched by probiou: recall/precision, mAP50/mAP50-95."""
     import torch
     from ultralytics.utils.metrics import batch_probiou
 
-    refs = decode(ref_out, conf, nc=nc, end2end=end2end, rotated=True)
-    cands = decode(cand_out, conf, nc=nc, end2end=end2end, rotated=True)
+    low = max(conf - margin, CONF_MAP)
+    refs = decode(ref_out, low, nc=nc, end2end=end2end, rotated=True)
+    cands = decode(cand_out, low, nc=nc, end2end=end2end, rotated=True)
     ranked = decode(cand_out, min(CONF_MAP, conf), nc=nc, end2end=end2end, rotated=True)
 
     def rboxes(rows: Rows) -> torch.Tensor:
@@ -224,7 +259,7 @@ def obb_metrics(ref_out: np.ndarray, cand_out: np.ndarray, *, nc: int, end2end: 
     def similarity(_: int, ref: Rows, cand: Rows) -> np.ndarray:
         return batch_probiou(rboxes(ref), rboxes(cand)).numpy()
 
-    return instance_metrics(refs, cands, ranked, similarity, conf=conf)
+    return instance_metrics(refs, cands, ranked, similarity, conf=conf, margin=margin)
 
 
 # -- RT-DETR -------------------------------------------------------------------------------

@@ -172,6 +172,7 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
     gates = Gates(pipe.adapter, overrides, task_required=task_required)
     report = VerifyReport(pipe.subject, entry.key, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
     metadata: dict[str, str] = {}
+    calibrated_on = None  # what a quantized graph of the chain was calibrated on
     for link in links:
         name = f"onnx-{link['stage']}"
         found = cache.lookup(link["kind"], link["key"]) if "kind" in link else None
@@ -185,6 +186,7 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
             report.artifacts.append(skipped(name, "onnx", stage_precision, gone))
             continue
         path = found.entry.file("model.onnx")
+        calibrated_on = found.entry.manifest.get("calibration_data", calibrated_on)
         if not metadata:
             metadata = onnx_metadata(path)
         with reporting.stage(f"verify {name}") as s:
@@ -202,6 +204,7 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
         report.artifacts.append(art)
     checked = [a.name for a in report.artifacts if a.kind == "onnx" and a.ran]
     report.artifacts.append(verify_engine(entry, pipe, refs, gates, metadata, precision, checked))
+    note_calibration(report, calibrated_on)
     repaired = m.get("repair")
     if repaired and repaired.get("nodes"):  # the repair's figures, where the report shows the engine
         report.artifacts[-1].notes.append(
@@ -213,6 +216,20 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
 
         draw_pictures(report, refs, entry, cache, pipe.adapter, metadata, Path(report_dir))
     return report
+
+
+def note_calibration(report, calibrated_on: str | None) -> None:
+    """A quantized graph calibrated on the embedded photographs that fails: say what it was calibrated on
+    and what to do. Calibration ranges come from what calibration sees; photographs of street scenes
+    are not the activations of a model trained on other images (measured in families/yolo_tasks.py)."""
+    from enginekit.calibration import CalibrationData
+
+    if not calibrated_on or not calibrated_on.startswith(CalibrationData(None).describe().split(" (")[0]):
+        return
+    for art in report.artifacts:
+        if art.precision in ("int8", "fp8") and art.ran and not art.passed:
+            art.notes.append(f"calibrated on the {calibrated_on}, not on images of what the model sees: "
+                             "calibrate on a folder of them (--calib-data DIR)")
 
 
 def verify_engine(entry, pipe, refs, gates, metadata, precision, checked=()):

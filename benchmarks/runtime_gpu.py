@@ -435,8 +435,58 @@ def section_pipeline(ctx) -> None:
         pipe.close()
 
 
+def section_depth8(ctx) -> None:
+    """Depth-Anything-V2-small FP16 network alone at batch 1 and 8 (518x518): ORT CUDA on enginekit's FP16
+    graph, on the same graph after ONNX Runtime's transformer optimizer (model_type vit), and PyTorch FP16
+    with a CUDA graph (the anchor)."""
+    import torch
+
+    from enginekit import api
+    from enginekit.families import resolve
+    from enginekit.runtime.backends import OrtCudaSession, TorchSession
+    from enginekit.runtime.loader import _simplifier
+
+    _models(ctx)
+    tmp = Path(ctx["tmp"])
+    res = api.export("depth", weights=ctx["depth_weights"], input="1x3x518x518", output=tmp / "depth16.onnx", fp16=True,
+                     quiet=True, simplifier=_simplifier())
+    graphs = {"enginekit fp16 graph": res.output}
+    try:
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        opt = optimize_model(str(res.output), model_type="vit", num_heads=6, hidden_size=384, opt_level=0, use_gpu=True)
+        note(f"depth8: transformer optimizer fused {({k: v for k, v in opt.get_fused_operator_statistics().items() if v})}")
+        opt.save_model_to_file(str(tmp / "depth16-opt.onnx"))
+        graphs["+ ORT transformer optimizer"] = tmp / "depth16-opt.onnx"
+    except Exception as exc:  # noqa: BLE001
+        note(f"depth8: transformer optimizer failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+    adapter = resolve("depth")
+    loaded = adapter.load(ctx["depth_weights"], random_init=False, seed=0)
+    iters = max(ctx["iters"] // 2, 50)
+    for batch in (1, 8):
+        x = torch.rand((batch, 3, 518, 518), device="cuda")
+        t = TorchSession(loaded.module, adapter.output_names, adapter.input_name, (None, 3, 518, 518), "cuda:0",
+                         half=True)
+        torch_stats = timed_sync(lambda: t(x), iters)
+        row("depth8", f"torch fp16 CUDA graph, batch {batch}", torch_stats)
+        for label, path in graphs.items():
+            for graph in (False, True):
+                try:
+                    s = OrtCudaSession(Path(path), "cuda:0", cuda_graph=graph)
+
+                    def net():
+                        with torch.cuda.stream(s.stream):
+                            s(x)
+                    stats = timed_sync(net, iters)
+                    row("depth8", f"ORT CUDA {label}{' + CUDA graph' if graph else ''}, batch {batch}", stats,
+                        over_torch=round(stats["p50"] / torch_stats["p50"], 3))
+                except Exception as exc:  # noqa: BLE001
+                    note(f"depth8 {label} graph={graph} b{batch}: failed: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:160]}")
+
+
 SECTIONS = {"env": section_env, "agree": section_agree, "yolo": section_yolo, "net": section_net,
-            "fp16": section_fp16, "depth": section_depth, "pipeline": section_pipeline}
+            "fp16": section_fp16, "depth": section_depth, "pipeline": section_pipeline, "depth8": section_depth8}
 
 
 def main() -> int:

@@ -158,8 +158,8 @@ def test_nms_request_round_trips_through_the_manifest():
 @pytest.mark.parametrize("args, needles", [
     (["export", "yolo26n", "--nms", "--random-init"], ["--nms", "yolo26n", "one-to-one head"]),
     (["export", "yolov10n", "--nms", "--random-init"], ["--nms", "yolov10n", "one-to-one head"]),
-    (["export", "yolo11n-seg", "--nms", "--random-init"], ["--nms", "segment", "detector graphs only"]),
-    (["export", "yolo11n-pose", "--nms", "--random-init"], ["--nms", "pose"]),
+    (["export", "yolo26n-seg", "--nms", "--random-init"], ["--nms", "yolo26n-seg", "one-to-one head"]),
+    (["export", "yolo26n-sem", "--nms", "--random-init"], ["--nms", "semantic", "no boxes"]),
     (["export", "yolo11n-cls", "--nms", "--random-init"], ["--nms", "classify", "no boxes"]),
     (["build", "depth", "--nms", "--random-init"], ["--nms", "depth"]),
     (["verify", "yolo26n", "--nms", "--random-init"], ["--nms", "one-to-one head"]),
@@ -217,4 +217,5 @@ def test_models_say_which_families_take_nms():
 
     rows = {f.family: f for f in families()}
     assert rows["yolo"].nms and rows["yolo"].to_json()["nms"] is True
-    assert not rows["yolo-seg"].nms and not rows["depth-anything-v2"].nms
+    assert rows["yolo-seg"].nms and rows["yolo-pose"].nms and rows["yolo-obb"].nms
+    assert not rows["yolo-cls"].nms and not rows["yolo-sem"].nms and not rows["depth-anything-v2"].nms

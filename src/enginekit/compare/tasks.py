@@ -82,18 +82,23 @@ def match_detections(ref: Detections, cand: Detections, iou: float = IOU_MATCH) 
     return pairs
 
 
-def paired_rows(ref_out: np.ndarray, cand_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def paired_rows(ref_out: np.ndarray, cand_out: np.ndarray, *, xywh: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Kept-box outputs (B, max_det, 6+) with the rows the two share side by side.
 
     An NMS graph's rows are its kept boxes by descending score, zero-padded: two near-equal
     scores swapped, or one box above the threshold in one and not the other, shifts every row
     after it. Per image, each reference row is paired with the candidate row ``match_detections``
     gives it (same class, IoU >= 0.5); pairs come first, in the reference's order, the rest are
-    zero in both. Parity then measures the boxes both kept; recall and precision count the others."""
+    zero in both. Parity then measures the boxes both kept; recall and precision count the others.
+    ``xywh``: the rows' boxes are centre and size (rotated boxes' upright extent pairs them)."""
     ref_aligned, cand_aligned = np.zeros_like(ref_out), np.zeros_like(cand_out)
+
+    def corners(b):
+        return np.concatenate([b[:, :2] - b[:, 2:4] / 2, b[:, :2] + b[:, 2:4] / 2], 1) if xywh else b[:, :4]
+
     for b, (ref, cand) in enumerate(zip(ref_out, cand_out)):
         r_rows, c_rows = np.flatnonzero(ref[:, 4] > 0), np.flatnonzero(cand[:, 4] > 0)
-        as_detections = lambda rows, o: Detections(o[rows, :4], o[rows, 4], o[rows, 5].astype(int))  # noqa: E731
+        as_detections = lambda rows, o: Detections(corners(o[rows]), o[rows, 4], o[rows, 5].astype(int))  # noqa: E731
         pairs = sorted(match_detections(as_detections(r_rows, ref), as_detections(c_rows, cand)), key=lambda p: p[1])
         for k, (ci, ri) in enumerate(pairs):
             ref_aligned[b, k], cand_aligned[b, k] = ref[r_rows[ri]], cand[c_rows[ci]]

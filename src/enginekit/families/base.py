@@ -123,6 +123,9 @@ class ModelAdapter:
         self.nms: NmsSettings | None = None
 
     # -- NMS in the graph (``--nms``) ----------------------------------------------------------
+    #: whether the ``--nms`` graph holds ONNX NonMaxSuppression (a builder without an NMS layer refuses it)
+    nms_needs_layer = True
+
     def nms_refusal(self) -> str | None:
         """Why ``--nms`` does not apply to this model (one line), or None where it does."""
         return f"{self.variant} is a {self.task or self.family} model: --nms applies to detectors"

@@ -82,6 +82,8 @@ def _zero_padded(nms_model):
 
         def forward(self, x):
             out = self.nms(x)
+            if isinstance(out, tuple):  # a segmenter's (kept instances, mask prototypes)
+                return (out[0] * (out[0][..., 4:5] > 0), *out[1:])
             return out * (out[..., 4:5] > 0)
 
     return ZeroPadded(nms_model).eval()
@@ -197,8 +199,11 @@ class YoloAdapter(ModelAdapter):
             return reference, candidate
         from enginekit.compare.tasks import paired_rows  # kept boxes: compare the ones both kept
 
-        ref, cand = paired_rows(reference["output0"], candidate["output0"])
+        ref, cand = paired_rows(reference["output0"], candidate["output0"], xywh=self.box_kind(True) == "boxes_xywh")
         return {**reference, "output0": ref}, {**candidate, "output0": cand}
+
+    def box_kind(self, end2end: bool) -> str:
+        return "boxes_xyxy" if end2end else "boxes_xywh"
 
     def part_tolerance(self, precision, part):
         per = _PART_TOLERANCES[precision]

@@ -12,6 +12,7 @@ and the class map is the argmax of them.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -139,9 +140,8 @@ class UltralyticsTaskAdapter(YoloAdapter):
         return _DENSE_TOLERANCES[precision]
 
     def nms_refusal(self) -> str | None:
-        if self.task in ("segment", "pose", "obb"):  # Ultralytics' nms=True covers these; enginekit not yet
-            return f"{self.variant} is a {self.task} model: enginekit puts NMS in detector graphs only"
-        return f"{self.variant} is a {self.task} model: it has no boxes to suppress (--nms applies to detectors)"
+        return (f"{self.variant} is a {self.task} model: it has no boxes to suppress (--nms applies to detectors, "
+                "segment, pose and obb models)")
 
     def part_tolerance(self, precision: str, part: str) -> Tolerance:
         if part in ("boxes", "scores", "classes"):  # as the detector's
@@ -198,6 +198,15 @@ class _InstanceTask(UltralyticsTaskAdapter):
 
     def box_kind(self, end2end: bool) -> str:
         return "boxes_xyxy" if end2end else "boxes_xywh"
+
+    def nms_refusal(self) -> str | None:
+        # Ultralytics' nms=True wrapper keeps each instance's task channels (mask coefficients, keypoints,
+        # angle) beside its box, score and class: the same rows as a one-to-one head's
+        return YoloAdapter.nms_refusal(self)
+
+    @classmethod
+    def describe(cls) -> FamilyInfo:
+        return dataclasses.replace(super().describe(), nms=True)
 
 
 @register
@@ -269,6 +278,10 @@ class YoloObbAdapter(_InstanceTask):
     _metric_gates = {"recall": (">=", 0.95), "precision": (">=", 0.95), "map50": (">=", 0.9)}
     task_gates = {"fp32": {"recall": (">=", 0.99), "precision": (">=", 0.99), "map50": (">=", 0.98)},
                   "fp16": dict(_metric_gates), "int8": dict(_metric_gates), "fp8": dict(_metric_gates)}
+
+    # Ultralytics' NMS for rotated boxes is its fast NMS over a probiou matrix, in ordinary operators
+    # (TorchNMS.fast_nms, the export path that zeroes suppressed scores): no NonMaxSuppression layer
+    nms_needs_layer = False
 
     def box_kind(self, end2end: bool) -> str:
         return "boxes_xywh"  # rotated boxes stay centre + size, the angle beside them

@@ -72,7 +72,8 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     model = None
     if r.nms:
         model = r.model_request  # a model with no NMS to add is bad input, whatever the backend
-        require_nms(be, "a graph ending in NMS (--nms)")
+        if model.adapter.nms_needs_layer:
+            require_nms(be, "a graph ending in NMS (--nms)")
     overrides = parse_overrides(list(r.tolerances))
     calib_cache = Path(r.calib_cache) if r.calib_cache else None
     data = CalibrationData(Path(r.calib_data) if r.calib_data else None, count=r.calib_count)
@@ -93,7 +94,8 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         bound, opt_shape = bind_to_inputs(parsed, dims, adapter, source_path.name)
         if get_metadata(graph).get("nms") == "True":
             check_nms_batch(bound, get_metadata(graph), source_path.name)
-            require_nms(be, f"{source_path.name}, which ends in NMS")
+            if any(node.op_type == "NonMaxSuppression" for node in graph.graph.node):
+                require_nms(be, f"{source_path.name}, which ends in NMS")
         chain = [Artifact.given(source_path)]
     else:
         pipe = Pipeline(model or r.model_request, cache, force=r.force)

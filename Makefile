@@ -35,7 +35,7 @@ run: setup
 	$(BIN)/enginekit export depth --random-init --input 1x3x518x518 --fp16 -o $(OUT)/depth-anything-v2-small.fp16.onnx
 
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 # CPU benchmark of random-weight yolo12n (torch and ONNX Runtime), GPUs hidden so the
 # figures are comparable between machines: the report as JSON in $(OUT)/bench.json, a plot beside it.

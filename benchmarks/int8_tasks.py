@@ -1,4 +1,4 @@
-"""INT8 of the suite's trained segment, pose, obb and classify models: which calibration set and method
+"""INT8 of the suite's trained segment, pose, obb, classify, semantic and depth models: which calibration set and method
 keep what FP32 predicts (the figures written in families/yolo_tasks.py).
 
 Each cell quantizes the simplified graph (the build's chain, the family's head exclusions) and
@@ -72,7 +72,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="int8-tasks-"))
     for task in args.tasks.split(","):
-        hw = (96, 96) if task == "classify" else (160, 160)
+        hw = {"classify": (96, 96), "semantic": (128, 128), "depth": (128, 128)}.get(task, (160, 160))
         shape = (1, 3, *hw)
         evaluation = load_images(held_out_images(work / f"held-out-{task}", task, count=8)).images
         for method in args.methods.split(","):
@@ -109,7 +109,8 @@ def main() -> None:
                                      gates=Gates(adapter, options), precision="int8", metadata=loaded.metadata)
                     figures = {k: round(v, 3) for k, v in result.task.items()
                                if k in ("compared", "recall", "precision", "threshold_flips", "map50", "mask_map50",
-                                        "pose_map50", "top1_agreement")}
+                                        "pose_map50", "top1_agreement", "reference_classes", "miou",
+                                        "pixel_accuracy", "relative_spread", "abs_rel", "delta1")}
                     parity = {p: round(w["rel_l2"], 4) for p, w in result.worst.items()}
                     failed = [c.name for c in result.checks if not c.passed]
                     print(f"{task:8} {method:9} {name:8} conf {conf} margin {margin} calib {seconds:5.1f} s  "

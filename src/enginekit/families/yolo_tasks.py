@@ -386,7 +386,9 @@ class YoloSemanticAdapter(_DenseTask):
         return semantic_metrics(reference["output0"], candidate["output0"])
 
     def nothing_to_compare(self, task):
-        return "the reference class map holds a single class on every photograph"
+        # random weights: one class everywhere, whatever the image
+        return ("the reference class map holds a single class on every photograph; use photographs of what the "
+                "model sees (--images), or trained weights")
 
 
 @register
@@ -398,11 +400,21 @@ class YoloDepthAdapter(_DenseTask):
     summary = "monocular depth (B, 1, H, W), positive; input stretched to size as Ultralytics' depth predictor"
     input_description = "NCHW RGB float32 in [0,1], resized to H x W without letterbox (Ultralytics depth)"
     picture_kind = None
-    int8_exclude = (r"/model\.\d+/head/.*",)
+    # The whole decoder stays out of INT8: its projections, refinement blocks and output head (before the exp).
+    # Measured 2026-11-26 (benchmarks/int8_tasks.py; ONNX Runtime CPU against PyTorch FP32, 2-core CPU): the
+    # suite's trained yolo26n-depth (tests/trained_tasks.py: generated shapes on a ground plane, 128 px), 8 held-out
+    # images (relative spread of the reference 0.18), YOLO's max calibration:
+    #   head alone excluded      calibrated on shapes: AbsRel 0.071, delta1 0.990; photographs 0.082, 0.979;
+    #                            noise 0.066, 0.945 (rel L2 0.12 / 0.13 / 0.17)
+    #   decoder excluded (this)  shapes: AbsRel 0.049, delta1 0.995; photographs 0.066, 0.989; noise 0.067, 0.945
+    # AbsRel after the scale-and-shift fit hardly tells calibrations apart (the backbone's INT8 error is spread
+    # evenly); delta1 does: the INT8 gate below keeps either real calibration set and fails noise on delta1.
+    # (The earlier limits, AbsRel 0.15 and delta1 0.8, passed every one of them.) FP16: AbsRel 1e-4, delta1 1.
+    int8_exclude = (r"/model\.\d+/(proj|refine)\.\d+/.*", r"/model\.\d+/head/.*")
     _metric_gates = {"abs_rel": ("<=", 0.05), "delta1": (">=", 0.95)}
+    _int8_gates = {"abs_rel": ("<=", 0.1), "delta1": (">=", 0.97)}
     task_gates = {"fp32": {"abs_rel": ("<=", 1e-3), "delta1": (">=", 0.999)},
-                  "fp16": dict(_metric_gates), "int8": {"abs_rel": ("<=", 0.15), "delta1": (">=", 0.8)},
-                  "fp8": {"abs_rel": ("<=", 0.15), "delta1": (">=", 0.8)}}
+                  "fp16": dict(_metric_gates), "int8": dict(_int8_gates), "fp8": dict(_int8_gates)}
 
     def output_parts(self, metadata=None):
         return (OutputPart("depth", "output0", kind="depth"),)
@@ -432,8 +444,12 @@ class YoloDepthAdapter(_DenseTask):
         return result
 
     def nothing_to_compare(self, task):
+        from enginekit.compare.task_metrics import MIN_DEPTH_SPREAD
+
+        # random weights: one depth (about 1.2 m, relative spread 3e-4) whatever the image
         return (f"the reference depth is flat (relative spread {task.get('relative_spread', 0.0):.2g} < "
-                "0.01) or has no pixels above 1e-3 of its maximum")
+                f"{MIN_DEPTH_SPREAD:g}) or has no pixels above 1e-3 of its maximum; use photographs of what the model "
+                "sees (--images), or trained weights")
 
 
 # Not registered yet: with random weights (all this project can build offline) RT-DETR's decoder

@@ -114,7 +114,8 @@ class ModelRequest:
     @cached_property
     def weights_identity(self) -> str:
         if self.random_init:
-            return f"random:{self.adapter.variant}@{self.seed}"
+            tag = f"+{self.adapter.random_init_tag}" if self.adapter.random_init_tag else ""
+            return f"random:{self.adapter.variant}{tag}@{self.seed}"
         if self.weights is not None:
             if self.weights.is_dir():
                 return f"sha256:{folder_sha256(self.weights)}"
@@ -205,7 +206,8 @@ class Pipeline:
                  "checked": [format_shape(s) for s in shapes]}
 
         def produce(tmp: Path) -> dict:
-            report = simplify_onnx(source.path, tmp / ONNX_FILE, tool=tool, check_shapes=shapes)
+            report = simplify_onnx(source.path, tmp / ONNX_FILE, tool=tool, check_shapes=shapes,
+                                   align=self.adapter.parity_outputs if self.adapter else None)
             return {"nodes_before": report.nodes_before, "nodes_after": report.nodes_after,
                     "max_rel_l2": report.max_rel_l2}
 

@@ -36,7 +36,11 @@ def register(app: typer.Typer) -> None:
         from enginekit.fsutil import check_output_path
 
         check_output_path(dest, "--output")
-        report = simplify_onnx(model, dest, tool=tool, check_shapes=shapes)
+        from enginekit.flows.build import adapter_from_onnx
+
+        adapter, _ = adapter_from_onnx(model) if model.is_file() else (None, None)
+        report = simplify_onnx(model, dest, tool=tool, check_shapes=shapes,
+                               align=adapter.parity_outputs if adapter is not None else None)
         console.print(
             f"  {report.tool}: {report.nodes_before} -> {report.nodes_after} nodes; equal at "
             f"{', '.join(format_shape(s) for s in report.checked_shapes)} (rel L2 {report.max_rel_l2:.1e})"

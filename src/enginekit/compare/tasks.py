@@ -90,7 +90,8 @@ def paired_rows(ref_out: np.ndarray, cand_out: np.ndarray, *, xywh: bool = False
     after it. Per image, each reference row is paired with the candidate row ``match_detections``
     gives it (same class, IoU >= 0.5); pairs come first, in the reference's order, the rest are
     zero in both. Parity then measures the boxes both kept; recall and precision count the others.
-    ``xywh``: the rows' boxes are centre and size (rotated boxes' upright extent pairs them)."""
+    ``xywh``: the rows' boxes are centre and size (rotated boxes' upright extent pairs them; RT-DETR's
+    top-k rows, in query order, which near-equal scores reorder the same way)."""
     ref_aligned, cand_aligned = np.zeros_like(ref_out), np.zeros_like(cand_out)
 
     def corners(b):

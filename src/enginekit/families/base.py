@@ -116,6 +116,9 @@ class ModelAdapter:
     #: the runtime's pre/postprocessing of this family (``load()``, ``enginekit predict``), as
     #: "module:Class" under enginekit.runtime (imported only there); "" where the runtime does not run it
     runtime_processor: str = ""
+    #: what ``--random-init`` does beyond the architecture's own initialisation, named in the weights
+    #: identity (and so in every cache key): "" where the seeded build is used as it comes
+    random_init_tag: str = ""
 
     def __init__(self, variant: str):
         self.variant = variant

@@ -272,11 +272,13 @@ class YoloAdapter(ModelAdapter):
 
         if random_init:
             seed_everything(seed)
-            source = WeightsSource("random", f"{self.variant}.yaml@{seed}")
+            tag = f"+{self.random_init_tag}" if self.random_init_tag else ""
+            source = WeightsSource("random", f"{self.variant}.yaml{tag}@{seed}")
             try:
                 model = YOLO(f"{self.variant}.yaml", task=self.task).model
             except Exception as exc:  # noqa: BLE001 - one line for the user
                 raise UsageError(describe_load_error(exc, f"cannot build {self.variant}")) from None
+            model = self._random_init(model, seed)
         elif weights is not None:
             from enginekit.families.checkpoints import load_ultralytics_model
 
@@ -305,6 +307,10 @@ class YoloAdapter(ModelAdapter):
         if self.nms is None:
             return LoadedModel(prepared, self.variant, source, self._metadata(model))
         return LoadedModel(self._wrap_nms(prepared), self.variant, source, {**self._metadata(model), "end2end": "True"})
+
+    def _random_init(self, model, seed: int):
+        """The freshly built seeded model, as ``--random-init`` serves it (as Ultralytics builds it, here)."""
+        return model
 
     def _wrap_nms(self, model):
         """The prepared model inside Ultralytics' ``nms=True`` wrapper (``exporter.NMSModel``):

@@ -6,7 +6,7 @@ import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +28,15 @@ class SimplifyReport:
     max_rel_l2: float
 
 
+Align = Callable[[dict, dict, dict], tuple[dict, dict]]
+
+
 def simplify_onnx(src: Path, out: Path, *, tool: str = "onnxsim", check_shapes: list[Shape] | None = None,
-                  rel_l2_limit: float = 1e-5) -> SimplifyReport:
-    """Simplify ``src`` into ``out`` and check both compute the same on random inputs."""
+                  rel_l2_limit: float = 1e-5, align: Align | None = None) -> SimplifyReport:
+    """Simplify ``src`` into ``out`` and check both compute the same on random inputs.
+
+    ``align``: the family's ``parity_outputs`` (outputs of the two graphs, the graph's metadata ->
+    the rows to compare side by side), for outputs whose rows near-equal scores may reorder."""
     if tool not in TOOLS:
         raise UsageError(f"unknown simplifier {tool!r}: choose {' or '.join(TOOLS)}")
     model = load_model(src)
@@ -53,7 +59,8 @@ def simplify_onnx(src: Path, out: Path, *, tool: str = "onnxsim", check_shapes: 
     tmp = out.with_name(f".{out.name}.check")
     save_model(simplified, tmp)
     try:
-        worst = compare_graphs(src, tmp, shapes)
+        worst = compare_graphs(src, tmp, shapes, align=align,
+                               metadata={p.key: p.value for p in model.metadata_props})
         if worst > rel_l2_limit:
             raise ParityError(f"simplified graph differs from the original: rel L2 {worst:.2e} > {rel_l2_limit:.0e}")
         tmp.replace(out)
@@ -93,8 +100,10 @@ def default_check_shapes(model) -> list[Shape]:
     return [(1, *d[1:]), (2, *d[1:])]
 
 
-def compare_graphs(a: Path, b: Path, shapes: list[Shape], seed: int = 0) -> float:
-    """Worst relative L2 difference between two graphs over random inputs at ``shapes``."""
+def compare_graphs(a: Path, b: Path, shapes: list[Shape], seed: int = 0, *, align: Align | None = None,
+                   metadata: dict[str, str] | None = None) -> float:
+    """Worst relative L2 difference between two graphs over random inputs at ``shapes`` (their
+    outputs paired by ``align`` first, where given)."""
     sa, sb = runtime.session(a), runtime.session(b)
     (name,) = [i.name for i in sa.get_inputs()]
     worst = 0.0
@@ -104,6 +113,8 @@ def compare_graphs(a: Path, b: Path, shapes: list[Shape], seed: int = 0) -> floa
             oa, ob = runtime.run(sa, {name: x}), runtime.run(sb, {name: x})
         except Exception as exc:  # noqa: BLE001
             raise UsageError(f"cannot run the graph at {format_shape(shape)}: {str(exc).splitlines()[0][:200]}") from None
+        if align is not None:
+            oa, ob = align(oa, ob, metadata or {})
         for key in oa:
             ref, got = oa[key].astype(np.float64), ob[key].astype(np.float64)
             worst = max(worst, float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-12)))

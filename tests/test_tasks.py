@@ -44,12 +44,7 @@ def run_with(outputs: dict[str, np.ndarray]):
 
 
 def gate(name: str, reference: dict, candidate: dict, metadata: dict, precision: str = "fp16", **overrides):
-    if name.startswith("rtdetr-"):  # written, not registered yet (see families/yolo_tasks.py)
-        from enginekit.families.yolo_tasks import RtdetrAdapter
-
-        adapter = RtdetrAdapter(name)
-    else:
-        adapter = resolve(name)
+    adapter = resolve(name)
     return compare(run_with(candidate), cases_of(reference), adapter=adapter, gates=Gates(adapter, overrides),
                    precision=precision, metadata=metadata, name=name)
 

@@ -582,8 +582,15 @@ class RtdetrAdapter(UltralyticsTaskAdapter):
     # decoder score logits against FP32 differ by std 0.168 all FP16, 0.053 with the refinement in
     # FP32, 0.013 with both (score max abs 0.086 -> 0.0065).
     fp16_keep_fp32 = (r"/model\.\d+/(decoder/)?[A-Z][A-Za-z]*(_\d+)?", r"/model\.\d+/decoder/layers\.\d+/cross_attn/.*")
-    # the encoder's and every decoder layer's box/score heads and the query position head
-    int8_exclude = (r"/model\.\d+/(decoder/)?(dec|enc)_(score|bbox)_head.*", r"/model\.\d+/decoder/query_pos_head/.*")
+    # INT8 leaves alone the decoder (its heads, attention and box refinement), the encoder's output
+    # projection and heads, and the transformer encoder layer (AIFI: its attention and feed-forward).
+    # Measured on --random-init (1x3x320x320, max calibration, 8 views of the photographs, ONNX Runtime
+    # CPU, 38 reference detections on bus.jpg and zidane.jpg): heads alone excluded, recall 0.76 and
+    # precision 0.16 (scores rel L2 1.8); + decoder and encoder output, 0.95 / 0.61 (rel L2 0.35);
+    # + AIFI (these defaults), 0.92 / 0.90, mAP50 0.93, parity within limits; + every neck layer too, 0.87 / 0.97.
+    # INT8 of --random-init thus still fails its task gate (recall, precision >= 0.95).
+    int8_exclude = (r"/model\.\d+/(decoder/)?(dec|enc)_(score|bbox)_head.*", r"/model\.\d+/decoder/.*",
+                    r"/model\.\d+/enc_output/.*", r"/model\.\d+/(ma|fc1|fc2)/.*")
     task_options = {"conf": 0.25}
     _metric_gates = {"recall": (">=", 0.95), "precision": (">=", 0.95), "map50": (">=", 0.9)}
     task_gates = {"fp32": {"recall": (">=", 0.99), "precision": (">=", 0.99), "map50": (">=", 0.98)},

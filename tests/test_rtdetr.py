@@ -64,6 +64,15 @@ def rtdetr_loaded():
     return adapter, adapter.load(None, random_init=True, seed=0)
 
 
+@pytest.fixture(scope="module")
+def rtdetr_onnx(rtdetr_loaded, tmp_path_factory):
+    """The FP32 graph at 320 px, exported as the export stage does (no cache)."""
+    from enginekit.stages.export import export_onnx
+
+    adapter, loaded = rtdetr_loaded
+    return export_onnx(adapter, loaded, (1, 3, 320, 320), tmp_path_factory.mktemp("rtdetr") / "rtdetr-l.onnx")
+
+
 @pytest.mark.slow
 def test_rtdetr_random_init_is_deterministic_and_detects(rtdetr_loaded):
     import torch
@@ -83,16 +92,15 @@ def test_rtdetr_random_init_is_deterministic_and_detects(rtdetr_loaded):
 
 
 @pytest.mark.slow
-def test_rtdetr_perturbed_box_heads_fail_the_task_gate(rtdetr_loaded, tmp_path):
+def test_rtdetr_perturbed_box_heads_fail_the_task_gate(rtdetr_loaded, rtdetr_onnx, tmp_path):
     """Every decoder layer's box head with its last weights negated: boxes move, the gate fails."""
     from test_tasks import _negate_weights, perturb_graph
 
     from enginekit.images import load_images
     from enginekit.onnx import runtime
-    from enginekit.stages.export import export_onnx
 
     adapter, loaded = rtdetr_loaded
-    path = export_onnx(adapter, loaded, (1, 3, 320, 320), tmp_path / "rtdetr-l.onnx")
+    path = rtdetr_onnx
     cases = []
     for i, image in enumerate(load_images(None, limit=4).images):
         feed = {adapter.input_name: adapter.preprocess(image, (320, 320))}
@@ -128,3 +136,31 @@ def test_rtdetr_verify_fp16_passes_comparing_detections(cache, tmp_path):
         assert graph.task["compared"] >= 20 and graph.task["recall"] >= 0.95, graph.task
         assert set(graph.parts) == {"boxes", "scores", "classes"}
     assert report.artifacts[1].task["recall"] == 1.0 and report.artifacts[1].task["precision"] == 1.0
+
+
+@pytest.mark.slow
+def test_rtdetr_runtime_matches_ultralytics_rtdetr_predict(rtdetr_loaded, rtdetr_onnx, tmp_path):
+    """load() on the FP32 graph (ONNX Runtime CPU) == Ultralytics' RTDETR(weights).predict, on photographs
+    that are not square (the stretch to 320x320 is undone per axis)."""
+    from test_runtime_tasks import _box_iou, _match
+    from ultralytics import RTDETR
+
+    import enginekit
+    from enginekit.images import embedded_image_paths
+
+    adapter, loaded = rtdetr_loaded
+    weights = tmp_path / "rtdetr-l.pt"
+    adapter.save_checkpoint(loaded, weights)
+    predictor = enginekit.load(str(rtdetr_onnx), backend="onnxruntime-cpu")
+    assert predictor.family == "rtdetr"
+    model = RTDETR(str(weights))
+    compared = 0
+    for image in [p for p in embedded_image_paths() if p.name in ("bus.jpg", "zidane.jpg")]:
+        ref = model.predict(str(image), imgsz=320, conf=0.25, verbose=False, device="cpu")[0].boxes
+        ours = predictor(image)
+        assert ours.image_shape == tuple(ref.orig_shape) and ours.image_shape[0] != ours.image_shape[1]
+        _match(ours.boxes, ref.xyxy.numpy(), ours.scores, ref.conf.numpy(), ours.class_ids,
+               ref.cls.numpy().astype(int), _box_iou)
+        assert ours.boxes[:, [0, 2]].max() > 320 or ours.boxes[:, [1, 3]].max() > 320  # in the original's pixels
+        compared += len(ref)
+    assert compared >= 10

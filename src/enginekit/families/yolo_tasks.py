@@ -561,7 +561,8 @@ def _separate_rtdetr(model, seed: int, preprocess):
             model(x)  # 2: the decoder's features at the queries the spread encoder picks
             dec = seen["dec"]
             logits = spread(eval_head, dec.flatten(0, 1), _DEC_SPREAD).view(len(dec), -1)
-            eval_head.bias.fill_(math.log(0.25 / 0.75) - float(torch.topk(logits, _DETECTIONS, dim=1).values[:, -1].mean()))
+            kth_best = float(torch.topk(logits, _DETECTIONS, dim=1).values[:, -1].mean())
+            eval_head.bias.fill_(math.log(0.25 / 0.75) - kth_best)
     finally:
         for h in hooks:
             h.remove()
@@ -572,6 +573,7 @@ def _separate_rtdetr(model, seed: int, preprocess):
 class RtdetrAdapter(UltralyticsTaskAdapter):
     family = "rtdetr"
     task = "detect"
+    runtime_processor = "enginekit.runtime.yolo_tasks:RtdetrProcessor"
     example = "rtdetr-l"
     summary = "RT-DETR: end-to-end, top 300 of (cx, cy, w, h normalised to 0..1, score, class); no NMS"
     input_description = "NCHW RGB float32 in [0,1], resized to H x W without letterbox (Ultralytics RT-DETR)"

@@ -6,7 +6,9 @@ count (and ``rotated`` for obb), then ``scale_boxes``; masks by ``process_mask_n
 original resolution (Ultralytics' ``retina_masks`` path), keypoints by ``scale_coords``, rotated
 boxes scaled as centre + size with their angle kept. Classify preprocesses with
 ``classify_transforms`` (shorter side resized, centre crop) and reads the probabilities the
-exported head computes.
+exported head computes. RT-DETR stretches the image to the network's size (``scale_fill``, no
+letterbox) and follows ``ultralytics/models/rtdetr/predict.py``: its decoder's top-k rows (centre +
+size in 0..1) kept above conf, ``xywh2xyxy``, then scaled by the original width and height.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import ast
 
 import numpy as np
 
-from enginekit.runtime.results import Classification, OrientedBoxes, Poses, Segments
+from enginekit.runtime.results import Classification, Detections, OrientedBoxes, Poses, Segments
 from enginekit.runtime.yolo import YoloProcessor, network_hw
 
 TOP_K = 5
@@ -157,3 +159,35 @@ class ClassifyProcessor:
             results.append(Classification(top.astype(np.int64), p[top], [self.names.get(int(i), str(int(i)))
                                                                         for i in top], p, tuple(shape)))
         return results
+
+
+class RtdetrProcessor(YoloProcessor):
+    """RT-DETR's kept rows (no NMS: the decoder's top-k), boxes in the original image's pixels."""
+
+    family = "rtdetr"
+
+    def preprocess_gpu(self, chw, hw: tuple[int, int]):
+        """``chw``: 3xHxW float32 RGB in 0..255 on the GPU -> 3xhxw stretched to ``hw`` in 0..1 (scale_fill)."""
+        import torch.nn.functional as F
+
+        x = chw[None]
+        if tuple(chw.shape[1:]) != tuple(hw):
+            x = F.interpolate(x, size=tuple(hw), mode="bilinear", align_corners=False)
+        return x[0].mul_(1.0 / 255.0)
+
+    def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Detections]:
+        from ultralytics.utils import ops
+
+        results = []
+        for rows, shape in zip(self.output(outputs, 0), image_hws):
+            keep = rows[:, 4] > self.conf  # as RTDETRPredictor: strictly above conf, in the decoder's order
+            det = rows[keep][: self.max_det]
+            boxes = ops.xywh2xyxy(det[:, :4])
+            boxes[:, [0, 2]] *= shape[1]
+            boxes[:, [1, 3]] *= shape[0]
+            ids = _numpy(det[:, 5], np.int64)
+            results.append(Detections(_numpy(boxes), _numpy(det[:, 4]), ids, self.names_of(ids), tuple(shape)))
+        return results
+
+    def names_of(self, ids: np.ndarray) -> list[str]:
+        return [self.names.get(int(i), str(int(i))) for i in ids]

@@ -590,7 +590,8 @@ class RtdetrAdapter(UltralyticsTaskAdapter):
     # CPU, 38 reference detections on bus.jpg and zidane.jpg): heads alone excluded, recall 0.76 and
     # precision 0.16 (scores rel L2 1.8); + decoder and encoder output, 0.95 / 0.61 (rel L2 0.35);
     # + AIFI (these defaults), 0.92 / 0.90, mAP50 0.93, parity within limits; + every neck layer too, 0.87 / 0.97.
-    # INT8 of --random-init thus still fails its task gate (recall, precision >= 0.95).
+    # INT8 of --random-init thus still fails its task gate (recall, precision >= 0.95): `enginekit verify`
+    # on the 8 embedded photographs (73 reference detections) measures recall 0.945, precision 0.932.
     int8_exclude = (r"/model\.\d+/(decoder/)?(dec|enc)_(score|bbox)_head.*", r"/model\.\d+/decoder/.*",
                     r"/model\.\d+/enc_output/.*", r"/model\.\d+/(ma|fc1|fc2)/.*")
     task_options = {"conf": 0.25}

@@ -324,6 +324,13 @@ def test_rtdetr_gate_passes_identical_and_fails_on_lost_queries():
     bad = gate("rtdetr-l", {"output0": out}, {"output0": lost}, {"end2end": "True"},
                **{"scores.rel_l2": 10.0, "scores.cosine": -1.0, "scores.max_abs": 1.0})
     assert not task_check(bad, "recall").passed and bad.task["recall"] == 0.75
+    # the weakest object only just under the operating point: a threshold flip with a margin, a loss without
+    flipped = out.copy()
+    flipped[:, 3, 4] = 0.24
+    loose = {"scores.rel_l2": 10.0, "scores.cosine": -1.0, "scores.max_abs": 1.0}
+    assert gate("rtdetr-l", {"output0": out}, {"output0": flipped}, {"end2end": "True"}, **loose).task["recall"] == 0.75
+    margin = gate("rtdetr-l", {"output0": out}, {"output0": flipped}, {"end2end": "True"}, conf_margin=0.02, **loose)
+    assert task_check(margin, "recall").passed and margin.task["threshold_flips"] == 2
 
 
 # -- checkpoints of another task ------------------------------------------------------------------------

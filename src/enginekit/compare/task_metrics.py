@@ -275,10 +275,12 @@ def _rtdetr_rows(output: np.ndarray, conf: float) -> list[Rows]:
     return rows
 
 
-def rtdetr_metrics(ref_out: np.ndarray, cand_out: np.ndarray, *, conf: float = CONF) -> dict[str, float]:
-    refs, cands = _rtdetr_rows(ref_out, conf), _rtdetr_rows(cand_out, conf)
+def rtdetr_metrics(ref_out: np.ndarray, cand_out: np.ndarray, *, conf: float = CONF,
+                   margin: float = 0.0) -> dict[str, float]:
+    low = max(conf - margin, CONF_MAP)
+    refs, cands = _rtdetr_rows(ref_out, low), _rtdetr_rows(cand_out, low)
     ranked = _rtdetr_rows(cand_out, min(CONF_MAP, conf))
-    return instance_metrics(refs, cands, ranked, _box_iou, conf=conf)
+    return instance_metrics(refs, cands, ranked, _box_iou, conf=conf, margin=margin)
 
 
 # -- classify ------------------------------------------------------------------------------

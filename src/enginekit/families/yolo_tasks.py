@@ -594,7 +594,7 @@ class RtdetrAdapter(UltralyticsTaskAdapter):
     # on the 8 embedded photographs (73 reference detections) measures recall 0.945, precision 0.932.
     int8_exclude = (r"/model\.\d+/(decoder/)?(dec|enc)_(score|bbox)_head.*", r"/model\.\d+/decoder/.*",
                     r"/model\.\d+/enc_output/.*", r"/model\.\d+/(ma|fc1|fc2)/.*")
-    task_options = {"conf": 0.25}
+    task_options = {"conf": 0.25, "conf_margin": 0.0}  # conf_margin: as the instance tasks'
     _metric_gates = {"recall": (">=", 0.95), "precision": (">=", 0.95), "map50": (">=", 0.9)}
     task_gates = {"fp32": {"recall": (">=", 0.99), "precision": (">=", 0.99), "map50": (">=", 0.98)},
                   "fp16": dict(_metric_gates), "int8": dict(_metric_gates), "fp8": dict(_metric_gates)}
@@ -665,5 +665,7 @@ class RtdetrAdapter(UltralyticsTaskAdapter):
     def task_metrics(self, reference, candidate, metadata, options=None):
         from enginekit.compare.task_metrics import rtdetr_metrics
 
+        options = options or {}
         return rtdetr_metrics(reference["output0"], candidate["output0"],
-                              conf=(options or {}).get("conf", self.task_options["conf"]))
+                              conf=options.get("conf", self.task_options["conf"]),
+                              margin=options.get("conf_margin", self.task_options["conf_margin"]))

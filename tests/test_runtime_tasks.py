@@ -18,8 +18,10 @@ from conftest import assert_one_line_error
 
 # task -> (input side the graph is exported at: the size the model was trained at, predict confidence: the
 # small pose and obb models score their shapes lower than 0.25 after 12 epochs)
-TASKS = {"segment": (160, 0.25), "pose": (160, 0.1), "obb": (160, 0.1), "classify": (96, None)}
-FAMILIES = {"segment": "yolo-seg", "pose": "yolo-pose", "obb": "yolo-obb", "classify": "yolo-cls"}
+TASKS = {"segment": (160, 0.25), "pose": (160, 0.1), "obb": (160, 0.1), "classify": (96, None),
+         "semantic": (128, None), "depth": (128, None)}
+FAMILIES = {"segment": "yolo-seg", "pose": "yolo-pose", "obb": "yolo-obb", "classify": "yolo-cls",
+            "semantic": "yolo-sem", "depth": "yolo-depth"}
 
 
 def _box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -118,6 +120,22 @@ def test_onnx_cpu_matches_ultralytics_predict_on_trained_task_model(task, task_o
             assert list(ours.class_ids) == list(ref.probs.top5) and ours.names == [model.names[i] for i in ours.class_ids]
             np.testing.assert_allclose(ours.scores, probs[ours.class_ids], atol=1e-6)
             n = 1
+        elif task == "semantic":  # a class per pixel at the original size (letterbox padding removed)
+            want = ref.semantic_mask.data.cpu().numpy()
+            assert ours.class_map.shape == want.shape == ours.image_shape
+            assert (ours.class_map == want).mean() >= 0.999, (ours.class_map == want).mean()
+            assert len(np.unique(want)) >= 2  # the map holds shapes, not one class: it compared something
+            frame = __import__("cv2").imread(str(image))
+            assert ours.plot(frame).shape == frame.shape  # the overlay `predict` saves
+            shares = {c["class_id"]: c["share"] for c in ours.to_json()["classes"]}
+            assert set(shares) == set(np.unique(want).tolist()) and abs(sum(shares.values()) - 1) < 1e-4
+            n = 1
+        elif task == "depth":  # the map at the original size (the image stretched to the input, as Ultralytics)
+            want = ref.depth.data.cpu().numpy() if hasattr(ref.depth, "data") else ref.depth.cpu().numpy()
+            assert ours.depth.shape == want.shape == ours.image_shape
+            assert np.abs(ours.depth - want).max() <= 1e-3 * float(np.abs(want).max())
+            assert want.std() > 0.05 * float(np.abs(want).mean())  # a map that varies: it compared something
+            n = 1
         elif task == "obb":
             r = ref.obb
             if len(r):
@@ -140,7 +158,7 @@ def test_onnx_cpu_matches_ultralytics_predict_on_trained_task_model(task, task_o
                 assert np.abs(kp[..., :2] - ref_kp[..., :2]).max() <= 1.0  # pixels
                 assert np.abs(kp[..., 2] - ref_kp[..., 2]).max() <= 1e-3  # visibility
             n = len(r)
-        if task != "classify":
+        if task not in ("classify", "semantic", "depth"):
             assert len(ours) == n and ours.names == [model.names[int(c)] for c in ours.class_ids]
         compared += n
         compared_wide += n if "wide" in image.name else 0
@@ -176,7 +194,10 @@ def test_family_without_runtime_is_refused_before_any_export(monkeypatch):
     def no_export(*a, **k):
         raise AssertionError("exported a model the runtime cannot run")
 
+    from enginekit.families.yolo_tasks import YoloSemanticAdapter
+
     monkeypatch.setattr(loader, "_export_onnx", no_export)
+    monkeypatch.setattr(YoloSemanticAdapter, "runtime_processor", "")  # a family that declares no runtime
     with pytest.raises(UsageError, match="does not run yolo-sem models") as err:
         enginekit.load("yolo26n-sem", random_init=True, backend="onnxruntime-cpu")
     assert "yolo-seg" in str(err.value) and "yolo-cls" in str(err.value)  # it says what it runs
@@ -252,10 +273,3 @@ def test_predict_classify_writes_top5_and_overlay(run_cli, tmp_path, photo):
     assert len(top) == 5 and scores == sorted(scores, reverse=True) and 0 < sum(scores) <= 1.0 + 1e-4
     assert all(t["name"] for t in top)
     assert (tmp_path / "out" / result["overlay"]).is_file()
-
-
-def test_predict_family_without_runtime_exits_2(run_cli, tmp_path, photo):
-    r = run_cli("predict", "yolo26n-sem", str(photo), "--random-init", "--backend", "onnxruntime-cpu",
-                "--save", str(tmp_path / "out"))
-    assert_one_line_error(r, 2, "yolo-sem")
-    assert not (tmp_path / "out").exists()

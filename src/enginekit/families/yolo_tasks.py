@@ -361,6 +361,7 @@ class YoloSemanticAdapter(_DenseTask):
     family = "yolo-sem"
     task = "semantic"
     suffix = "-sem"
+    runtime_processor = "enginekit.runtime.yolo_tasks:SemanticProcessor"
     example = "yolo26n-sem"
     summary = "semantic segmentation: per-pixel class logits (B, nc, H, W); the class map is their argmax"
     int8_exclude = (r"/model\.\d+/classifier/.*",)
@@ -396,6 +397,7 @@ class YoloDepthAdapter(_DenseTask):
     family = "yolo-depth"
     task = "depth"
     suffix = "-depth"
+    runtime_processor = "enginekit.runtime.yolo_tasks:YoloDepthProcessor"
     example = "yolo26n-depth"
     summary = "monocular depth (B, 1, H, W), positive; input stretched to size as Ultralytics' depth predictor"
     input_description = "NCHW RGB float32 in [0,1], resized to H x W without letterbox (Ultralytics depth)"

@@ -11,7 +11,7 @@ Importing this package is cheap: backends load their libraries when a predictor 
 
 from __future__ import annotations
 
-RESULTS = ("Detections", "Segments", "Poses", "OrientedBoxes", "Classification", "DepthMap")
+RESULTS = ("Detections", "Segments", "Poses", "OrientedBoxes", "Classification", "SemanticMap", "DepthMap")
 __all__ = ["load", "Predictor", "Pipeline", *RESULTS, "onnxruntime_providers"]
 
 

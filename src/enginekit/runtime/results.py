@@ -1,7 +1,7 @@
 """One results contract for every backend and task, per image, in the original image's pixels.
 
 Detections (boxes), Segments (boxes + masks), Poses (boxes + keypoints), OrientedBoxes (rotated
-boxes), Classification (top-k classes) and DepthMap. ``to_json()`` is what ``enginekit predict``
+boxes), Classification (top-k classes), SemanticMap (a class per pixel) and DepthMap. ``to_json()`` is what ``enginekit predict``
 writes; ``plot(frame)`` draws a YOLO result with Ultralytics' own ``Results.plot``.
 """
 
@@ -240,3 +240,34 @@ class DepthMap:
                       "finite": finite},
             "timings": self.timings.to_json(),
         }
+
+
+@dataclass
+class SemanticMap:
+    """A class id per pixel (H x W at the original resolution) and the names of the classes."""
+
+    class_map: np.ndarray
+    class_names: dict[int, str]
+    image_shape: tuple[int, int]
+    source: str | None = None
+    timings: Timings = field(default_factory=Timings)
+    kind = "semantic"
+
+    def to_json(self) -> dict:
+        ids, counts = np.unique(self.class_map, return_counts=True)
+        total = float(self.class_map.size) or 1.0
+        return {
+            "kind": self.kind,
+            "source": self.source,
+            "image_shape": list(self.image_shape),
+            "classes": [{"class_id": int(i), "name": self.class_names.get(int(i), str(int(i))),
+                         "pixels": int(c), "share": round(float(c) / total, 6)} for i, c in zip(ids, counts)],
+            "timings": self.timings.to_json(),
+        }
+
+    def plot(self, frame: np.ndarray) -> np.ndarray:
+        """The class map in Ultralytics' colour palette, blended over the frame."""
+        from ultralytics.utils.plotting import colors
+
+        palette = np.array([colors(i, bgr=True) for i in range(int(self.class_map.max()) + 1)], np.uint8)
+        return (0.5 * frame + 0.5 * palette[self.class_map]).astype(np.uint8)

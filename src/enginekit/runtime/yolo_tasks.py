@@ -9,6 +9,10 @@ boxes scaled as centre + size with their angle kept. Classify preprocesses with
 exported head computes. RT-DETR stretches the image to the network's size (``scale_fill``, no
 letterbox) and follows ``ultralytics/models/rtdetr/predict.py``: its decoder's top-k rows (centre +
 size in 0..1) kept above conf, ``xywh2xyxy``, then scaled by the original width and height.
+Semantic letterboxes like the detector and follows ``ultralytics/models/yolo/semantic/predict.py``:
+logits to the input's size, ``scale_masks`` to the original (padding removed), argmax. YOLO depth
+stretches like RT-DETR and follows ``ultralytics/models/yolo/depth/predict.py``: the map to the
+input's size, then to the original, bilinear with ``align_corners=True``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import ast
 
 import numpy as np
 
-from enginekit.runtime.results import Classification, Detections, OrientedBoxes, Poses, Segments
+from enginekit.runtime.results import Classification, DepthMap, Detections, OrientedBoxes, Poses, SemanticMap, Segments
 from enginekit.runtime.yolo import YoloProcessor, network_hw
 
 TOP_K = 5
@@ -161,10 +165,8 @@ class ClassifyProcessor:
         return results
 
 
-class RtdetrProcessor(YoloProcessor):
-    """RT-DETR's kept rows (no NMS: the decoder's top-k), boxes in the original image's pixels."""
-
-    family = "rtdetr"
+class _StretchedInput(YoloProcessor):
+    """The image stretched to the network's size (Ultralytics' ``scale_fill``), no letterbox."""
 
     def preprocess_gpu(self, chw, hw: tuple[int, int]):
         """``chw``: 3xHxW float32 RGB in 0..255 on the GPU -> 3xhxw stretched to ``hw`` in 0..1 (scale_fill)."""
@@ -174,6 +176,12 @@ class RtdetrProcessor(YoloProcessor):
         if tuple(chw.shape[1:]) != tuple(hw):
             x = F.interpolate(x, size=tuple(hw), mode="bilinear", align_corners=False)
         return x[0].mul_(1.0 / 255.0)
+
+
+class RtdetrProcessor(_StretchedInput):
+    """RT-DETR's kept rows (no NMS: the decoder's top-k), boxes in the original image's pixels."""
+
+    family = "rtdetr"
 
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Detections]:
         from ultralytics.utils import ops
@@ -191,3 +199,40 @@ class RtdetrProcessor(YoloProcessor):
 
     def names_of(self, ids: np.ndarray) -> list[str]:
         return [self.names.get(int(i), str(int(i))) for i in ids]
+
+
+class SemanticProcessor(YoloProcessor):
+    """A class id per pixel at the original resolution, from the exported logits (B, nc, H, W)."""
+
+    family = "yolo-sem"
+
+    def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[SemanticMap]:
+        import torch.nn.functional as F
+        from ultralytics.utils import ops
+
+        results = []
+        for logits, shape in zip(self.output(outputs, 0), image_hws):
+            pred = logits[None]
+            if tuple(pred.shape[2:]) != tuple(hw):
+                pred = F.interpolate(pred, size=tuple(hw), mode="bilinear", align_corners=False)
+            pred = ops.scale_masks(pred, tuple(shape))[0]  # letterbox padding removed, to the original size
+            class_map = pred.argmax(0) if pred.shape[0] > 1 else pred.gt(0)[0]
+            results.append(SemanticMap(_numpy(class_map, np.uint8 if pred.shape[0] <= 256 else np.int32),
+                                       dict(self.names), tuple(shape)))
+        return results
+
+
+class YoloDepthProcessor(_StretchedInput):
+    """The depth map at the original resolution (the image stretched to the network's size, as Ultralytics)."""
+
+    family = "yolo-depth"
+
+    def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[DepthMap]:
+        import torch.nn.functional as F
+
+        depth = self.output(outputs, 0)
+        if depth.dim() == 3:
+            depth = depth[:, None]
+        depth = F.interpolate(depth, size=tuple(hw), mode="bilinear", align_corners=True)
+        return [DepthMap(_numpy(F.interpolate(d[None], size=tuple(shape), mode="bilinear", align_corners=True)[0, 0]),
+                         tuple(shape)) for d, shape in zip(depth, image_hws)]

@@ -11,7 +11,6 @@ and a graph whose last convolution is negated fails the task gate by name.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from test_gates import _int8_artifact
@@ -26,16 +25,9 @@ TASKS = {"semantic": ("yolo26n-sem", "miou", r"/model\.\d+/classifier/classifier
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory):
     """A cache shared by the module; per task held-out images and calibration images (another seed)."""
-    from trained_tasks import held_out_images
+    from trained_tasks import int8_sets
 
-    from enginekit.cache import Cache
-
-    root = tmp_path_factory.mktemp("dense-tasks")
-    noise = root / "noise.npy"
-    np.save(noise, np.random.default_rng(0).random((8, 3, 128, 128), dtype=np.float32))
-    return {"root": root, "cache": Cache(root / "cache"), "noise": noise,
-            "held_out": {t: held_out_images(root / "held-out" / t, t, count=8) for t in TASKS},
-            "domain": {t: held_out_images(root / "calibration" / t, t, count=8, seed=20_000) for t in TASKS}}
+    return int8_sets(tmp_path_factory.mktemp("dense-tasks"), TASKS, 128)
 
 
 def _verify(task, data, precision, target=None, **build):

@@ -13,7 +13,6 @@ models keep 3 to 9 instances, several scored within 0.005 of the threshold.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from test_gates import _int8_artifact
@@ -27,17 +26,9 @@ TASKS = {"segment": ("yolo11n-seg", "mask_map50"), "pose": ("yolo11n-pose", "pos
 @pytest.fixture(scope="module")
 def int8_tasks(tmp_path_factory):
     """A cache shared by the module, held-out and calibration images per task, and a noise batch."""
-    from trained_tasks import held_out_images
+    from trained_tasks import int8_sets
 
-    from enginekit.cache import Cache
-
-    root = tmp_path_factory.mktemp("int8-tasks")
-    noise = root / "noise.npy"
-    np.save(noise, np.random.default_rng(0).random((8, 3, 160, 160), dtype=np.float32))
-    return {"root": root, "cache": Cache(root / "cache"), "noise": noise,
-            "held_out": {t: held_out_images(root / "held-out" / t, t, count=8) for t in (*TASKS, "classify")},
-            # the training distribution, drawn with another seed than the held-out images (10 000)
-            "domain": {t: held_out_images(root / "calibration" / t, t, count=8, seed=20_000) for t in TASKS}}
+    return int8_sets(tmp_path_factory.mktemp("int8-tasks"), TASKS, 160, held_out_tasks=(*TASKS, "classify"))
 
 
 def _verify_int8(task, data, calib_data, name=None, shape=SHAPE, tolerances=(CONF,)):

@@ -267,7 +267,12 @@ class TorchSession:
                 return self._forward(x)
             shape = tuple(x.shape)
             if shape not in self._graphs:
-                self._graphs[shape] = self._capture(x)
+                try:
+                    self._graphs[shape] = self._capture(x)
+                except RuntimeError:  # a module that copies from the host in its forward (RT-DETR's anchors)
+                    self._graphs[shape] = None
+            if self._graphs[shape] is None:  # runs as it is, kernel by kernel
+                return self._forward(x)
             graph, static_in, static_out = self._graphs[shape]
             static_in.copy_(x)
             graph.replay()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,9 @@ os.environ["YOLO_VERBOSE"] = "False"
 os.environ.setdefault("YOLO_CONFIG_DIR", str(_ENV_ROOT / "ultralytics"))
 os.environ["HF_HUB_OFFLINE"] = "1"  # fail fast instead of retrying an unreachable hub
 os.environ["ENGINEKIT_CACHE"] = str(_ENV_ROOT / "cache")
+# Each test process (the controller and every xdist worker) removes its own folder on exit: engines,
+# graphs and Ultralytics' settings of one run add up to 1-2 GB, and runs would otherwise fill the disk.
+atexit.register(shutil.rmtree, _ENV_ROOT, ignore_errors=True)
 
 
 # --- capability markers: skip with the reason where the capability is missing, run where it is present ---

@@ -119,6 +119,9 @@ class ModelAdapter:
     #: what ``--random-init`` does beyond the architecture's own initialisation, named in the weights
     #: identity (and so in every cache key): "" where the seeded build is used as it comes
     random_init_tag: str = ""
+    #: the exported graph's attention is PyTorch's scaled_dot_product_attention as plain operators, which
+    #: ``enginekit.onnx.attention`` can fuse: the ONNX Runtime CUDA backend then runs a fused copy
+    fusable_attention: bool = False
 
     def __init__(self, variant: str):
         self.variant = variant

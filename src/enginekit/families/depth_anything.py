@@ -235,6 +235,9 @@ class DepthAnythingAdapter(ModelAdapter):
     example = "depth-anything-v2-small"
     picture_kind = "depth"
     runtime_processor = "enginekit.runtime.depth:DepthProcessor"
+    # DINOv2's attention exports as MatMul-Softmax-MatMul; ONNX Runtime's CUDA provider runs it fused
+    # (com.microsoft.MultiHeadAttention) from a rewritten copy of the graph
+    fusable_attention = True
     input_name = "pixel_values"
     output_names = ("depth",)
     default_input = (1, 3, 518, 518)

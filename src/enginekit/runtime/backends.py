@@ -97,16 +97,23 @@ class OrtCudaSession:
     preprocessing before it and the postprocessing after it are ordered without a host sync.
     Output buffers are kept per input shape and reused; with ``cuda_graph`` one session per
     input shape replays ORT's captured graph.
+
+    With ``fuse_attention`` the session runs a copy of the graph whose attention blocks are ONNX
+    Runtime's fused ``MultiHeadAttention`` (``enginekit.onnx.attention``; built once per graph into
+    ``cache``); ``source_path`` stays the graph asked for, ``fused_attention`` counts the blocks fused.
     """
 
     def __init__(self, path: Path, device: str = "cuda:0", *, cuda_graph: bool | None = None,
-                 prefer_nhwc: bool | None = None, stream=None):
+                 prefer_nhwc: bool | None = None, stream=None, fuse_attention: bool = False, cache=None):
         import torch
 
         from enginekit.runtime.providers import require_cuda_provider
 
         self.ort = require_cuda_provider()
-        self.path = Path(path)
+        self.source_path = self.path = Path(path)
+        self.fused_attention = 0
+        if fuse_attention:
+            self.path, self.fused_attention = _fused_graph(self.path, cache)
         self.index = _cuda_index(device)
         self.stream = stream or torch.cuda.Stream(device=self.index)
         self.cuda_graph = cuda_graph
@@ -180,6 +187,22 @@ class OrtCudaSession:
         else:
             self.session.run_with_iobinding(self._bind(self.session, x, state["outs"]), self.run_options)
         return state["outs"]
+
+
+def _fused_graph(path: Path, cache) -> tuple[Path, int]:
+    """``path``'s copy with fused attention, or ``path`` itself where nothing fuses or the rewrite fails."""
+    from enginekit import reporting
+    from enginekit.errors import first_line
+    from enginekit.onnx.attention import fused_attention_copy
+
+    try:
+        fused, count = fused_attention_copy(path, cache)
+    except UsageError:  # the cache's location: the user's to fix
+        raise
+    except Exception as exc:  # noqa: BLE001 - the plain graph still runs
+        reporting.warning(f"attention fusion of {path.name} failed, running the graph as it is: {first_line(exc, 160)}")
+        return path, 0
+    return (fused, count) if fused is not None else (path, 0)
 
 
 #: one CUDA-graph capture at a time in this process, and failed graphs kept: a predictor pipeline runs

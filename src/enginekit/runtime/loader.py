@@ -230,13 +230,16 @@ def _torch_module(target: Target):
 
 def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None, random_init: bool = False,
          seed: int = 0, device: str | None = None, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
-         input_size=None, cuda_graph: bool | None = None, cache=None, quiet: bool = True, **build_options):
+         input_size=None, cuda_graph: bool | None = None, fuse_attention: bool | None = None, cache=None,
+         quiet: bool = True, **build_options):
     """A predictor over ``target``: ``predictor(images)`` -> results in the original image's pixels.
 
     ``target``: a model name (exported or built through the cache as needed, with ``weights`` or
     ``random_init``), a cache key, a recipe, an engine plan (with its manifest.json) or an ONNX file.
     ``backend``: auto | tensorrt | onnxruntime-cuda | onnxruntime-cpu | torch; ``predictor.backend``
     and ``predictor.reason`` say what was chosen and why.
+    ``fuse_attention`` (onnxruntime-cuda): run a copy of the graph with ONNX Runtime's fused attention
+    (``enginekit.onnx.attention``); None: where the family declares its attention fusable.
     """
     from enginekit.families import resolve
     from enginekit.runtime.predictor import Predictor, processor_for
@@ -291,7 +294,8 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
         else:
             from enginekit.runtime.backends import OrtCudaSession
 
-            session = OrtCudaSession(path, dev, cuda_graph=cuda_graph)
+            fuse = adapter.fusable_attention if fuse_attention is None else fuse_attention
+            session = OrtCudaSession(path, dev, cuda_graph=cuda_graph, fuse_attention=fuse, cache=cache)
         source = str(path)
     else:  # tensorrt
         if t.kind == "model":

@@ -52,17 +52,20 @@ def _attention_graph(*, scale_on: str, merge: bool, dtype=np.float32, heads=4, h
               helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
               helper.make_node("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3])]
     if scale_on == "qk":
-        nodes += [helper.make_node("Mul", ["qt", "sqrt_scale"], ["qs"]), helper.make_node("Mul", ["kt", "sqrt_scale"], ["ks"]),
+        nodes += [helper.make_node("Mul", ["qt", "sqrt_scale"], ["qs"]),
+                  helper.make_node("Mul", ["kt", "sqrt_scale"], ["ks"]),
                   helper.make_node("MatMul", ["qs", "ks"], ["scores"])]
     else:
-        nodes += [helper.make_node("MatMul", ["qt", "kt"], ["raw"]), helper.make_node("Div", ["raw", "div"], ["scores"])]
+        nodes += [helper.make_node("MatMul", ["qt", "kt"], ["raw"]),
+                  helper.make_node("Div", ["raw", "div"], ["scores"])]
     nodes += [helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
               helper.make_node("MatMul", ["probs", "vt"], ["att"]),
               helper.make_node("Transpose", ["att"], ["att_t"], perm=[0, 2, 1, 3])]
     if merge:
         nodes.append(helper.make_node("Reshape", ["att_t", "merge"], ["y"]))
     else:
-        nodes += [helper.make_node("Relu", ["att_t"], ["att_r"]), helper.make_node("Reshape", ["att_r", "merge"], ["y"])]
+        nodes += [helper.make_node("Relu", ["att_t"], ["att_r"]),
+                  helper.make_node("Reshape", ["att_r", "merge"], ["y"])]
     outputs = [helper.make_tensor_value_info("y", elem, ["batch", "seq", c])]
     if classifier:
         nodes.append(helper.make_node("Softmax", ["y"], ["cls"], axis=-1))
@@ -125,6 +128,32 @@ def test_a_graph_without_attention_is_left_alone():
     report = fuse_attention(model)
     assert report.fused == 0 and len(report.skipped) == 1
     assert model.SerializeToString() == before
+
+
+def test_the_cuda_backend_gets_the_fused_copy_or_the_graph_itself(tmp_path, cache):
+    """What OrtCudaSession(fuse_attention=True) runs: the cached fused copy; the graph itself where nothing
+    fuses, or where the rewrite fails (with a warning, not an error)."""
+    import onnx
+
+    from enginekit import reporting
+    from enginekit.runtime.backends import _fused_graph
+
+    graph = tmp_path / "attention.onnx"
+    onnx.save(_attention_graph(scale_on="qk", merge=True), str(graph))
+    path, count = _fused_graph(graph, cache)
+    assert count == 1 and path != graph and _ops(onnx.load(str(path)))["MultiHeadAttention"] == 1
+    plain = tmp_path / "plain.onnx"
+    model = _attention_graph(scale_on="qk", merge=True)
+    for n in model.graph.node:
+        if n.op_type == "Softmax":
+            n.attribute[0].i = 2  # over the query axis: not attention
+    onnx.save(model, str(plain))
+    assert _fused_graph(plain, cache) == (plain, 0)
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not a graph")
+    with reporting.collecting(quiet=True) as seen:
+        assert _fused_graph(broken, cache) == (broken, 0)
+    assert any("attention fusion of broken.onnx failed" in w for w in seen.warnings)
 
 
 @pytest.fixture(scope="module")
@@ -199,4 +228,4 @@ def test_ort_cuda_runs_the_fused_depth_graph_like_the_plain_one(precision, tmp_p
             torch.cuda.synchronize()
             assert a.std() > 0
             rel = (torch.linalg.norm(a.double() - b.double()) / torch.linalg.norm(a.double())).item()
-            assert rel < (2e-3 if precision == "fp32" else 5e-3), (graph, batch, rel)
+            assert rel < 5e-3, (graph, batch, rel)  # the family's FP16 limit; FP32 as TF32 GEMMs round

@@ -200,7 +200,8 @@ def _fused_graph(path: Path, cache) -> tuple[Path, int]:
     except UsageError:  # the cache's location: the user's to fix
         raise
     except Exception as exc:  # noqa: BLE001 - the plain graph still runs
-        reporting.warning(f"attention fusion of {path.name} failed, running the graph as it is: {first_line(exc, 160)}")
+        reporting.warning(f"attention fusion of {path.name} failed, running the graph as it is: "
+                          f"{first_line(exc, 160)}")
         return path, 0
     return (fused, count) if fused is not None else (path, 0)
 

@@ -11,6 +11,8 @@ Sections (each one independent: a failure is printed and the rest still run):
   fp16       why an FP16 graph can be slower than FP32 on ORT CUDA (layout, casts, CUDA graph)
   depth      Depth-Anything-V2-small per frame
   pipeline   yolo12n + depth on each frame, concurrently on two CUDA streams, vs the slower alone
+  depth8     Depth-Anything-V2-small at batch 8
+  nms        a --nms graph of the trained detector (--trained) on ORT CUDA: kept boxes and time per frame
 Latencies are milliseconds: p50 / p95 / p99 over --iters runs after warm-up.
 """
 
@@ -485,8 +487,49 @@ def section_depth8(ctx) -> None:
                          f"{str(exc).splitlines()[0][:160]}")
 
 
+def section_nms(ctx) -> None:
+    """A --nms graph (greedy NMS in a Loop) on ORT CUDA: its kept boxes against ORT CPU's and against
+    the plain graph + Ultralytics' NMS, and its time per frame against that plain path."""
+    import cv2
+    import torch
+
+    import enginekit
+    from enginekit import api
+
+    if not ctx.get("trained"):
+        note("nms: needs --trained (a random-weight detector keeps nothing at conf 0.25)")
+        return
+    from trained_detector import write_test_images
+
+    tmp, w, model = Path(ctx["tmp"]), Path(ctx["trained"]), ctx["trained_model"]
+    plain = api.export(model, weights=w, output=tmp / "plain.onnx", quiet=True).output
+    graphs = {"fp32": api.export(model, weights=w, nms=True, output=tmp / "nms.onnx", quiet=True).output,
+              "fp16": api.export(model, weights=w, nms=True, fp16=True, output=tmp / "nms.fp16.onnx", quiet=True).output}
+    pics = [cv2.imread(str(p)) for p in sorted(write_test_images(tmp / "images").iterdir())]
+    plain_cuda = enginekit.load(str(plain), backend="onnxruntime-cuda")
+    for precision, graph in graphs.items():
+        cpu = enginekit.load(str(graph), backend="onnxruntime-cpu")
+        cuda = enginekit.load(str(graph), backend="onnxruntime-cuda")
+        for i, img in enumerate(pics):
+            note(f"nms {precision} image {i}: ORT CUDA vs ORT CPU: {match_detections(cuda(img), cpu(img))}; "
+                 f"vs plain graph + Ultralytics NMS on ORT CUDA: {match_detections(cuda(img), plain_cuda(img))}")
+        img = pics[0]
+        row("nms", f"ORT CUDA {precision} --nms graph: host frame e2e", timed(lambda: cuda(img), ctx["iters"]))
+        x = torch.rand((1, 3, 640, 640), device="cuda")
+
+        def net(p=cuda):
+            with torch.cuda.stream(p.stream), torch.inference_mode():
+                p.session(x)
+
+        row("nms", f"ORT CUDA {precision} --nms graph: network (+ NMS) only", timed_sync(net, ctx["iters"]))
+        note(f"nms {precision}: ORT CUDA graph replay kept: {cuda.session.cuda_graph}")
+    row("nms", "ORT CUDA fp32 plain graph + Ultralytics NMS: host frame e2e",
+        timed(lambda: plain_cuda(pics[0]), ctx["iters"]))
+
+
 SECTIONS = {"env": section_env, "agree": section_agree, "yolo": section_yolo, "net": section_net,
-            "fp16": section_fp16, "depth": section_depth, "pipeline": section_pipeline, "depth8": section_depth8}
+            "fp16": section_fp16, "depth": section_depth, "pipeline": section_pipeline, "depth8": section_depth8,
+            "nms": section_nms}
 
 
 def main() -> int:

@@ -2,7 +2,9 @@
 
 The graph's kept boxes, run by ONNX Runtime, are the ones Ultralytics' own NMS keeps: on the plain
 graph's output (``non_max_suppression`` with the thresholds the graph records) and through
-``YOLO(weights).predict``. TensorRT-RTX has no NMS layer (refused, exit 3); TensorRT proper builds it.
+``YOLO(weights).predict``. The graph's NMS is greedy NMS in ordinary operators (``graph_nms``):
+TensorRT-RTX, whose builder has no NMS layer, builds it; a graph holding ONNX NonMaxSuppression
+is refused there (exit 3).
 """
 
 from __future__ import annotations
@@ -119,14 +121,16 @@ def test_nms_graph_serves_batches_up_to_its_trace(graphs, detector_images):
 
 
 def test_nms_graph_form(graphs):
-    """ONNX NonMaxSuppression, and no NonZero (Ultralytics' fixed-size candidate path)."""
+    """Greedy NMS in ordinary operators (a Loop per image of the traced batch), with no ONNX
+    NonMaxSuppression (TensorRT-RTX's builder has none) and no NonZero (fixed-size candidates)."""
     import onnx
 
     _, nms, fp16 = graphs
+    assert _metadata(nms)["nms_form"] == "greedy"
     for path in (nms, fp16):
         ops = [n.op_type for n in onnx.load(str(path)).graph.node]
-        assert ops.count("NonMaxSuppression") == 2, path  # one per image of the traced batch
-        assert "NonZero" not in ops, path
+        assert ops.count("Loop") == 2, path  # one per image of the traced batch
+        assert "NonMaxSuppression" not in ops and "NonZero" not in ops, path
 
 
 @pytest.mark.parametrize("graph", [1, 2], ids=["fp32", "fp16"])
@@ -143,7 +147,7 @@ def test_nms_has_its_own_cache_key():
     plain = Pipeline(ModelRequest("yolov8n", random_init=True)).export_parts((1, 3, 640, 640), 18)
     nms = Pipeline(ModelRequest("yolov8n", random_init=True, nms=True)).export_parts((1, 3, 640, 640), 18)
     assert "nms" not in plain  # keys of graphs without NMS are the ones they had
-    assert nms["nms"] == {"conf": 0.25, "iou": 0.7, "max_det": 300, "agnostic": False}
+    assert nms["nms"] == {"conf": 0.25, "iou": 0.7, "max_det": 300, "agnostic": False, "form": "greedy"}
     assert {k: v for k, v in nms.items() if k != "nms"} == plain
 
 
@@ -175,11 +179,34 @@ def test_nms_graph_batch_beyond_its_trace_is_refused(graphs, run_cli):
     assert_one_line_error(r, 2, "unrolled over 2 images", "batch 4")
 
 
-def test_tensorrt_rtx_refuses_nms_before_any_work(run_cli):
+def test_nms_graph_builds_with_tensorrt_rtx(graphs, trained_detector, cache):
+    """The detector's --nms graph builds strongly typed through TensorRT-RTX (whose builder has no NMS layer)."""
     pytest.importorskip("tensorrt_rtx")
-    r = run_cli("build", "yolov8n", "--nms", "--random-init", "--backend", "tensorrt-rtx")
+    from enginekit import api
+
+    outcome = api.build("yolov8n", weights=trained_detector.weights, nms=True, backend="tensorrt-rtx",
+                        profiles=["1x3x640x640:2x3x640x640:2x3x640x640"], cache=cache, quiet=True)
+    outputs = [t for t in outcome.manifest["io"] if t["mode"] == "output"]
+    assert [t["shape"][1:] for t in outputs] == [[300, 6]]
+
+
+def test_onnx_nms_layer_on_tensorrt_rtx_is_refused_before_any_work(graphs, tmp_path, run_cli):
+    """A graph of another tool holding ONNX NonMaxSuppression (Ultralytics' own nms=True export):
+    TensorRT-RTX cannot build it, said in one line before any work."""
+    pytest.importorskip("tensorrt_rtx")
+    import onnx
+
+    _, nms, _ = graphs
+    model = onnx.load(str(nms))
+    model.graph.initializer.extend([onnx.numpy_helper.from_array(np.zeros((1, 1, 4), np.float32), "nms_boxes"),
+                                    onnx.numpy_helper.from_array(np.ones((1, 1, 1), np.float32), "nms_scores")])
+    model.graph.node.append(onnx.helper.make_node("NonMaxSuppression", ["nms_boxes", "nms_scores"], ["selected"]))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("selected", onnx.TensorProto.INT64, [None, 3]))
+    path = tmp_path / "with_layer.onnx"
+    onnx.save(model, str(path))
+    r = run_cli("build", str(path), "--backend", "tensorrt-rtx", "--profile", "1x3x640x640")
     assert_one_line_error(r, 3, "TensorRT-RTX", "NonMaxSuppression", "--backend tensorrt")
-    assert "export" not in r.stdout + r.stderr.replace("error:", "")  # refused before exporting
+    assert not any(tmp_path.glob("*.engine")) and not any(tmp_path.glob("*.plan"))
 
 
 @pytest.mark.tensorrt
@@ -219,3 +246,72 @@ def test_models_say_which_families_take_nms():
     assert rows["yolo"].nms and rows["yolo"].to_json()["nms"] is True
     assert rows["yolo-seg"].nms and rows["yolo-pose"].nms and rows["yolo-obb"].nms
     assert not rows["yolo-cls"].nms and not rows["yolo-sem"].nms and not rows["depth-anything-v2"].nms
+
+
+# --- graph_nms.greedy_nms against torchvision's greedy NMS (the oracle) ---
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _random_boxes(seed: int, n: int, spread: float):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(n, 2, generator=g) * spread
+    wh = torch.rand(n, 2, generator=g) * 40 + 1
+    scores = torch.randperm(n, generator=g).float() / n + 0.01  # distinct: greedy order is defined
+    return torch.cat([xy, xy + wh], 1), scores
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 300), spread=st.sampled_from([20.0, 100.0, 400.0]),
+       iou=st.sampled_from([0.3, 0.5, 0.7]))
+def test_greedy_nms_keeps_what_torchvision_keeps(seed, n, spread, iou):
+    """Dense clusters (spread 20: long suppression chains) to sparse scenes; kept ones first, the rest scored 0."""
+    import torch
+    import torchvision
+
+    from enginekit.families.graph_nms import greedy_nms
+
+    boxes, scores = _random_boxes(seed, n, spread)
+    want = torchvision.ops.nms(boxes, scores, iou)
+    scored = scores.clone()
+    got = greedy_nms(boxes, scored, iou)
+    assert sorted(got.tolist()) == list(range(n))  # every index, fixed size
+    assert torch.equal(got[: len(want)], want)
+    assert (scored[want] == scores[want]).all() and int((scored > 0).sum()) == len(want)
+
+
+def test_greedy_nms_in_onnx_runs_and_settles_chains(tmp_path):
+    """Exported (a Loop whose condition is "something changed") and run by ONNX Runtime on a chain
+    where Fast-NMS alone is wrong: box 0 suppresses 1, 1 would suppress 2, so greedy keeps 0 and 2."""
+    import onnx
+    import onnxruntime as ort
+    import torch
+    import torchvision
+
+    from enginekit.families.graph_nms import greedy_nms
+
+    class Nms(torch.nn.Module):
+        def forward(self, boxes, scores):
+            scores = scores.clone()
+            keep = greedy_nms(boxes, scores, 0.5)
+            return keep, scores
+
+    path = tmp_path / "nms.onnx"
+    boxes, scores = _random_boxes(0, 50, 100.0)
+    torch.onnx.export(Nms(), (boxes, scores), str(path), input_names=["boxes", "scores"],
+                      output_names=["keep", "scores_out"], dynamic_axes={"boxes": {0: "n"}, "scores": {0: "n"}},
+                      opset_version=18, dynamo=False)
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert "Loop" in ops and "NonMaxSuppression" not in ops
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    chain = torch.tensor([[0.0, 0, 10, 10], [3, 0, 13, 10], [6, 0, 16, 10]])  # IoU 0.54 neighbours, 0.25 ends
+    cases = [(chain, torch.tensor([0.9, 0.8, 0.7]))] + [_random_boxes(s, n, 60.0) for s, n in ((1, 1), (2, 7), (3, 300))]
+    for b, s in cases:
+        keep, out = session.run(None, {"boxes": b.numpy(), "scores": s.numpy()})
+        want = torchvision.ops.nms(b, s, 0.5).numpy()
+        np.testing.assert_array_equal(keep[: len(want)], want)
+        assert int((out > 0).sum()) == len(want)
+    assert torchvision.ops.nms(*cases[0], 0.5).tolist() == [0, 2]  # the chain is one Fast-NMS gets wrong

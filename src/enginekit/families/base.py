@@ -6,6 +6,8 @@ the module to export, the example inputs, the dynamic axes, preprocessing and to
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,14 +50,18 @@ class NmsSettings:
     iou: float = 0.7
     max_det: int = 300
     agnostic: bool = False
+    #: how the graph suppresses: "greedy" (torchvision's greedy NMS, as graph_nms.greedy_nms) or
+    #: "fast" (Ultralytics' Fast-NMS, its NMS for rotated boxes); both in ordinary operators
+    form: str = "greedy"
 
     def to_json(self) -> dict:
-        return {"conf": self.conf, "iou": self.iou, "max_det": self.max_det, "agnostic": self.agnostic}
+        return {"conf": self.conf, "iou": self.iou, "max_det": self.max_det, "agnostic": self.agnostic,
+                "form": self.form}
 
     def metadata(self, max_batch: int) -> dict[str, str]:
         """What the graph records of its NMS (``nms_*`` keys of the ONNX metadata)."""
         return {"nms": "True", "nms_conf": repr(self.conf), "nms_iou": repr(self.iou), "nms_max_det": str(self.max_det),
-                "nms_agnostic": str(self.agnostic), "nms_max_batch": str(max_batch)}
+                "nms_agnostic": str(self.agnostic), "nms_max_batch": str(max_batch), "nms_form": self.form}
 
 
 @dataclass
@@ -129,8 +135,8 @@ class ModelAdapter:
         self.nms: NmsSettings | None = None
 
     # -- NMS in the graph (``--nms``) ----------------------------------------------------------
-    #: whether the ``--nms`` graph holds ONNX NonMaxSuppression (a builder without an NMS layer refuses it)
-    nms_needs_layer = True
+    #: the NMS the ``--nms`` graph holds (``NmsSettings.form``); no form needs a builder's NMS layer
+    nms_form = "greedy"
 
     def nms_refusal(self) -> str | None:
         """Why ``--nms`` does not apply to this model (one line), or None where it does."""
@@ -143,7 +149,7 @@ class ModelAdapter:
         if reason is not None:
             raise UsageError(f"--nms: {reason}")
         adapter = type(self)(self.variant)
-        adapter.nms = settings or NmsSettings()
+        adapter.nms = dataclasses.replace(settings or NmsSettings(), form=self.nms_form)
         return adapter
 
     def export_module(self, loaded: LoadedModel, batch: int) -> "torch.nn.Module":

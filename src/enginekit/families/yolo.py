@@ -72,8 +72,13 @@ _END2END_REFUSAL = ("{} ends in a one-to-one head whose outputs are the kept box
 
 def _zero_padded(nms_model):
     """Ultralytics' NMSModel with the rows past the kept boxes zeroed: its fixed-size candidate
-    path also returns, after them, the candidates it scored 0 (under conf), with their boxes."""
+    path also returns, after them, the candidates it scored 0 (under conf or suppressed), with
+    their boxes. Its greedy NMS (``torchvision.ops.nms``, ONNX NonMaxSuppression, which
+    TensorRT-RTX cannot build) runs as ``graph_nms.greedy_nms``: the same kept boxes in ordinary
+    operators. (Rotated boxes use Ultralytics' own Fast-NMS, already in ordinary operators.)"""
     import torch
+
+    from enginekit.families.graph_nms import torchvision_nms_as_greedy_graph
 
     class ZeroPadded(torch.nn.Module):
         def __init__(self, nms):
@@ -81,7 +86,8 @@ def _zero_padded(nms_model):
             self.nms = nms
 
         def forward(self, x):
-            out = self.nms(x)
+            with torchvision_nms_as_greedy_graph():
+                out = self.nms(x)
             if isinstance(out, tuple):  # a segmenter's (kept instances, mask prototypes)
                 return (out[0] * (out[0][..., 4:5] > 0), *out[1:])
             return out * (out[..., 4:5] > 0)

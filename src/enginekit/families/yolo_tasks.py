@@ -280,8 +280,8 @@ class YoloObbAdapter(_InstanceTask):
                   "fp16": dict(_metric_gates), "int8": dict(_metric_gates), "fp8": dict(_metric_gates)}
 
     # Ultralytics' NMS for rotated boxes is its fast NMS over a probiou matrix, in ordinary operators
-    # (TorchNMS.fast_nms, the export path that zeroes suppressed scores): no NonMaxSuppression layer
-    nms_needs_layer = False
+    # (TorchNMS.fast_nms, the export path that zeroes suppressed scores), as its predict does
+    nms_form = "fast"
 
     def box_kind(self, end2end: bool) -> str:
         return "boxes_xywh"  # rotated boxes stay centre + size, the angle beside them

@@ -72,8 +72,6 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     model = None
     if r.nms:
         model = r.model_request  # a model with no NMS to add is bad input, whatever the backend
-        if model.adapter.nms_needs_layer:
-            require_nms(be, "a graph ending in NMS (--nms)")
     overrides = parse_overrides(list(r.tolerances))
     calib_cache = Path(r.calib_cache) if r.calib_cache else None
     data = CalibrationData(Path(r.calib_data) if r.calib_data else None, count=r.calib_count)

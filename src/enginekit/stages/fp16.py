@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from enginekit.onnx.graph import get_metadata, initializer_dtype_share, load_model, save_model, set_metadata
+from enginekit.stages.modelopt_compat import stable_subgraph_nodes
 
 
 def quiet_modelopt() -> None:
@@ -34,13 +35,14 @@ def convert_fp16(src: Path, out: Path, *, keep_fp32_nodes: list[str] | None = No
     quiet_modelopt()
 
     original = load_model(src)
-    model = convert_to_mixed_precision(
-        onnx_path=str(src),
-        low_precision_type="fp16",
-        keep_io_types=True,
-        nodes_to_exclude=keep_fp32_nodes or None,
-        calibration_data=str(calibration) if calibration else None,
-    )
+    with stable_subgraph_nodes():
+        model = convert_to_mixed_precision(
+            onnx_path=str(src),
+            low_precision_type="fp16",
+            keep_io_types=True,
+            nodes_to_exclude=keep_fp32_nodes or None,
+            calibration_data=str(calibration) if calibration else None,
+        )
     # AutoCast's shape annotations make ONNX Runtime reject some graphs (YOLO): drop them,
     # every consumer re-infers shapes anyway.
     del model.graph.value_info[:]

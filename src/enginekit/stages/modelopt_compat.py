@@ -42,6 +42,7 @@ _PIN = "pip install 'nvidia-modelopt[onnx]==0.47.*'"
 
 # The calibrator swap is process-wide: one quantize call at a time.
 _HOOK_LOCK = threading.Lock()
+_AUTOCAST_LOCK = threading.Lock()  # the AutoCast swap: one conversion at a time
 
 
 def _version(*distributions: str) -> tuple[str, str | None]:
@@ -140,6 +141,37 @@ def calibrator_factory(make: Callable) -> Iterator[None]:
             yield
         finally:
             modelopt_int8.quantize_static = original
+
+
+@contextlib.contextmanager
+def stable_subgraph_nodes() -> Iterator[None]:
+    """Let AutoCast convert graphs holding a Loop or If (graphs ending in NMS hold one per image).
+
+    AutoCast 0.47 keys its decision for each node of a control-flow body by ``id(node)``, over
+    several passes of ``for node in subgraph.node``; protobuf makes a new Python object for a node
+    each time the last one is dropped, so a later pass misses (``KeyError``). Holding every body
+    node for the length of the call keeps one object, and so one id, per node.
+    """
+    try:
+        from modelopt.onnx.autocast.precisionconverter import PrecisionConverter
+    except ImportError:
+        yield
+        return
+    original = getattr(PrecisionConverter, "_convert_subgraph_precision", None)
+    if original is None:  # another release: nothing to hold
+        yield
+        return
+
+    def convert(self, subgraph, *args, **kwargs):
+        alive = list(subgraph.node)  # noqa: F841 - held, not read
+        return original(self, subgraph, *args, **kwargs)
+
+    with _AUTOCAST_LOCK:
+        PrecisionConverter._convert_subgraph_precision = convert
+        try:
+            yield
+        finally:
+            PrecisionConverter._convert_subgraph_precision = original
 
 
 def ort_int8_scale(amax) -> np.float32:

@@ -52,7 +52,8 @@ class BackendTraits:
     supports_version_compatibility: bool  # BuilderFlag.VERSION_COMPATIBLE builds
     workspace_via_memory_pool_limit: bool  # set_memory_pool_limit(WORKSPACE), not max_workspace_size
     can_deserialize_without_gpu: bool  # Runtime.deserialize_cuda_engine works with no GPU
-    #: builds ONNX NonMaxSuppression (the parser's INMSLayer): graphs exported with --nms
+    #: builds ONNX NonMaxSuppression (the parser's INMSLayer): graphs of other tools; enginekit's
+    #: own --nms graphs suppress in ordinary operators (families.graph_nms) and need no such layer
     builds_nms: bool = True
 
 

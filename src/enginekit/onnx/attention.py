@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 #: bump when the rewrite changes: it enters the cache key of fused copies
-REWRITE_VERSION = 1
+REWRITE_VERSION = 2
 CACHE_KIND = "ort-attention"
 _BSH_SHAPE = "enginekit_attention_bsh_shape"
 
@@ -312,10 +312,35 @@ def fused_attention_copy(path: Path, cache=None) -> tuple[Path | None, int]:
     def produce(tmp: Path) -> dict:
         model = onnx.load(str(path))
         report = fuse_attention(model)
+        other: dict[str, int] = {}
         if report.fused:
             save_model(model, tmp / "model.onnx")
-        return {"fused": report.fused, "merged": report.merged}
+            other = _ort_fusions(tmp / "model.onnx")
+        return {"fused": report.fused, "merged": report.merged, "ort_fusions": other}
 
     entry, _ = cache.get_or_create(CACHE_KIND, parts, produce, subject=Path(path).name)
     fused = int(entry.manifest.get("fused", 0))
     return (entry.file("model.onnx") if fused else None), fused
+
+
+def _ort_fusions(path: Path) -> dict[str, int]:
+    """ONNX Runtime's own transformer fusions (Gelu, SkipLayerNormalization...) applied to the
+    fused copy at ``path``, in place; what they fused. Measured on Depth-Anything-V2-small FP16 at
+    batch 8 on an H100: 11.2 ms with attention fused, 10.4 ms with these as well (PyTorch: 7.4).
+    Skipped where ``onnxruntime.transformers`` is absent."""
+    import logging
+
+    try:
+        from onnxruntime.transformers.optimizer import optimize_model
+    except ImportError:
+        return {}
+    quiet = logging.getLogger("onnxruntime.transformers")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # "Model producer not matched": the graph is enginekit's, not torch's
+    try:
+        optimized = optimize_model(str(path), model_type="vit", opt_level=0)
+    finally:
+        quiet.setLevel(level)
+    fused = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
+    optimized.save_model_to_file(str(path))
+    return fused

@@ -164,9 +164,13 @@ class OrtCudaSession:
                     for n, v in zip(self.info.output_names, values)}
             state = {"outs": outs}
             if self.cuda_graph:  # fixed addresses: ORT captures its graph on the first run of this session
-                inp = torch.empty(shape, dtype=x.dtype, device=x.device)
-                sess = self._make_session(graph=True)
-                state.update(inp=inp, session=sess, binding=self._bind(sess, inp, outs))
+                try:
+                    sess = self._make_session(graph=True)
+                except Exception:  # noqa: BLE001 - ORT refuses graph capture for control flow (an NMS Loop)
+                    self.cuda_graph = False
+                else:
+                    inp = torch.empty(shape, dtype=x.dtype, device=x.device)
+                    state.update(inp=inp, session=sess, binding=self._bind(sess, inp, outs))
         self._buffers[shape] = state
         return state
 

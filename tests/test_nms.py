@@ -111,6 +111,23 @@ def test_nms_graph_loads_and_predicts_as_ultralytics(graphs, detector_images, tr
                                 b.cls.numpy(), path.name)
 
 
+@pytest.mark.gpu
+def test_nms_graph_on_onnxruntime_cuda_keeps_what_the_cpu_keeps(graphs, detector_images):
+    """ONNX Runtime cannot capture a CUDA graph of a graph with a Loop: the session runs without one."""
+    import enginekit
+
+    _, nms, _ = graphs
+    cpu = enginekit.load(str(nms), backend="onnxruntime-cpu")
+    cuda = enginekit.load(str(nms), backend="onnxruntime-cuda")
+    compared = 0
+    for path in sorted(detector_images.iterdir()):
+        (a,), (b,) = cuda([str(path)]), cpu([str(path)])
+        _assert_same_detections(a.boxes, a.scores, a.class_ids, b.boxes, b.scores, b.class_ids, path.name)
+        compared += len(b)
+    assert compared >= 20
+    assert cuda.session.cuda_graph is False
+
+
 def test_nms_graph_serves_batches_up_to_its_trace(graphs, detector_images):
     _, nms, _ = graphs
     assert _metadata(nms)["nms_max_batch"] == "2"

@@ -263,7 +263,7 @@ def obb_metrics(ref_out: np.ndarray, cand_out: np.ndarray, *, nc: int, end2end: 
 
 
 # -- RT-DETR -------------------------------------------------------------------------------
-def _rtdetr_rows(output: np.ndarray, conf: float) -> list[Rows]:
+def rtdetr_rows(output: np.ndarray, conf: float) -> list[Rows]:
     """RT-DETR's predictor: rows (cx, cy, w, h in 0..1, score, class), already top-k; keep score >= conf;
     boxes to xyxy (IoU does not change under the per-axis scaling to pixels)."""
     rows = []
@@ -278,8 +278,8 @@ def _rtdetr_rows(output: np.ndarray, conf: float) -> list[Rows]:
 def rtdetr_metrics(ref_out: np.ndarray, cand_out: np.ndarray, *, conf: float = CONF,
                    margin: float = 0.0) -> dict[str, float]:
     low = max(conf - margin, CONF_MAP)
-    refs, cands = _rtdetr_rows(ref_out, low), _rtdetr_rows(cand_out, low)
-    ranked = _rtdetr_rows(cand_out, min(CONF_MAP, conf))
+    refs, cands = rtdetr_rows(ref_out, low), rtdetr_rows(cand_out, low)
+    ranked = rtdetr_rows(cand_out, min(CONF_MAP, conf))
     return instance_metrics(refs, cands, ranked, _box_iou, conf=conf, margin=margin)
 
 
@@ -311,14 +311,19 @@ def classify_metrics(ref_out: np.ndarray, cand_out: np.ndarray) -> dict[str, flo
 
 
 # -- semantic ------------------------------------------------------------------------------
+def class_maps(logits: np.ndarray) -> np.ndarray:
+    """Class ids (B, H, W) of per-pixel logits (B, nc, H, W): their argmax, or logit > 0 for one class."""
+    return logits.argmax(1) if logits.shape[1] > 1 else (logits[:, 0] > 0).astype(np.int64)
+
+
 def semantic_metrics(ref_logits: np.ndarray, cand_logits: np.ndarray) -> dict[str, float]:
     """mIoU and pixel accuracy of the candidate's class map against the reference's (``SemanticMetrics``)."""
     import torch
     from ultralytics.utils.metrics import SemanticMetrics
 
     nc = ref_logits.shape[1]
-    ref_map = torch.from_numpy(ref_logits.argmax(1) if nc > 1 else (ref_logits[:, 0] > 0).astype(np.int64))
-    cand_map = torch.from_numpy(cand_logits.argmax(1) if nc > 1 else (cand_logits[:, 0] > 0).astype(np.int64))
+    ref_map = torch.from_numpy(class_maps(ref_logits))
+    cand_map = torch.from_numpy(class_maps(cand_logits))
     present = int(torch.unique(ref_map).numel())
     metrics = SemanticMetrics(names={i: str(i) for i in range(nc)})
     metrics.update_stats(cand_map, ref_map)

@@ -104,7 +104,9 @@ class ModelAdapter:
     aliases: dict[str, str] = {}
     #: one name, for the message that lists what is known
     example: str = ""
-    #: which picture verify draws of a candidate on a photograph ("detections", "depth"), or None
+    #: which picture verify draws of a candidate on a photograph, or None: "detections" (reference and
+    #: candidate boxes over the input, from ``picture_boxes``), "depth" (a depth error heatmap) or "semantic"
+    #: (class maps and where they differ), both from ``picture_map``
     picture_kind: str | None = None
     input_name: str = ""
     output_names: tuple[str, ...] = ()
@@ -212,6 +214,18 @@ class ModelAdapter:
 
         ``compared`` in the result counts what the reference offers to compare (its detections,
         its valid pixels): zero means the metrics say nothing, and the gate fails."""
+        raise NotImplementedError
+
+    # -- verify's picture (``picture_kind``) ---------------------------------------------
+    def picture_boxes(self, outputs: dict[str, np.ndarray], metadata: dict[str, str], hw: tuple[int, int],
+                      conf: float) -> np.ndarray:
+        """"detections": the first image's boxes scoring ``conf`` or more, decoded as the task metrics
+        decode them, in the input's pixels (``hw``): (N, 4) corners x1 y1 x2 y2, or (N, 5) rotated boxes
+        (centre x, centre y, width, height, angle in radians)."""
+        raise NotImplementedError
+
+    def picture_map(self, outputs: dict[str, np.ndarray], metadata: dict[str, str]) -> np.ndarray:
+        """"depth" and "semantic": the first image's map (H, W): its depth, or its class ids."""
         raise NotImplementedError
 
     # -- loading ------------------------------------------------------------------------

@@ -276,6 +276,9 @@ class DepthAnythingAdapter(ModelAdapter):
     def nothing_to_compare(self, task):
         return "the reference depth has no pixels above 1e-3 of its maximum"
 
+    def picture_map(self, outputs, metadata):
+        return outputs["depth"][0]
+
     @classmethod
     def matches(cls, name: str) -> bool:
         return name.startswith("depth-anything-v2-") and name.rsplit("-", 1)[-1] in VARIANTS

@@ -222,6 +222,11 @@ class YoloAdapter(ModelAdapter):
         conf = (options or {}).get("conf", self.task_options["conf"])
         return detection_metrics(reference["output0"], candidate["output0"], end2end=end2end, conf=conf)
 
+    def picture_boxes(self, outputs, metadata, hw, conf):
+        from enginekit.compare.tasks import nms_detections
+
+        return nms_detections(outputs["output0"][:1], conf, end2end=metadata.get("end2end") == "True")[0].boxes
+
     def nothing_to_compare(self, task):
         return (f"the reference has no detections at conf {task.get('conf', 0.25):g} on the photographs; "
                 "use photographs of what the model detects (--images) or a lower conf (--tol conf=...)")

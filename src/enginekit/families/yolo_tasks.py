@@ -199,6 +199,17 @@ class _InstanceTask(UltralyticsTaskAdapter):
     def box_kind(self, end2end: bool) -> str:
         return "boxes_xyxy" if end2end else "boxes_xywh"
 
+    #: rotated boxes (obb): decoded with probiou NMS, drawn as centre, size and angle
+    rotated = False
+    picture_kind = "detections"  # the instances' boxes (masks and keypoints are not drawn)
+
+    def picture_boxes(self, outputs, metadata, hw, conf):
+        from enginekit.compare.task_metrics import decode
+
+        (rows,) = decode(outputs["output0"][:1], conf, nc=_nc(metadata) or 80,
+                         end2end=metadata.get("end2end") == "True", rotated=self.rotated)
+        return np.concatenate([rows[:, :4], rows[:, -1:]], axis=1) if self.rotated else rows[:, :4]
+
     def nms_refusal(self) -> str | None:
         # Ultralytics' nms=True wrapper keeps each instance's task channels (mask coefficients, keypoints,
         # angle) beside its box, score and class: the same rows as a one-to-one head's
@@ -282,6 +293,7 @@ class YoloObbAdapter(_InstanceTask):
     # Ultralytics' NMS for rotated boxes is its fast NMS over a probiou matrix, in ordinary operators
     # (TorchNMS.fast_nms, the export path that zeroes suppressed scores), as its predict does
     nms_form = "fast"
+    rotated = True
 
     def box_kind(self, end2end: bool) -> str:
         return "boxes_xywh"  # rotated boxes stay centre + size, the angle beside them
@@ -381,10 +393,17 @@ class YoloSemanticAdapter(_DenseTask):
                 m.export, m.format, m.bake_argmax = True, "engine", False  # logits, not a uint8 class map
         return model
 
+    picture_kind = "semantic"
+
     def task_metrics(self, reference, candidate, metadata, options=None):
         from enginekit.compare.task_metrics import semantic_metrics
 
         return semantic_metrics(reference["output0"], candidate["output0"])
+
+    def picture_map(self, outputs, metadata):
+        from enginekit.compare.task_metrics import class_maps
+
+        return class_maps(outputs["output0"][:1])[0]
 
     def nothing_to_compare(self, task):
         # random weights: one class everywhere, whatever the image
@@ -401,7 +420,7 @@ class YoloDepthAdapter(_DenseTask):
     example = "yolo26n-depth"
     summary = "monocular depth (B, 1, H, W), positive; input stretched to size as Ultralytics' depth predictor"
     input_description = "NCHW RGB float32 in [0,1], resized to H x W without letterbox (Ultralytics depth)"
-    picture_kind = None
+    picture_kind = "depth"
     # The Depth module stays out of INT8, all of it: projections, refinement blocks, the top-down fusion (its
     # upsampling and additions) and the output head before the exp. Measured 2026-11-26 (benchmarks/int8_tasks.py
     # and verify; ONNX Runtime CPU against PyTorch FP32, 2-core CPU): the suite's trained yolo26n-depth
@@ -459,6 +478,9 @@ class YoloDepthAdapter(_DenseTask):
         if result.get("relative_spread", 1.0) < MIN_DEPTH_SPREAD:  # a constant map: nothing to compare
             result["compared"] = 0.0
         return result
+
+    def picture_map(self, outputs, metadata):
+        return outputs["output0"][0, 0]
 
     def nothing_to_compare(self, task):
         from enginekit.compare.task_metrics import MIN_DEPTH_SPREAD
@@ -663,6 +685,14 @@ class RtdetrAdapter(UltralyticsTaskAdapter):
 
         boxed = LetterBox(new_shape=hw, auto=False, scale_fill=True)(image=image_rgb)
         return (np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0)[None]
+
+    picture_kind = "detections"
+
+    def picture_boxes(self, outputs, metadata, hw, conf):
+        from enginekit.compare.task_metrics import rtdetr_rows
+
+        (rows,) = rtdetr_rows(outputs["output0"][:1], conf)  # corners in 0..1 of the input's width and height
+        return rows[:, :4] * np.array([hw[1], hw[0], hw[1], hw[0]], dtype=np.float32)
 
     def task_metrics(self, reference, candidate, metadata, options=None):
         from enginekit.compare.task_metrics import rtdetr_metrics

@@ -30,7 +30,7 @@ def dense(tmp_path_factory):
     return int8_sets(tmp_path_factory.mktemp("dense-tasks"), TASKS, 128)
 
 
-def _verify(task, data, precision, target=None, **build):
+def _verify(task, data, precision, target=None, report_dir=None, **build):
     from trained_tasks import trained_task_model
 
     from enginekit import api
@@ -41,7 +41,8 @@ def _verify(task, data, precision, target=None, **build):
                           cache=data["cache"], quiet=True)
     return api.verify(TASKS[task][0], precision=precision, build_options={"profiles": [SHAPE], "weights": weights,
                                                                           **build},
-                      images=data["held_out"][task], image_count=8, cache=data["cache"], quiet=True)
+                      images=data["held_out"][task], image_count=8, cache=data["cache"], quiet=True,
+                      report_dir=report_dir)
 
 
 def _artifacts(outcome):
@@ -59,8 +60,8 @@ def _compared_something(task, art):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", list(TASKS))
-def test_fp32_and_fp16_graphs_pass_with_a_reference_that_compares_something(task, dense):
-    outcome = _verify(task, dense, "fp16")
+def test_fp32_and_fp16_graphs_pass_with_a_reference_that_compares_something(task, dense, tmp_path):
+    outcome = _verify(task, dense, "fp16", report_dir=tmp_path)
     report, arts = _artifacts(outcome)
     assert outcome.passed, [str(c) for c in report.failures()]
     fp32, fp16 = arts["onnx-simplify"], arts["onnx-fp16"]
@@ -72,6 +73,11 @@ def test_fp32_and_fp16_graphs_pass_with_a_reference_that_compares_something(task
         assert fp32.task["abs_rel"] < 1e-4 and fp16.task["abs_rel"] <= 0.05, (fp32.task, fp16.task)
     part = next(iter(fp16.parts.values()))
     assert part["worst"]["rel_l2"] > 1e-5, metric  # FP16 moved the outputs: the gates compared something
+    # the report's pictures: class maps and where they differ / the depth error, one per ONNX graph
+    suffix = {"semantic": "-classes.png", "depth": "-depth-error.png"}[task]
+    for art in (fp32, fp16):
+        assert [p.endswith(f"{art.name}{suffix}") for p in art.pictures] == [True], art.pictures
+    assert len(list(tmp_path.glob(f"*{suffix}"))) == len([a for a in report.artifacts if a.kind == "onnx" and a.ran])
 
 
 @pytest.mark.slow

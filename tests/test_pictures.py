@@ -100,6 +100,15 @@ def test_instance_boxes_overlay_shows_shifted_candidates(task, task_outputs, tmp
     assert _candidate_only(_read(differs)) > 20 * len(boxes)
 
 
+def test_every_family_picture_kind_has_a_drawing():
+    from enginekit.families.registry import registered
+    from enginekit.verification.pictures import PICTURES
+
+    kinds = {cls.family: cls.picture_kind for cls in registered()}
+    assert all(kind is None or kind in PICTURES for kind in kinds.values()), kinds
+    assert {f for f, k in kinds.items() if k is None} == {"yolo-cls"}, kinds  # classify alone draws nothing
+
+
 def test_classify_draws_no_picture(tmp_path):
     assert resolve("yolo11n-cls").picture_kind is None
     assert draw_picture(resolve("yolo11n-cls"), np.zeros((3, 8, 8), np.float32), {}, {}, {}, tmp_path / "x") is None

@@ -136,6 +136,8 @@ def test_rtdetr_verify_fp16_passes_comparing_detections(cache, tmp_path):
         assert graph.task["compared"] >= 20 and graph.task["recall"] >= 0.95, graph.task
         assert set(graph.parts) == {"boxes", "scores", "classes"}
     assert report.artifacts[1].task["recall"] == 1.0 and report.artifacts[1].task["precision"] == 1.0
+    for graph in report.artifacts[:3]:  # its detections drawn over the photograph, one picture per graph
+        assert [p.endswith(f"{graph.name}-detections.png") for p in graph.pictures] == [True], graph.pictures
 
 
 @pytest.mark.slow

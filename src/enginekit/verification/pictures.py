@@ -115,23 +115,33 @@ def class_map_difference(image_chw: np.ndarray, reference: np.ndarray, candidate
     return _write(path, _titled(_enlarge(panel, _factor(h)), title))
 
 
+def _detections(adapter, image_chw, reference, candidate, metadata, stem: Path) -> Path:
+    conf = adapter.task_options.get("conf", 0.25)
+    hw = tuple(image_chw.shape[1:])
+    ref, cand = (adapter.picture_boxes(o, metadata, hw, conf) for o in (reference, candidate))
+    return detection_overlay(image_chw, ref, cand, stem.with_name(f"{stem.name}-detections.png"))
+
+
+def _depth(adapter, image_chw, reference, candidate, metadata, stem: Path) -> Path:
+    ref, cand = (adapter.picture_map(o, metadata) for o in (reference, candidate))
+    return depth_error_heatmap(ref, cand, stem.with_name(f"{stem.name}-depth-error.png"))
+
+
+def _semantic(adapter, image_chw, reference, candidate, metadata, stem: Path) -> Path:
+    ref, cand = (adapter.picture_map(o, metadata) for o in (reference, candidate))
+    return class_map_difference(image_chw, ref, cand, stem.with_name(f"{stem.name}-classes.png"))
+
+
+#: ``ModelAdapter.picture_kind`` -> what draws it
+PICTURES = {"detections": _detections, "depth": _depth, "semantic": _semantic}
+
+
 def draw_picture(adapter, image_chw: np.ndarray, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
                  metadata: dict[str, str], stem: Path) -> Path | None:
-    """The family's picture (``adapter.picture_kind``) of a candidate against the reference on one input,
-    written as ``<stem>-<kind>.png``; None where the family draws none."""
-    kind = adapter.picture_kind
-    if kind == "detections":
-        conf = adapter.task_options.get("conf", 0.25)
-        hw = tuple(image_chw.shape[1:])
-        ref, cand = (adapter.picture_boxes(o, metadata, hw, conf) for o in (reference, candidate))
-        return detection_overlay(image_chw, ref, cand, stem.with_name(f"{stem.name}-detections.png"))
-    if kind == "depth":
-        ref, cand = (adapter.picture_map(o, metadata) for o in (reference, candidate))
-        return depth_error_heatmap(ref, cand, stem.with_name(f"{stem.name}-depth-error.png"))
-    if kind == "semantic":
-        ref, cand = (adapter.picture_map(o, metadata) for o in (reference, candidate))
-        return class_map_difference(image_chw, ref, cand, stem.with_name(f"{stem.name}-classes.png"))
-    return None  # the family draws no picture of its task
+    """The family's picture (``adapter.picture_kind``) of a candidate against the reference on one input
+    (3, H, W), written as ``<stem>-<kind>.png``; None where the family draws none."""
+    draw = PICTURES.get(adapter.picture_kind) if adapter.picture_kind else None
+    return draw(adapter, image_chw, reference, candidate, metadata, stem) if draw else None
 
 
 def draw_pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -> None:

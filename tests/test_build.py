@@ -62,9 +62,10 @@ def test_depth_engine_with_dynamic_hw_profile(cache, precision):
     outcome = build(cache, "depth", profiles=[DEPTH_PROFILE], precision=precision)
     assert_manifest(outcome, precision=precision, input_name="pixel_values", profile_min=[1, 3, 224, 224],
                     profile_max=[2, 3, 392, 392])
-    # one dynamic-H/W ONNX serves every profile: the export entry is shared with other profiles
-    other = build(cache, "depth", profiles=["1x3x518x518"], precision=precision)
-    assert other.artifacts[0].entry.key == outcome.artifacts[0].entry.key
+    if precision == "fp32":  # the export is the same for every precision: one more engine shows it
+        # one dynamic-H/W ONNX serves every profile: the export entry is shared with other profiles
+        other = build(cache, "depth", profiles=["1x3x518x518"], precision=precision)
+        assert other.artifacts[0].entry.key == outcome.artifacts[0].entry.key
 
 
 def test_int8_family_exclusions_keep_the_head_out(cache):

@@ -150,3 +150,23 @@ def assert_one_line_error(result: CliResult, code: int, *needles: str) -> str:
     for needle in needles:
         assert needle in lines[0], lines[0]
     return lines[0]
+
+
+def varied_depth_weights(folder: Path) -> Path:
+    """Depth-Anything-V2-small with every layer at PyTorch's default init, saved in ``folder``: a depth
+    map that varies (transformers' own init of the random model can give a constant map)."""
+    import torch
+
+    from enginekit.families import resolve
+
+    adapter = resolve("depth")
+    loaded = adapter.load(None, random_init=True, seed=0)
+    torch.manual_seed(0)
+    for layer in loaded.module.modules():
+        if hasattr(layer, "reset_parameters") and layer is not loaded.module:
+            layer.reset_parameters()
+    # the head ends in a ReLU: a random head whose last bias lands negative gives an all-zero map
+    loaded.module.model.head.conv3.bias.data.fill_(1.0)
+    path = folder / "depth.safetensors"
+    adapter.save_checkpoint(loaded, path)
+    return path

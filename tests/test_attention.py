@@ -203,17 +203,9 @@ def test_ort_cuda_runs_the_fused_depth_graph_like_the_plain_one(precision, tmp_p
     import torch
 
     import enginekit
-    from enginekit.families import resolve
+    from conftest import varied_depth_weights
 
-    adapter = resolve("depth")  # every layer at PyTorch's default init: a depth map that varies
-    loaded = adapter.load(None, random_init=True, seed=0)
-    torch.manual_seed(0)
-    for layer in loaded.module.modules():
-        if hasattr(layer, "reset_parameters") and layer is not loaded.module:
-            layer.reset_parameters()
-    loaded.module.model.head.conv3.bias.data.fill_(1.0)
-    adapter.save_checkpoint(loaded, tmp_path / "depth.safetensors")
-    kw = dict(weights=tmp_path / "depth.safetensors", precision=precision, backend="onnxruntime-cuda", cache=cache)
+    kw = dict(weights=varied_depth_weights(tmp_path), precision=precision, backend="onnxruntime-cuda", cache=cache)
     for graph in (False, True):
         plain = enginekit.load("depth", fuse_attention=False, cuda_graph=graph, **kw)
         fused = enginekit.load("depth", cuda_graph=graph, **kw)  # the family's default: fused

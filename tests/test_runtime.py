@@ -273,20 +273,11 @@ def test_torch_cuda_graph_replays_the_same_result(model, tmp_path, cache):
     import torch
 
     import enginekit
-    from enginekit.families import resolve
+    from conftest import varied_depth_weights
 
     kw = dict(random_init=True)
     if model == "depth":  # every layer at PyTorch's default init: a depth map that varies
-        adapter = resolve("depth")
-        loaded = adapter.load(None, random_init=True, seed=0)
-        torch.manual_seed(0)
-        for layer in loaded.module.modules():
-            if hasattr(layer, "reset_parameters") and layer is not loaded.module:
-                layer.reset_parameters()
-        # the head ends in a ReLU: a random head whose last bias lands negative gives an all-zero map
-        loaded.module.model.head.conv3.bias.data.fill_(1.0)
-        adapter.save_checkpoint(loaded, tmp_path / "depth.safetensors")
-        kw = dict(weights=tmp_path / "depth.safetensors")
+        kw = dict(weights=varied_depth_weights(tmp_path))
     plain = enginekit.load(model, backend="torch", cuda_graph=False, conf=1e-4, cache=cache, **kw)
     graphed = enginekit.load(model, backend="torch", cuda_graph=True, conf=1e-4, cache=cache, **kw)
     x = torch.rand((1, 3, 518, 700) if model == "depth" else (1, 3, 640, 640), device="cuda")

@@ -68,7 +68,7 @@ def main() -> None:
     from enginekit.compare.comparison import Gates, SimpleCase, compare
     from enginekit.images import load_images
     from enginekit.onnx import runtime
-    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.pipeline import ModelRequest, Stages
 
     work = Path(tempfile.mkdtemp(prefix="int8-tasks-"))
     for task in args.tasks.split(","):
@@ -77,7 +77,7 @@ def main() -> None:
         evaluation = load_images(held_out_images(work / f"held-out-{task}", task, count=8)).images
         for method in args.methods.split(","):
             # a cache per method: the percentile graphs are keyed as max ones
-            pipe = Pipeline(ModelRequest(MODELS[task], trained_task_model(task)), Cache(work / f"cache-{method}"))
+            pipe = Stages(ModelRequest(MODELS[task], trained_task_model(task)), Cache(work / f"cache-{method}"))
             adapter, loaded = pipe.adapter, pipe.loaded
             source = pipe.simplify(pipe.export(shape, 18), shape)
             cases = []

@@ -50,13 +50,13 @@ def bench_export(repeats: int = 3) -> None:
     from ultralytics import YOLO
 
     from enginekit.cache import Cache
-    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.pipeline import ModelRequest, Stages
 
     ours, theirs = [], []
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
-            pipe = Pipeline(ModelRequest("yolo12n", random_init=True), Cache(Path(tmp) / "c"), quiet=True)
+            pipe = Stages(ModelRequest("yolo12n", random_init=True), Cache(Path(tmp) / "c"), quiet=True)
             pipe.simplify(pipe.export((1, 3, 640, 640), 18), (1, 3, 640, 640))
             ours.append(time.perf_counter() - start)
             cwd = os.getcwd()
@@ -80,10 +80,10 @@ def bench_ort(runs: int = 40) -> None:
     from ultralytics import YOLO
 
     from enginekit.cache import Cache
-    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.pipeline import ModelRequest, Stages
 
     with tempfile.TemporaryDirectory() as tmp:
-        pipe = Pipeline(ModelRequest("yolo12n", random_init=True), Cache(Path(tmp) / "c"), quiet=True)
+        pipe = Stages(ModelRequest("yolo12n", random_init=True), Cache(Path(tmp) / "c"), quiet=True)
         ours = pipe.simplify(pipe.export((1, 3, 640, 640), 18), (1, 3, 640, 640)).path
         cwd = os.getcwd()
         os.chdir(tmp)

@@ -135,9 +135,9 @@ def test_depth_at_384_matches_the_reference_pipeline(tmp_path):
     from enginekit.cache import Cache
     from enginekit.families import resolve
     from enginekit.images import embedded_image_paths
-    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.pipeline import ModelRequest, Stages
 
-    pipe = Pipeline(ModelRequest("depth", None, True, 0), Cache(tmp_path / "cache"))
+    pipe = Stages(ModelRequest("depth", None, True, 0), Cache(tmp_path / "cache"))
     onnx_path = pipe.export((1, 3, 518, 518), 18).path
     adapter = resolve("depth")
     wrapped = pipe.loaded.module

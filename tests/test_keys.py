@@ -58,10 +58,10 @@ def test_hub_weights_offline_is_one_line(tmp_path, monkeypatch):
 def test_reference_key_holds_the_model_libraries(tmp_path, monkeypatch, name, family):
     from enginekit.cache import Cache
     from enginekit.calibration import CalibrationData
-    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.pipeline import ModelRequest, Stages
     from enginekit.verification import references
 
-    pipe = Pipeline(ModelRequest(family, None, True, 0), Cache(tmp_path))
+    pipe = Stages(ModelRequest(family, None, True, 0), Cache(tmp_path))
     seen = []
     monkeypatch.setattr(pipe.cache, "get_or_create", lambda kind, parts, *a, **k: seen.append(parts) or 1 / 0)
     profile = [{pipe.adapter.input_name: {k: [1, 3, 224, 224] for k in ("min", "opt", "max")}}]
@@ -80,11 +80,11 @@ def test_reference_key_holds_the_model_libraries(tmp_path, monkeypatch, name, fa
 def test_quantization_keys_hold_modelopt_and_onnxruntime(tmp_path, monkeypatch, package, stage):
     from enginekit.cache import Cache
     from enginekit.calibration import CalibrationData
-    from enginekit.pipeline import Artifact, ModelRequest, Pipeline
+    from enginekit.pipeline import Artifact, ModelRequest, Stages
 
     if package == "onnxruntime-gpu" and __import__("enginekit.pipeline").pipeline.package_version(package) == "absent":
         package = "onnxruntime"
-    pipe = Pipeline(ModelRequest("yolo12n", None, True, 0), Cache(tmp_path))
+    pipe = Stages(ModelRequest("yolo12n", None, True, 0), Cache(tmp_path))
     keys = []
     hit = __import__("types").SimpleNamespace(status="hit")
     monkeypatch.setattr(pipe, "_stage", lambda st, parts, produce, label: keys.append(parts) or hit)

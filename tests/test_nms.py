@@ -159,10 +159,10 @@ def test_verify_nms_graph(graphs, graph, trained_detector, detector_images, run_
 
 
 def test_nms_has_its_own_cache_key():
-    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.pipeline import ModelRequest, Stages
 
-    plain = Pipeline(ModelRequest("yolov8n", random_init=True)).export_parts((1, 3, 640, 640), 18)
-    nms = Pipeline(ModelRequest("yolov8n", random_init=True, nms=True)).export_parts((1, 3, 640, 640), 18)
+    plain = Stages(ModelRequest("yolov8n", random_init=True)).export_parts((1, 3, 640, 640), 18)
+    nms = Stages(ModelRequest("yolov8n", random_init=True, nms=True)).export_parts((1, 3, 640, 640), 18)
     assert "nms" not in plain  # keys of graphs without NMS are the ones they had
     assert nms["nms"] == {"conf": 0.25, "iou": 0.7, "max_det": 300, "agnostic": False, "form": "greedy"}
     assert {k: v for k, v in nms.items() if k != "nms"} == plain
@@ -244,9 +244,9 @@ def test_int8_nms_graph_verifies(trained_detector, detector_images, cache, tmp_p
     import shutil
 
     from enginekit.calibration import CalibrationData
-    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.pipeline import ModelRequest, Stages
 
-    pipe = Pipeline(ModelRequest("yolov8n", trained_detector.weights, nms=True), cache)
+    pipe = Stages(ModelRequest("yolov8n", trained_detector.weights, nms=True), cache)
     shape = (1, 3, 640, 640)
     chain = pipe.onnx_chain(shape, opset=18)
     int8 = pipe.int8(chain[-1], shape, CalibrationData(detector_images, count=6), method="entropy")

@@ -142,7 +142,7 @@ class ModelRequest:
                    bool(data.get("nms")))
 
 
-class Pipeline:
+class Stages:
     """Runs the stages for one model request, loading the model only when a stage misses.
 
     ``request`` may be None for a user's ONNX file: then only the precision and engine stages
@@ -167,7 +167,9 @@ class Pipeline:
         return model
 
     # -- stages --------------------------------------------------------------------------
-    def _stage(self, stage: str, parts: dict, produce, label: str) -> Artifact:
+    def stage(self, stage: str, parts: dict, produce, label: str) -> Artifact:
+        """One cached stage: ``produce(tmp)`` writes ``tmp/model.onnx`` (and returns manifest fields) on a
+        miss; the entry is keyed by ``parts`` under kind ``onnx-<stage>``."""
         with reporting.stage(label) as s:
             entry, status = self.cache.get_or_create(f"onnx-{stage}", parts, timed(produce), force=self.force,
                                                      subject=self.subject)
@@ -196,7 +198,7 @@ class Pipeline:
             export_onnx(self.adapter, self.loaded, shape, tmp / ONNX_FILE, opset=opset)
             return {"weights": self.loaded.weights.identity}
 
-        return self._stage("export", self.export_parts(shape, opset), produce, "export")
+        return self.stage("export", self.export_parts(shape, opset), produce, "export")
 
     def simplify(self, source: Artifact, shape: Shape, tool: str = "onnxsim") -> Artifact:
         from enginekit.stages.simplify import simplify_onnx
@@ -211,7 +213,7 @@ class Pipeline:
             return {"nodes_before": report.nodes_before, "nodes_after": report.nodes_after,
                     "max_rel_l2": report.max_rel_l2}
 
-        return self._stage("simplify", parts, produce, f"simplify ({tool})")
+        return self.stage("simplify", parts, produce, f"simplify ({tool})")
 
     def fp16(self, source: Artifact, shape: Shape, data: CalibrationData | None = None,
              keep_fp32_nodes: list[str] | None = None) -> Artifact:
@@ -236,7 +238,7 @@ class Pipeline:
                 calib.unlink()
             return {"initializer_dtype_share": share, "keep_fp32": keep}
 
-        return self._stage("fp16", parts, produce, "fp16 (ModelOpt AutoCast)")
+        return self.stage("fp16", parts, produce, "fp16 (ModelOpt AutoCast)")
 
     def int8(self, source: Artifact, shape: Shape, data: CalibrationData, *, method: str,
              exclude: list[str] | None = None, calibration_cache: Path | None = None) -> Artifact:
@@ -283,7 +285,7 @@ class Pipeline:
                     "calibration_data": "user cache" if user_cache else data.describe(),
                     "calibration_source": "user cache" if user_cache else ("calibration cache" if found else data.describe())}
 
-        artifact = self._stage("int8", parts, produce, f"int8 ({method})")
+        artifact = self.stage("int8", parts, produce, f"int8 ({method})")
         if artifact.status != "hit":
             how = "calibrated" if artifact.manifest.get("calibrated") else "from calibration cache (no calibration)"
             reporting.note(f"calibration: {how}; {artifact.manifest.get('qdq_nodes')} Q/DQ pairs", level=1)
@@ -304,7 +306,7 @@ class Pipeline:
             return {"qdq_nodes": n, "exclude": excludes, "method": "max", "calibration_source": data.describe(),
                     "calibration_data": data.describe()}
 
-        return self._stage("fp8", parts, produce, "fp8 (ModelOpt Q/DQ, max)")
+        return self.stage("fp8", parts, produce, "fp8 (ModelOpt Q/DQ, max)")
 
     def _data_digest(self, data: CalibrationData, shape: Shape) -> str:
         if self.adapter is None and not data.is_array:
@@ -406,7 +408,7 @@ def timed(produce):
 
 
 def engine_key_parts(onnx_sha: str, precision: dict, profiles: list, backend, targets, gpu, options) -> dict:
-    """The engine cache key (DESIGN.md contract): everything that determines the plan."""
+    """The engine cache key: everything that determines the plan (the README's "How it works")."""
     target = {"compute_capabilities": list(targets)} if backend.traits.supports_compute_capability_targets else {
         "gpu": gpu.name if gpu else None, "compute_capability": gpu.compute_capability if gpu else None}
     return {

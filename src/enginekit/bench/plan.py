@@ -53,7 +53,7 @@ def input_batch(plan: BenchPlan, batch: int) -> np.ndarray:
 
 def prepare(settings: BenchSettings, *, cache=None, quiet: bool = False) -> BenchPlan:
     """Decide what runs here and fetch (or make) the ONNX graphs and engines it needs."""
-    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.pipeline import ModelRequest, Stages
     from enginekit.gpu import gpu_info
 
     request = ModelRequest(settings.model, Path(settings.weights) if settings.weights else None,
@@ -62,7 +62,7 @@ def prepare(settings: BenchSettings, *, cache=None, quiet: bool = False) -> Benc
     image_shape = settings.image_shape or tuple(adapter.default_input[1:])
     adapter.constraint.check((1, *image_shape), what="--input")
     check_batch(max(settings.batches), image_shape, what="--batch")  # the inputs below are this big
-    pipe = Pipeline(request, cache, quiet=quiet)
+    pipe = Stages(request, cache, quiet=quiet)
     gpu = gpu_info()
     inputs = adapter.random_inputs((max(settings.batches), *image_shape), settings.seed)
     items = [Planned(name) for name in settings.backends]

@@ -52,7 +52,7 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     from enginekit.cache import Cache, parse_size
     from enginekit.calibration import CalibrationData
     from enginekit.compare.gate import parse_overrides
-    from enginekit.pipeline import Artifact, Pipeline
+    from enginekit.pipeline import Artifact, Stages
     from enginekit.shapes import bind_to_inputs, bind_to_model, parse_profile
     from enginekit.gpu import gpu_info
     from enginekit.trt.backends import require_fp8, require_nms, resolve_backend, resolve_targets
@@ -84,7 +84,7 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         source_path = Path(r.target)
         adapter, subject = adapter_from_onnx(source_path)
         extra["source_model"] = source_model(source_path)  # what verify by model name checks
-        pipe = Pipeline(None, cache, force=r.force, adapter=adapter, subject=subject)
+        pipe = Stages(None, cache, force=r.force, adapter=adapter, subject=subject)
         from enginekit.onnx.graph import get_metadata, input_dims, load_model
 
         graph = load_model(source_path)
@@ -96,7 +96,7 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
                 require_nms(be, f"{source_path.name}, which ends in NMS")
         chain = [Artifact.given(source_path)]
     else:
-        pipe = Pipeline(model or r.model_request, cache, force=r.force)
+        pipe = Stages(model or r.model_request, cache, force=r.force)
         bound, opt_shape, export_shape = bind_to_model(parsed, pipe.adapter)
         if pipe.adapter.nms is not None:  # its NMS is unrolled over the largest batch the engine takes
             largest = max(rng.max[0] for p in bound for rng in p.inputs.values())

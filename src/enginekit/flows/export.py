@@ -45,7 +45,7 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
     from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
     from enginekit.images import load_images
     from enginekit.fsutil import check_output_path
-    from enginekit.pipeline import Pipeline, copy_out
+    from enginekit.pipeline import Stages, copy_out
     from enginekit.shapes import parse_shape
 
     r = request
@@ -59,7 +59,7 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
     dest = Path(r.output) if r.output else Path.cwd() / f"{adapter.variant}{suffix}"
     check_output_path(dest, "--output")  # before any work: a run that cannot write its result does none
 
-    pipe = Pipeline(model, cache, force=r.force)
+    pipe = Stages(model, cache, force=r.force)
     chain = pipe.onnx_chain(shape, opset=r.opset, fp16=r.fp16, simplifier=r.simplifier,
                             reference_data=CalibrationData(images, count=2))
     simplified, final = chain[1], chain[-1]

@@ -148,4 +148,4 @@ def store_stripped(pipe, quantized_artifact, nodes, exclude, rp, quantized, orig
         return {"exclude": excluded, "repaired_nodes": sorted(nodes), "method": quantized_artifact.manifest.get("method"),
                 "calibration_source": quantized_artifact.manifest.get("calibration_source")}
 
-    return pipe._stage("int8-repair", parts, produce, f"int8 repair ({len(nodes)} node(s) back in FP32)")
+    return pipe.stage("int8-repair", parts, produce, f"int8 repair ({len(nodes)} node(s) back in FP32)")

@@ -161,12 +161,12 @@ def same_weights(recorded: str, request) -> bool:
 def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_required: bool = True):
     from enginekit.compare.gate import (STAGE_PRECISION, Gates, VerifyReport, check_candidate, onnx_runner, skipped,
                                         unrunnable)
-    from enginekit.pipeline import ModelRequest, Pipeline
+    from enginekit.pipeline import ModelRequest, Stages
     from enginekit.verification.references import get_references
 
     m = entry.manifest
     model, links = model_of(entry, given)
-    pipe = Pipeline(model, cache)
+    pipe = Stages(model, cache)
     precision = m["precision"]["mode"]
     refs = get_references(pipe, m["profiles"], data)
     gates = Gates(pipe.adapter, overrides, task_required=task_required)
@@ -264,7 +264,7 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
     """Any ONNX against its PyTorch model: an enginekit-written ONNX names its model and weights."""
     from enginekit.compare.gate import Gates, VerifyReport, check_candidate, onnx_runner
     from enginekit.onnx.graph import input_dims, load_model, output_names
-    from enginekit.pipeline import Pipeline
+    from enginekit.pipeline import Stages
     from enginekit.verification.references import get_references
 
     if not path.is_file():
@@ -285,7 +285,7 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
     opt = tuple(s if s is not None else default[i] for i, s in enumerate(shape))
     opt = (1, *opt[1:])
     profile = {adapter.input_name: {"min": list(opt), "opt": list(opt), "max": list(opt)}}
-    pipe = Pipeline(request, cache)
+    pipe = Stages(request, cache)
     refs = get_references(pipe, [profile], data)
     precision = metadata.get("precision", "fp32")
     report = VerifyReport(adapter.variant, None, precision, refs.key, refs.status, skipped_images=refs.skipped_images)

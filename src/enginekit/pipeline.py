@@ -340,18 +340,17 @@ class Stages:
         """
         from enginekit.trt.backends import gpu_info, resolve_targets
         from enginekit.trt.builder import build_engine
+        from enginekit.trt.timing import kept_timing_cache
 
         gpu = gpu_info()
         targets = resolve_targets(backend, options.target_cc, gpu)
         parts = engine_key_parts(source.sha256, precision, profiles, backend, targets, gpu, options)
-        timing_cache = None
-        if backend.traits.has_timing_cache and gpu is not None:
-            timing_cache = self.cache.root / "timing" / f"{backend.name}-{backend.version}-{gpu.compute_capability}.cache"
-            timing_cache.parent.mkdir(parents=True, exist_ok=True)
 
         def produce(tmp: Path) -> dict:
             with reporting.stage(f"build ({backend.label})") as s:
-                result = build_engine(source.path, profiles, backend, options, timing_cache=timing_cache)
+                # TensorRT 10/11: the timing cache kept for this GPU (an entry of its own), read and updated
+                with kept_timing_cache(self.cache, backend, gpu) as timing_cache:
+                    result = build_engine(source.path, profiles, backend, options, timing_cache=timing_cache)
                 (tmp / PLAN_FILE).write_bytes(result.plan)
                 s.detail = f"{len(result.plan) / 2**20:.1f} MiB for {', '.join(result.targets) or result.gpu}"
             parity = verify(source.path) if verify is not None else {"checked": False, "reason": "no reference model"}

@@ -38,6 +38,9 @@ PENDING: set[tuple[str, str]] = set()  # (module, level) pairs excused while a m
 # post-install check `make setup` runs as a script (python -m enginekit.checks.setup).
 MAY_PRINT = ("cli", "reporting", "checks")
 
+# Only trt/ imports TensorRT: directly, or through Polygraphy's TensorRT backend (which imports it).
+TENSORRT = ("tensorrt", "tensorrt_rtx", "polygraphy.backend.trt", "polygraphy.backend.tensorrt_rtx")
+
 
 def modules() -> list[Path]:
     return sorted(SRC.rglob("*.py"))
@@ -129,6 +132,35 @@ def test_the_library_never_prints():
     assert not problems, "report through enginekit.reporting instead:\n" + "\n".join(problems)
 
 
+def _tensorrt_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) for each import of TensorRT, static or by ``importlib.import_module("...")``."""
+    def is_trt(name: str) -> bool:
+        return any(name == m or name.startswith(m + ".") for m in TENSORRT)
+
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("importlib.import_module", "import_module",
+                                                                      "__import__"):
+            names = [a.value for a in node.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        found += [(node.lineno, n) for n in dict.fromkeys(names) if is_trt(n)][:1]
+    return found
+
+
+def test_only_trt_imports_tensorrt():
+    problems = []
+    for path in modules():
+        if component(path) == "trt":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        problems += [f"{path.relative_to(SRC)}:{line}: imports {name}" for line, name in _tensorrt_imports(tree)]
+    assert not problems, "only enginekit.trt may import TensorRT:\n" + "\n".join(problems)
+
+
 def test_the_checks_find_what_they_look_for(tmp_path):
     """The two walkers above see function-level imports, relative imports and prints."""
     sample = tmp_path / "m.py"
@@ -136,6 +168,9 @@ def test_the_checks_find_what_they_look_for(tmp_path):
                       "    import sys\n    sys.stdout.write('y')\n")
     tree = ast.parse(sample.read_text())
     assert [w for _, w in _terminal_writes(tree)] == ["print()", "sys.stdout.write()"]
+    trt_use = ast.parse("from polygraphy.backend import trt\nimport importlib\nimportlib.import_module('tensorrt_rtx')\n"
+                        "from polygraphy.backend.common import BytesFromPath\n")
+    assert _tensorrt_imports(trt_use) == [(1, "polygraphy.backend.trt"), (3, "tensorrt_rtx")]
     fake = SRC / "pipeline.py"
     assert ("pipeline", "reporting") in {("pipeline", t) for _, t, _ in imported_components(fake)}
 

@@ -87,7 +87,7 @@ def test_quantization_keys_hold_modelopt_and_onnxruntime(tmp_path, monkeypatch, 
     pipe = Stages(ModelRequest("yolo12n", None, True, 0), Cache(tmp_path))
     keys = []
     hit = __import__("types").SimpleNamespace(status="hit")
-    monkeypatch.setattr(pipe, "_stage", lambda st, parts, produce, label: keys.append(parts) or hit)
+    monkeypatch.setattr(pipe, "stage", lambda st, parts, produce, label: keys.append(parts) or hit)
     source = tmp_path / "m.onnx"
     source.write_bytes(b"graph")
     art = Artifact.given(source)

@@ -22,11 +22,12 @@ LEVELS: list[tuple[str, ...]] = [
     ("recipes",),
     ("requests",),
     ("pipeline",),
+    ("model",),
     ("stages",),
     ("families", "trt"),
     ("compare",),
     ("onnx",),
-    ("cache", "shapes", "images", "calibration", "errors", "reporting", "gpu", "fsutil", "__version__"),
+    ("cache", "shapes", "images", "calibration", "errors", "reporting", "gpu", "fsutil", "precisions", "__version__"),
 ]
 LEVEL = {name: depth for depth, names in enumerate(LEVELS) for name in names}
 
@@ -173,6 +174,33 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     assert _tensorrt_imports(trt_use) == [(1, "polygraphy.backend.trt"), (3, "tensorrt_rtx")]
     fake = SRC / "pipeline.py"
     assert ("pipeline", "reporting") in {("pipeline", t) for _, t, _ in imported_components(fake)}
+
+
+def _precision_lists(tree: ast.AST) -> list[tuple[int, str]]:
+    """Tuple, list and set literals naming two or more precisions (``("fp32", "fp16")``, ``Literal[...]``)."""
+    from enginekit.precisions import NAMES
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            named = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in NAMES]
+            if len(named) >= 2:
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_precisions_are_listed_only_in_their_registry():
+    """A new precision is one line in enginekit/precisions.py: no other module keeps its own list of
+    them (it would miss the new one); it asks the registry (``precisions.names(exported=True)``)."""
+    problems = []
+    for path in modules():
+        if path.relative_to(SRC).as_posix() == "precisions.py":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        problems += [f"{path.relative_to(SRC)}:{line}: {text}" for line, text in _precision_lists(tree)]
+    assert not problems, "ask enginekit.precisions instead of listing precisions:\n" + "\n".join(problems)
+    sample = ast.parse('OK = ("fp32",)\nBAD = ["fp16", "int8"]\nP = Literal["fp32", "fp8"]\nif p in {"fp32", "fp16"}: pass\n')
+    assert [line for line, _ in _precision_lists(sample)] == [2, 3, 4]
 
 
 @pytest.mark.parametrize("name", ["export", "build", "verify"])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_line_error
-from enginekit.compare.comparison import Gates, SimpleCase, compare
+from enginekit.compare.comparison import Case, Gates, compare
 from enginekit.families import families, resolve
 
 PROFILE = "1x3x320x320"
@@ -104,7 +104,7 @@ def test_rtdetr_perturbed_box_heads_fail_the_task_gate(rtdetr_loaded, rtdetr_onn
     cases = []
     for i, image in enumerate(load_images(None, limit=4).images):
         feed = {adapter.input_name: adapter.preprocess(image, (320, 320))}
-        cases.append(SimpleCase(f"photo {i}", "photo", feed, adapter.reference(loaded, feed[adapter.input_name])))
+        cases.append(Case(f"photo {i}", "photo", feed, adapter.reference(loaded, feed[adapter.input_name])))
 
     def gate(onnx_path):
         sess = runtime.session(onnx_path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from importlib import metadata
 from pathlib import Path
@@ -22,8 +22,9 @@ from enginekit import __version__
 from enginekit.calibration import CalibrationData
 from enginekit.cache import Cache, Entry, key_for, sha256_file
 from enginekit.errors import UsageError
-from enginekit.families import ModelAdapter, resolve
-from enginekit.families.base import LoadedModel, folder_sha256
+from enginekit.families import ModelAdapter
+from enginekit.families.base import LoadedModel
+from enginekit.model import ModelRequest
 from enginekit.shapes import Shape, format_shape
 from enginekit import reporting
 
@@ -89,57 +90,6 @@ class Artifact:
         if self.entry is None:
             return {"stage": self.stage, "path": str(self.path), "sha256": self.sha256}
         return {"stage": self.stage, "kind": self.entry.kind, "key": self.entry.key, "sha256": self.sha256}
-
-
-@dataclass
-class ModelRequest:
-    """Which model, with which weights; enough to key every stage without loading it."""
-
-    name: str
-    weights: Path | None = None
-    random_init: bool = False
-    seed: int = 0
-    nms: bool = False  # NMS in the graph (``--nms``): the family's with_nms adapter
-    adapter: ModelAdapter = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.adapter = resolve(self.name)
-        if self.nms:
-            self.adapter = self.adapter.with_nms()
-        if self.weights is not None and self.random_init:
-            raise UsageError("--weights and --random-init exclude each other")
-        if self.weights is not None and not self.weights.exists():
-            raise UsageError(f"weights file not found: {self.weights}")
-
-    @cached_property
-    def weights_identity(self) -> str:
-        if self.random_init:
-            tag = f"+{self.adapter.random_init_tag}" if self.adapter.random_init_tag else ""
-            return f"random:{self.adapter.variant}{tag}@{self.seed}"
-        if self.weights is not None:
-            if self.weights.is_dir():
-                return f"sha256:{folder_sha256(self.weights)}"
-            return f"sha256:{sha256_file(self.weights)}"
-        # a hub name: the content of the file it resolves to (downloaded if need be), not the name
-        return f"sha256:{sha256_file(self.adapter.hub_weights())}"
-
-    @property
-    def subject(self) -> str:
-        return self.adapter.variant
-
-    def to_json(self) -> dict:
-        """How to load this model again (paths are fine here: this is no cache key)."""
-        data = {"name": self.name, "weights": str(self.weights.resolve()) if self.weights else None,
-                "random_init": self.random_init, "seed": self.seed, "identity": self.weights_identity}
-        if self.nms:
-            data["nms"] = True
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict) -> "ModelRequest":
-        weights = Path(data["weights"]) if data.get("weights") else None
-        return cls(data["name"], weights, bool(data.get("random_init")), int(data.get("seed", 0)),
-                   bool(data.get("nms")))
 
 
 class Stages:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from enginekit.errors import UsageError
+from enginekit.precisions import names as precision_names
 from enginekit.shapes import Shape, parse_shape
 
 #: every runner, in the order rows are reported
@@ -25,7 +26,7 @@ FAMILIES = {
     "onnxruntime": ("onnxruntime-cpu", "onnxruntime-cuda"),
     "ort": ("onnxruntime-cpu", "onnxruntime-cuda"),
 }
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = precision_names(exported=True)
 def parse_backends(text: str) -> list[str]:
     """``"torch,onnxruntime-cpu"`` -> runner names in report order; UsageError for unknown names."""
     chosen: set[str] = set()

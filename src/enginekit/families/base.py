@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from enginekit.cache import sha256_file
-from enginekit.compare.parts import PARITY_LIMITS, OutputPart, Tolerance  # noqa: F401 - re-exported
+from enginekit.compare.parts import OutputPart, Tolerance  # noqa: F401 - re-exported
 from enginekit.errors import UsageError
 from enginekit.shapes import InputConstraint, Shape
 

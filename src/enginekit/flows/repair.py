@@ -79,7 +79,7 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
         return chain[-1], {"nodes": [], "moved": 0, "candidates": len(names), "rel_l2_before": worst,
                            "rel_l2_after": worst, "trials": 1, "task_before": first.task, "task_after": first.task}
     with reporting.stage(f"repair {precision}: rank {len(names)} nodes") as s:
-        feed = {pipe.adapter.input_name: cases[0].array}
+        feed = cases[0].feed
         ranking = rp.per_node_error(source.path, chain[-1].path, feed, names)
         s.detail = "by the error each adds" if ranking else "from the output backwards"
 

@@ -33,11 +33,10 @@ class VerifyOutcome:
 def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
     from enginekit.cache import Cache
     from enginekit.calibration import CalibrationData
-    from enginekit.compare.gate import parse_overrides
 
     r = request
     cache = cache or Cache()
-    overrides = parse_overrides(list(r.tolerances))
+    overrides = r.tolerances
     data = CalibrationData(Path(r.images) if r.images else None, count=r.image_count)
     data.image_paths  # noqa: B018 - refuse a missing or empty folder before any work
 
@@ -132,7 +131,7 @@ def verify_corrupt(entry: CorruptEntry):
 
 def model_of(entry, given):
     """(ModelRequest, chain links) an engine entry is verified with: its own, or the request's."""
-    from enginekit.pipeline import ModelRequest
+    from enginekit.model import ModelRequest
 
     m = entry.manifest
     if m.get("model_request"):
@@ -143,25 +142,16 @@ def model_of(entry, given):
                          "flags) or verify that file with --weights CHECKPOINT")
     request, artifacts = given
     recorded = (m.get("source_model") or {}).get("weights")
-    if recorded and not same_weights(recorded, request):
+    if recorded and not request.matches(recorded):
         raise UsageError(f"engine {entry.key[:12]} was built from a graph of weights {recorded[:23]}, not "
                          f"{request.weights_identity[:23]}")
     return request, [a.to_json() for a in artifacts]
 
 
-def same_weights(recorded: str, request) -> bool:
-    """Whether an ONNX file's recorded weights identity is the one ``request`` loads."""
-    if recorded.startswith("random:"):
-        return request.random_init and recorded.rpartition("@")[2] == str(request.seed)
-    if recorded.startswith("hub:"):
-        return request.weights is None and not request.random_init
-    return request.weights_identity == recorded
-
-
 def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_required: bool = True):
-    from enginekit.compare.gate import (STAGE_PRECISION, Gates, VerifyReport, check_candidate, onnx_runner, skipped,
-                                        unrunnable)
-    from enginekit.pipeline import ModelRequest, Stages
+    from enginekit.compare.gate import Gates, VerifyReport, check_candidate, onnx_runner, skipped, unrunnable
+    from enginekit.pipeline import Stages
+    from enginekit.precisions import of_stage
     from enginekit.verification.references import get_references
 
     m = entry.manifest
@@ -176,7 +166,7 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
     for link in links:
         name = f"onnx-{link['stage']}"
         found = cache.lookup(link["kind"], link["key"]) if "kind" in link else None
-        stage_precision = STAGE_PRECISION.get(link["stage"]) or precision
+        stage_precision = of_stage(link["stage"]) or precision
         if found is not None and found.status == "corrupt":
             what = CorruptEntry(link["kind"], link["key"], None, found.reason or "corrupt").describe()
             report.artifacts.append(corrupt_artifact(name, "onnx", stage_precision, what))
@@ -223,11 +213,12 @@ def note_calibration(report, calibrated_on: str | None) -> None:
     and what to do. Calibration ranges come from what calibration sees; photographs of street scenes
     are not the activations of a model trained on other images (measured in families/yolo_tasks.py)."""
     from enginekit.calibration import CalibrationData
+    from enginekit.precisions import PRECISIONS
 
     if not calibrated_on or not calibrated_on.startswith(CalibrationData(None).describe().split(" (")[0]):
         return
     for art in report.artifacts:
-        if art.precision in ("int8", "fp8") and art.ran and not art.passed:
+        if art.precision in PRECISIONS and PRECISIONS[art.precision].calibrated and art.ran and not art.passed:
             art.notes.append(f"calibrated on the {calibrated_on}, not on images of what the model sees: "
                              "calibrate on a folder of them (--calib-data DIR)")
 
@@ -302,7 +293,7 @@ def onnx_model_request(path: Path, metadata: dict, model, reference, spec):
     """The model an ONNX file is compared against: --model/--weights/--random-init, else its metadata.
 
     Refused in one line when the given weights are not the ones its metadata records."""
-    from enginekit.pipeline import ModelRequest
+    from enginekit.model import ModelRequest
 
     name = model or metadata.get("model")
     if not name:
@@ -311,17 +302,17 @@ def onnx_model_request(path: Path, metadata: dict, model, reference, spec):
     random_init = bool(spec is not None and spec.random_init)
     seed = spec.seed if spec is not None else 0
     recorded = metadata.get("weights", "")
-    if weights is None and not random_init:
-        if recorded.startswith("random:"):  # reproducible: the same seeded architecture
-            random_init, seed = True, int(recorded.rpartition("@")[2] or 0)
-        elif not recorded.startswith("hub:"):
+    nms = metadata.get("nms") == "True"  # a graph ending in NMS is compared with the same model in the same NMS
+    if weights is None and not random_init:  # reproducible: the same seeded architecture, or the hub's weights
+        request = ModelRequest.recorded(name, recorded, nms=nms)
+        if request is None:
             known = f" (it was exported from weights {recorded[:23]})" if recorded else ""
             raise UsageError(f"verify of {path.name} needs its PyTorch weights: pass --weights CHECKPOINT or "
                              f"--random-init{known}")
-    # a graph ending in NMS is compared with the same model wrapped in the same NMS
-    request = ModelRequest(name, weights, random_init, seed, nms=metadata.get("nms") == "True")
+    else:
+        request = ModelRequest(name, weights, random_init, seed, nms=nms)
     if recorded and model in (None, metadata.get("model")):
-        if not same_weights(recorded, request):
+        if not request.matches(recorded):
             given = f"--weights {weights.name}" if weights is not None else (
                 f"--random-init --seed {seed}" if random_init else "hub weights")
             raise UsageError(f"{given} ({request.weights_identity[:23]}) is not what {path.name} was exported from "

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from enginekit.errors import CapabilityError, UsageError
+from enginekit.model import ModelRequest, check_weights_choice
+from enginekit.precisions import NAMES as PRECISIONS, names as precision_names
 from enginekit.runtime.backends import BACKENDS
-
-PRECISIONS = ("fp32", "fp16", "int8", "fp8")
 
 
 @dataclass
@@ -24,10 +24,12 @@ class Target:
     path: Path | None = None
     manifest: dict = field(default_factory=dict)
     metadata: dict = field(default_factory=dict)
-    weights: Path | None = None
-    random_init: bool = False
-    seed: int = 0
+    request: ModelRequest | None = None  # a model's: which weights
     precision: str | None = None
+
+    weights = property(lambda self: self.request.weights if self.request else None)
+    random_init = property(lambda self: bool(self.request and self.request.random_init))
+    seed = property(lambda self: self.request.seed if self.request else 0)
 
 
 def _onnx_metadata(path: Path) -> dict:
@@ -76,16 +78,10 @@ def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=Non
         from enginekit.recipes import load_recipe
 
         recipe = load_recipe(text)
-        spec = recipe.model
-        w = (recipe.path.parent / spec.weights) if spec.weights else None
-        return Target("model", recipe.name, spec.variant, weights=w, random_init=spec.random_init, seed=spec.seed,
+        return Target("model", recipe.name, recipe.model.variant, request=recipe.model_request(),
                       precision=recipe.precisions[0] if recipe.precisions else None)
-    from enginekit.families import resolve
-
     try:
-        resolve(text)
-        return Target("model", text, text, weights=Path(weights) if weights else None, random_init=random_init,
-                      seed=seed)
+        return Target("model", text, text, request=ModelRequest(text, weights, random_init, seed))
     except UsageError:
         if not re.fullmatch(r"[0-9a-f]{6,64}", text.lower()):
             raise
@@ -198,7 +194,7 @@ def _export_onnx(target: Target, precision: str, cache, quiet: bool) -> Path:
     from enginekit.flows.export import run_export
     from enginekit.requests import ExportRequest
 
-    if precision not in ("fp32", "fp16"):
+    if precision not in precision_names(exported=True):
         raise UsageError(f"ONNX Runtime runs fp32 and fp16 graphs of a model name; {precision} needs the tensorrt "
                          "backend (or load the ONNX file `enginekit build` wrote)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -251,8 +247,7 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     for flag, value in (("--conf", conf), ("--iou", iou)):
         if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):  # NaN fails this too
             raise UsageError(f"{flag} {value}: expected a number from 0 to 1")
-    if weights is not None and random_init:
-        raise UsageError("--weights and --random-init exclude each other")
+    check_weights_choice(weights, random_init)
     t = resolve_target(target, weights=weights, random_init=random_init, seed=seed, cache=cache)
     name, reason = choose_backend(t, backend, device)
     if t.kind != "model" and t.precision and precision != "fp32" and precision != t.precision:
@@ -272,7 +267,7 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     metadata = dict(t.metadata)
 
     if name == "torch":
-        if prec not in ("fp32", "fp16"):
+        if prec not in precision_names(exported=True):
             raise UsageError(f"the torch backend runs fp32 and fp16 (FP16 on a GPU), not {prec}")
         adapter, module, meta = _torch_module(t)
         metadata.update(meta)

@@ -111,6 +111,12 @@ class S3Store:
         except Exception as exc:  # noqa: BLE001
             if _code(exc) in ("NoSuchKey", "404"):
                 return None
+            if _code(exc) == "403":  # a HEAD answer has no body: ask once more for the reason
+                try:
+                    self.client.get_object(Bucket=self.bucket, Key=self._key(name), Range="bytes=0-0")
+                except Exception as detailed:  # noqa: BLE001
+                    if _code(detailed) not in ("NoSuchKey", "404"):
+                        exc = detailed
             raise self._error(exc, f"look up {name}") from None
         return ObjectInfo(name, int(meta["ContentLength"]), meta.get("LastModified"))
 

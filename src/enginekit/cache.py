@@ -577,6 +577,18 @@ class Cache:
         reporting.note(f"pulled {kind}/{key[:12]} from {remote.url} ({size / 2**20:.1f} MiB, sha256 checked)", level=1)
         return Entry(kind, key, path, manifest)
 
+    def _pull_prefix(self, prefix: str) -> Entry | None:
+        """The store's one entry whose key starts with ``prefix``, pulled; None when it has none."""
+        remote = self.remote
+        rows = remote.quietly(remote.entries, manifests=False) or []
+        matches = sorted({(r.kind, r.key) for r in rows if r.key.startswith(prefix)})
+        if len(matches) > 1:
+            listed = ", ".join(f"{k}/{key[:12]}" for k, key in matches[:5])
+            raise UsageError(f"cache key prefix {prefix!r} is ambiguous in the store {remote.url}: matches {listed}")
+        if not matches:
+            return None
+        return self.lookup(*matches[0]).entry
+
     def _push_quietly(self, entry: Entry) -> None:
         remote = self.remote
         if remote is not None and remote.writable:
@@ -786,6 +798,10 @@ class Cache:
                 f"give at least {MIN_PREFIX} characters"
             )
         matches = [(k, key) for k, key, _ in self._entry_dirs() if key.startswith(prefix)]
+        if not matches and self.remote is not None:  # read through: the store's entry, pulled
+            pulled = self._pull_prefix(prefix)
+            if pulled is not None:
+                return pulled
         if not matches:
             raise UsageError(f"no cache entry has a key starting with {prefix!r}")
         if len(matches) > 1:

@@ -5,7 +5,7 @@ How the store's client was chosen. Runs the clients importable in this interpret
 
     python benchmarks/store_clients.py --bucket bench --sizes 50,100,500 --repeat 3 --json out.json
 
-Each figure is the best of ``--repeat`` runs (MB/s, 10**6 bytes), files on local disk, the same
+Each figure is the median of ``--repeat`` runs, the clients taking turns (MB/s, 10**6 bytes), files on local disk, the same
 part size (16 MiB) and concurrency (8 parts) for every client.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -137,28 +138,30 @@ def main() -> None:
             with open(src, "wb") as f:
                 for _ in range(size_mb):
                     f.write(os.urandom(10**6))
+            clients = {}
             for name in args.clients.split(","):
-                if not importable({"s3fs": "s3fs", "boto3": "boto3"}.get(name, "obstore")):
-                    continue
-                put, get = CLIENTS[name](args.bucket)
-                puts, gets = [], []
-                for r in range(args.repeat):
+                if importable({"s3fs": "s3fs", "boto3": "boto3"}.get(name, "obstore")):
+                    clients[name] = CLIENTS[name](args.bucket)
+            times = {name: ([], []) for name in clients}
+            for r in range(args.repeat):  # clients take turns: a busy machine slows each alike
+                for name, (put, get) in clients.items():
                     key = f"bench/{name}-{size_mb}-{r}"
                     t = time.perf_counter()
                     put(src, key)
-                    puts.append(time.perf_counter() - t)
+                    times[name][0].append(time.perf_counter() - t)
                     dest = Path(tmp) / "dest"
                     t = time.perf_counter()
                     get(key, dest)
-                    gets.append(time.perf_counter() - t)
+                    times[name][1].append(time.perf_counter() - t)
                     assert dest.stat().st_size == src.stat().st_size
                     dest.unlink()
-                row = {"client": name, "size_mb": size_mb, "put_mb_s": round(size_mb / min(puts), 1),
-                       "get_mb_s": round(size_mb / min(gets), 1),
+            for name, (puts, gets) in times.items():
+                row = {"client": name, "size_mb": size_mb, "put_mb_s": round(size_mb / statistics.median(puts), 1),
+                       "get_mb_s": round(size_mb / statistics.median(gets), 1),
                        "put_s": [round(x, 2) for x in puts], "get_s": [round(x, 2) for x in gets]}
                 rows.append(row)
                 print(f"{name:15s} {size_mb:4d} MB  put {row['put_mb_s']:7.1f} MB/s  get {row['get_mb_s']:7.1f} MB/s  "
-                      f"(put s {row['put_s']}, get s {row['get_s']})", flush=True)
+                      f"(median; put s {row['put_s']}, get s {row['get_s']})", flush=True)
             src.unlink()
     for module in ("boto3", "obstore", "s3fs"):
         if importable(module):

@@ -158,6 +158,16 @@ class Remote:
                 self.down, self._down_at = exc, time.monotonic()
                 reporting.warning(f"{exc}; going on without the store (local cache only)")
             return None
+        except CorruptObject:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the client's own fault: the build goes on all the same
+            if isinstance(exc, OSError) and _disk_full(exc):
+                raise
+            if self.down is None:
+                self.down, self._down_at = StoreError(str(exc)), time.monotonic()
+                reporting.warning(f"the store {self.url} failed ({type(exc).__name__}: {str(exc)[:200]}); "
+                                  "going on without the store (local cache only)")
+            return None
 
     # -- reading ---------------------------------------------------------------------------------
     def manifest(self, kind: str, key: str) -> dict | None:
@@ -271,7 +281,7 @@ class Remote:
     def write_report(self, key: str, report: dict) -> str:
         import hashlib
 
-        data = json.dumps(report, indent=2, sort_keys=True, allow_nan=False, default=str).encode()
+        data = json.dumps(_finite(report), indent=2, sort_keys=True, allow_nan=False, default=str).encode()
         name = f"{REPORTS}{key}/{hashlib.sha256(data).hexdigest()}.json"
         self.store.put(name, data)
         return name
@@ -316,6 +326,25 @@ class Remote:
             self.store.delete(reports)
         self.store.delete([b.name for b in plan.blobs])
         return plan
+
+
+def _disk_full(exc: BaseException) -> bool:
+    from enginekit.fsutil import is_disk_full
+
+    return is_disk_full(exc)
+
+
+def _finite(value: Any) -> Any:
+    """JSON for strict parsers: NaN and infinities become null."""
+    import math
+
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _parse_manifest(data: bytes, kind: str, key: str) -> dict:

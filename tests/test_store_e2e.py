@@ -33,7 +33,8 @@ def test_an_engine_built_and_verified_on_one_machine_serves_another(store, s3, c
     assert any(n.startswith(f"reports/{built.entry.key}/") for n in names)  # the verify report travels too
     fp16_graph = next(a for a in built.artifacts if a.stage == "fp16") if built.artifacts else None
 
-    deploy = {**s3.env(RO), "ENGINEKIT_CACHE": str(tmp_path / "deploy"), "ENGINEKIT_REMOTE": store}
+    deploy = {**s3.env(RO), "ENGINEKIT_CACHE": str(tmp_path / "deploy"), "ENGINEKIT_REMOTE": store,
+              "ENGINEKIT_REMOTE_MODE": "read"}
     engine = run_cli("build", "yolo12n", "--random-init", "--precision", "fp16", env=deploy)
     assert engine.code == 0, engine.stderr
     assert "found by identity" in engine.stderr and built.entry.key[:12] in engine.stderr

@@ -25,13 +25,16 @@ class Resolution:
 
 
 def engine_by_identity(cache, pipe, request, bound, backend, targets, export_parts: dict) -> Resolution | None:
-    """For ``build``: with a store configured, a request a deploy machine makes (``by_identity_applies``)
-    whose first stage this machine has not made is served by identity (other library versions
-    than the builder's never compute its keys). None where identity does not apply; else the
-    resolution, said in one line (``--explain`` or not): the entry and why, or what there is instead."""
+    """For ``build``: on a client that reads the store (``ENGINEKIT_REMOTE_MODE=read``, a deploy
+    machine), a request a deploy machine makes (``by_identity_applies``) whose first stage this
+    machine has not made is served by identity (other library versions than the builder's never
+    compute its keys). A writer (CI) builds with its own toolchain, key by key, so what it pushes is
+    what its versions make. None where identity does not apply; else the resolution, said in one
+    line (``--explain`` or not): the entry and why, or what there is instead."""
     from enginekit.cache import key_for
 
-    if cache.remote is None or not by_identity_applies(request):
+    remote = cache.remote
+    if remote is None or remote.settings.writable or not by_identity_applies(request):
         return None
     if cache.has("onnx-export", key_for(export_parts)):
         return None  # this machine builds: its own chain decides, key by key

@@ -4,7 +4,7 @@ A store holds named objects (``blobs/sha256/ab/ab12...``, ``entries/engine/<key>
 the URL's prefix. The tier (``enginekit.store.tier``) needs only these operations:
 
     get(name) -> bytes | None          a small object, None when there is none
-    get_file(name, dest) -> int        a large object into a local file (parallel ranged reads)
+    get_file(name, dest) -> (n, sha)   a large object into a local file, hashed as written
     put(name, data, if_absent=False)   a small object in one request; with ``if_absent`` the
                                        write happens only when no object has that name (atomic
                                        on the server) and says whether it did
@@ -53,7 +53,7 @@ class ObjectStore(Protocol):
 
     def get(self, name: str) -> bytes | None: ...
 
-    def get_file(self, name: str, dest: Path) -> int: ...
+    def get_file(self, name: str, dest: Path) -> tuple[int, str]: ...
 
     def put(self, name: str, data: bytes, *, if_absent: bool = False) -> bool: ...
 

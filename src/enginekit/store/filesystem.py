@@ -40,15 +40,26 @@ class FileStore:
         except OSError as exc:
             raise self._error(exc, f"read {name}") from None
 
-    def get_file(self, name: str, dest: Path) -> int:
+    def get_file(self, name: str, dest: Path) -> tuple[int, str]:
+        """The object into ``dest``, hashed as it is copied: (bytes written, their sha256)."""
+        import hashlib
+
+        digest, written = hashlib.sha256(), 0
         try:
-            shutil.copyfile(self._path(name), dest)
+            with open(self._path(name), "rb") as src, open(dest, "wb") as out:
+                while chunk := src.read(8 * 2**20):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    written += len(chunk)
         except FileNotFoundError:
-            self.check()
+            if not Path(dest).exists() or written == 0:
+                self.check()
             raise
         except OSError as exc:
+            if exc.filename == str(dest):
+                raise  # ours to report (a full disk here), not the store's
             raise self._error(exc, f"read {name}") from None
-        return dest.stat().st_size
+        return written, digest.hexdigest()
 
     def _staged(self, name: str, write) -> Path:
         path = self._path(name)

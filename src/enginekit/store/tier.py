@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from enginekit.cache import MANIFEST, _check_manifest, sha256_file
+from enginekit.cache import MANIFEST, _check_manifest
 from enginekit.store.base import ObjectInfo, ObjectStore, StoreError
 from enginekit.store.identity import hardware_of, identity_hash, identity_of
 from enginekit.store.settings import RemoteSettings
@@ -190,12 +190,12 @@ class Remote:
             dest.parent.mkdir(parents=True, exist_ok=True)
             what = f"store entry {kind}/{key[:12]}: object {blob_name(str(sha))} ({name})"
             try:
-                got = self.store.get_file(blob_name(sha), dest)
+                got, digest = self.store.get_file(blob_name(sha), dest)  # hashed as it was written
             except FileNotFoundError:
                 raise CorruptObject(f"{what} is missing") from None
             if got != size:
                 raise CorruptObject(f"{what} has {got} bytes, {size} recorded (truncated or replaced)")
-            if sha256_file(dest) != sha:
+            if digest != sha:
                 raise CorruptObject(f"{what} does not match its sha256 (corrupt)")
         (folder / MANIFEST).write_bytes(data)
         return manifest

@@ -275,7 +275,9 @@ class Remote:
                       "published": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         if verdict:
             record.setdefault("verdict", {}).update(verdict)
-        self.store.put(name, json.dumps(record, indent=2, sort_keys=True).encode())
+        data = json.dumps(record, indent=2, sort_keys=True).encode()
+        if data != old:
+            self.store.put(name, data)
         return record
 
     def write_report(self, key: str, report: dict) -> str:

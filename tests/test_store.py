@@ -435,3 +435,16 @@ def test_cache_pull_by_key_prints_the_file(store, s3, tmp_path, run_cli):
     assert Path(pulled.stdout.strip()).read_bytes() == b"pull me"
     unknown = run_cli("cache", "pull", "abcdef0123", "--remote", store, env=env)
     assert_one_line_error(unknown, 2, "has no entry")
+
+
+def test_doctor_shows_the_store_its_mode_and_whether_it_answers(store, s3, run_cli):
+    env = {**s3.env(RW), "ENGINEKIT_REMOTE": store, "ENGINEKIT_REMOTE_MODE": "read"}
+    fine = json.loads(run_cli("doctor", "--json", env=env).stdout)["store"]
+    assert (fine["url"], fine["mode"], fine["reachable"], fine["endpoint"]) == (store, "read", True, s3.endpoint)
+    text = run_cli("doctor", env=env).stdout
+    assert f"store: {store}" in text and "mode read" in text and "answers" in text
+    bad = run_cli("doctor", "--json", env={**env, "AWS_SECRET_ACCESS_KEY": "wrong"})
+    assert bad.code == 0
+    data = json.loads(bad.stdout)
+    assert data["store"]["reachable"] is False and "secret key does not match" in data["store"]["problem"]
+    assert any("secret key does not match" in w for w in data["warnings"])

@@ -66,7 +66,7 @@ def _render(data: dict) -> None:
                  "" if cache["exists"] else " (not created yet)"))
     store = data.get("store") or {}
     if store.get("url"):
-        state = "[green]reachable[/]" if store.get("reachable") else "[red]unreachable[/]"
+        state = "[green]answers[/]" if store.get("reachable") else "[red]not usable (see the warning)[/]"
         via = f" via {store['endpoint']}" if store.get("endpoint") else ""
         out.print(f"store: {store['url']}{via}  mode {store.get('mode') or '?'}  {state}")
     else:

@@ -189,6 +189,11 @@ class S3Store:
         except Exception as exc:  # noqa: BLE001
             if _code(exc) in ("404", "NoSuchBucket"):
                 raise StoreError(f"the store {self.url}: the bucket {self.bucket} does not exist", "no-bucket") from None
+            if _code(exc) == "403":  # a HEAD answer has no body: a listing says why
+                try:
+                    self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._key(""), MaxKeys=1)
+                except Exception as detailed:  # noqa: BLE001
+                    exc = detailed
             raise self._error(exc, "reach the bucket") from None
 
     # -- errors

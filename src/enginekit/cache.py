@@ -568,7 +568,8 @@ class Cache:
             if manifest is None:
                 shutil.rmtree(tmp, ignore_errors=True)
                 return None
-            _fsync_tree(tmp)
+            # Not flushed to disk as a build is: what a power cut could tear is found by the size and
+            # sha256 check of every hit, and pulled again (it was checked once already, on arrival).
             path = self._publish(tmp, kind, key)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

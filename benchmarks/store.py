@@ -131,7 +131,7 @@ entry, _ = ci.get_or_create("onnx-export", {{"bench": "100MB"}}, lambda tmp: (tm
 reader = Remote(RemoteSettings({url!r}, "read", 60))
 reader.store.check()  # the client set up (botocore reads its service model once per process)
 out = []
-for i in range({args.repeat}):
+for i in range(max(5, {args.repeat})):  # the first pulls right after the upload meet a server still writing it
     cache = Cache(work / f"big-{{i}}", remote=reader)
     t = time.perf_counter()
     pulled, status = cache.pull("onnx-export", entry.key)
@@ -146,7 +146,7 @@ print(json.dumps(out))
         rates = [100 / s for s in pulls]
         report["pull_100mb_mb_s"] = [round(r, 1) for r in rates]
         print(f"pull of a 100 MB entry, sha256 checked:             {statistics.median(rates):8.1f} MB/s  "
-              f"(runs {[round(r) for r in rates]}; goal >= 200)", flush=True)
+              f"(runs in order {[round(r) for r in rates]}; goal >= 200)", flush=True)
 
         # 3. load() with a remote hit on an empty cache, after imports
         fp16_key = json.loads((next((work / "ci" / "engine").iterdir()) / "manifest.json").read_text())["chain"][-1]["key"]

@@ -27,7 +27,7 @@ LEVELS: list[tuple[str, ...]] = [
     ("families", "trt"),
     ("compare",),
     ("onnx",),
-    ("cache", "shapes", "images", "calibration", "errors", "reporting", "gpu", "fsutil", "precisions", "__version__"),
+    ("cache", "store", "shapes", "images", "calibration", "errors", "reporting", "gpu", "fsutil", "precisions", "__version__"),
 ]
 LEVEL = {name: depth for depth, names in enumerate(LEVELS) for name in names}
 

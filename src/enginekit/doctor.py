@@ -50,6 +50,7 @@ def inventory() -> dict[str, Any]:
         "onnxruntime_provider_status": _onnxruntime_provider_status(),  # and whether each one loads here
         "tensorrt_modules": _tensorrt_modules(),
         "cache": _cache_facts(),
+        "store": _store_facts(),
     }
 
 
@@ -146,6 +147,34 @@ def _cache_facts() -> dict[str, Any]:
     writable = os.access(root if root.exists() else _existing_parent(root), os.W_OK)
     return {"root": str(root), "exists": root.is_dir(), "size_bytes": size, "entries": entries,
             "writable": writable, "problem": None}
+
+
+def _store_facts() -> dict[str, Any]:
+    """The team store (ENGINEKIT_REMOTE): its URL, mode, and whether it answers (bucket and
+    credentials checked; nothing is written)."""
+    from enginekit.errors import EnginekitError
+    from enginekit.store.settings import current
+
+    try:
+        settings = current()
+    except EnginekitError as exc:
+        return {"url": os.environ.get("ENGINEKIT_REMOTE"), "mode": None, "reachable": False, "problem": str(exc)}
+    if settings is None:
+        return {"url": None, "mode": None, "reachable": None, "problem": None}
+    facts = {"url": settings.url, "mode": settings.mode, "timeout_s": settings.timeout, "endpoint": None,
+             "reachable": False, "problem": None}
+    try:
+        from enginekit.store.tier import open_store
+
+        store = open_store(settings)
+        facts["endpoint"] = getattr(store, "endpoint", None)
+        store.check()
+        facts["reachable"] = True
+    except EnginekitError as exc:
+        facts["problem"] = str(exc)
+    except ImportError as exc:
+        facts["problem"] = f"cannot import {exc.name or 'the store client'}: pip install boto3"
+    return facts
 
 
 def _file_size(path: Path) -> int:
@@ -264,7 +293,7 @@ def warnings(inv: dict[str, Any]) -> list[str]:
     """Known bad combinations on this machine, one line each."""
     found: list[str] = []
     for check in (_warn_onnxruntime_twice, _warn_rtx_gpu, _warn_old_tensorrt, _warn_rtx_versions,
-                  _warn_torch_cpu_build, _warn_cache, _warn_missing_model_libraries):
+                  _warn_torch_cpu_build, _warn_cache, _warn_missing_model_libraries, _warn_store):
         found.extend(check(inv))
     return found
 
@@ -323,6 +352,13 @@ def _warn_cache(inv: dict[str, Any]) -> list[str]:
         return [f"cannot use the cache at {cache['root']}: {cache['problem']}; set ENGINEKIT_CACHE to a writable folder"]
     if cache and not cache.get("writable", True):
         return [f"the cache {cache['root']} is not writable: set ENGINEKIT_CACHE to a folder you can write"]
+    return []
+
+
+def _warn_store(inv: dict[str, Any]) -> list[str]:
+    store = inv.get("store") or {}
+    if store.get("problem"):
+        return [f"{store['problem']}: builds and loads go on with the local cache only"]
     return []
 
 

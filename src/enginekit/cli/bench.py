@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import (RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
+                                  quiet_third_party)
 
 DEFAULT_BACKENDS = "torch,onnxruntime"
 
@@ -34,6 +35,8 @@ def register(app: typer.Typer) -> None:
         trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
+        remote: RemoteOpt = None,
+        remote_read_only: RemoteReadOnlyOpt = False,
     ) -> None:
         """Time a model on PyTorch, ONNX Runtime and TensorRT, fed the same seeded inputs.
 

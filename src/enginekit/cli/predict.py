@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import RandomInitOpt, SeedOpt, TrustOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
@@ -27,6 +27,8 @@ def register(app: typer.Typer) -> None:
         iou: Annotated[float, typer.Option("--iou", help="NMS IoU threshold.")] = 0.7,
         max_frames: Annotated[Optional[int], typer.Option("--max-frames", help="Stop after this many frames.")] = None,
         device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda:N (default: the backend's).")] = None,
+        remote: RemoteOpt = None,
+        remote_read_only: RemoteReadOnlyOpt = False,
     ) -> None:
         """Run one or several models on each frame and write what they see.
 

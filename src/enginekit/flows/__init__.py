@@ -22,7 +22,9 @@ R = TypeVar("R")
 def run(flow: Callable[..., R], request, cache=None, *, quiet: bool = False) -> R:
     """Run ``flow(request, cache)`` with its reports collected into the result's ``events``
     (and passed on to whoever listens, unless ``quiet``)."""
-    with reporting.collecting(quiet) as collector:
+    from enginekit.cache import holding_entries
+
+    with reporting.collecting(quiet) as collector, holding_entries():  # gc keeps what the run uses
         result = flow(request, cache)
     result.events = collector.events
     return result

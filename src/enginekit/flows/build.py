@@ -22,6 +22,7 @@ class BuildOutcome:
     artifacts: list
     explanations: list[tuple[str, str]] = field(default_factory=list)
     events: list = field(default_factory=list)  # reporting.Event, what the run reported
+    resolution: str | None = None  # found by identity in the cache or store: which entry and why
 
     @property
     def manifest(self) -> dict:
@@ -83,6 +84,11 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
             export_shape = (largest, *export_shape[1:])
         if r.explain:
             explain(pipe, "onnx-export", pipe.export_parts(export_shape, r.opset))
+        from enginekit.flows.store import engine_by_identity
+
+        found = engine_by_identity(cache, pipe, r, bound, be, targets, pipe.export_parts(export_shape, r.opset))
+        if found is not None and found.entry is not None:
+            return BuildOutcome(found.entry.file("engine.plan"), found.entry, found.status, [], resolution=found.reason)
         chain = [pipe.export(export_shape, r.opset)]
         chain.append(pipe.simplify(chain[-1], export_shape))
 
@@ -133,6 +139,9 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         explain(pipe, "engine", parts)
     entry, status = pipe.engine(source, bound, be, options, mode.key(method, exclude, calibration, repaired_nodes),
                                 verify_fn, chain, extra=extra or None)
+    from enginekit.flows.store import publish_build
+
+    publish_build(cache, chain, entry)
     return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
 
 

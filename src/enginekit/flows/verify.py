@@ -48,6 +48,9 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
         reports = [verify_corrupt(e) if isinstance(e, CorruptEntry) else
                    verify_entry(e, data, overrides, cache, r.report_dir, given=given, task_required=r.task_required)
                    for e, given in found]
+        from enginekit.flows.store import publish_verdicts
+
+        publish_verdicts(cache, found, reports)
     outcome = VerifyOutcome(reports)
     write_reports(outcome, r.report_dir, r.junit)
     if r.require_engine and not outcome.engine_ran:
@@ -135,6 +138,8 @@ def model_of(entry, given):
 
     m = entry.manifest
     if m.get("model_request"):
+        if given is not None and given[0].weights_identity == m["model_request"].get("identity"):
+            return given[0], m.get("chain", [])  # the same weights, where this machine has them
         return ModelRequest.from_json(m["model_request"]), m.get("chain", [])
     if given is None:
         raise UsageError(f"engine {entry.key[:12]} was built from an ONNX file with no PyTorch model to compare "

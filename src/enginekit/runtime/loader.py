@@ -302,6 +302,7 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
             request = BuildRequest(target=t.model, precision=prec, weights=t.weights, random_init=t.random_init,
                                    seed=t.seed, **opts)
             outcome = run(run_build, request, cache, quiet=quiet)
+            reason = f"{reason}; {outcome.resolution}" if outcome.resolution else reason
             from enginekit.cache import Cache
 
             t = _engine_target(outcome.engine, outcome.manifest, f"engine {outcome.entry.key[:12]}", cache or Cache())

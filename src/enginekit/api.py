@@ -60,11 +60,13 @@ def verify(target: VerifyRequest | str | None = None, /, *, cache=None, quiet: b
 
 
 def load(target, precision: str = "fp32", backend: str = "auto", **options: Any):
-    """Frames -> predictions over an engine, ONNX Runtime or PyTorch: ``enginekit.runtime.load``.
+    """Frames -> predictions over an engine, ONNX Runtime or PyTorch (or any registered backend).
 
+    A model name is exported or built through the cache as its backend needs (``enginekit.flows.load``),
+    then the runtime loads the artifact (``enginekit.runtime.loader``, which only loads).
     ``predictor(images)`` returns per image the family's results in the original image's pixels;
     ``predictor.backend`` and ``predictor.reason`` say which backend runs and why.
     """
-    from enginekit.runtime.loader import load as run_load
+    from enginekit.flows.load import load as run_load
 
     return run_load(target, precision, backend, **options)

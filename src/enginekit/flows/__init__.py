@@ -5,6 +5,8 @@
     repair.py   a failing fp16/int8 graph -> the fewest nodes moved back to high precision
     verify.py   engines and their ONNX artifacts against the PyTorch reference; pictures, reports
     recipes.py  every (precision, target set) of a recipe: build, verify, CI matrix
+    load.py     enginekit.load: a model name exported or built as its backend needs, then the runtime loads it
+    predict.py  enginekit predict: sources -> predictors -> overlays + results.json
 
 Each flow takes a request (``enginekit.requests``) and a cache, reports through
 ``enginekit.reporting`` and returns a result object; ``enginekit.api`` is the facade over them.

@@ -191,8 +191,11 @@ def source_parity(pipe, precision: str, shape):
     """Parity of the graph an engine is built from, against PyTorch, for its manifest."""
 
     def check(onnx_path: Path) -> dict:
+        from enginekit.backends import ONNX, verifier
         from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
         from enginekit.images import load_images
+
+        candidate = verifier(ONNX).name  # check_onnx runs the graph on ONNX Runtime's CPU provider
 
         with reporting.stage(f"parity {precision} (ONNX Runtime)") as s:
             refs = ReferenceCache(pipe.adapter, pipe.loaded)
@@ -202,10 +205,10 @@ def source_parity(pipe, precision: str, shape):
             except Exception as exc:  # noqa: BLE001 - ORT refuses some graphs (FP8 Q/DQ around Transpose)
                 reason = f"ONNX Runtime cannot run this graph: {str(exc).splitlines()[0][:200]}"
                 s.status = "not-checked"
-                return {"checked": False, "candidate": "onnxruntime-cpu", "passed": None, "reason": reason}
+                return {"checked": False, "candidate": candidate, "passed": None, "reason": reason}
             s.status = "pass" if result.passed else "fail"
         summary = {name: {k: round(v, 8) for k, v in w.items()} for name, w in result.worst().items()}
-        return {"checked": True, "candidate": "onnxruntime-cpu", "passed": result.passed,
+        return {"checked": True, "candidate": candidate, "passed": result.passed,
                 "failures": result.failures(), "summary": summary, "report": result.to_json()}
 
     return check

@@ -50,7 +50,7 @@ def _frame_sink(kind: str, tmp: Path, stem: str, model: str, fps: float):
 
 def run_predict(models: str, source: str, *, save: Path | None, backend: str, precision: str, weights: list[Path],
                 random_init: bool, seed: int, conf: float, iou: float, max_frames: int | None, device: str | None):
-    from enginekit.runtime.loader import load
+    from enginekit.flows.load import load
     from enginekit.runtime.predictor import Pipeline
     from enginekit.runtime.sources import draw, open_source
 

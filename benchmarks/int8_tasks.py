@@ -1,5 +1,5 @@
 """INT8 of the suite's trained segment, pose, obb, classify, semantic and depth models: which calibration set and method
-keep what FP32 predicts (the figures written in families/yolo_tasks.py).
+keep what FP32 predicts (the figures written in families/ultralytics/yolo.py).
 
 Each cell quantizes the simplified graph (the build's chain, the family's head exclusions) and
 compares it on ONNX Runtime, CPU, with the FP32 PyTorch model on held-out generated images, through

@@ -317,18 +317,9 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
 
         session = TensorRTSession(t.path, t.manifest, adapter.input_name, dev)
         source = str(t.path)
-    if adapter.family == "yolo" and "names" not in metadata:
-        metadata["names"] = str(_coco_names())
+    if "names" not in metadata and (names := adapter.default_class_names()):  # a graph that names no classes
+        metadata["names"] = str(names)
     processor = processor_cls(adapter, metadata, session.info, conf=conf, iou=iou, max_det=max_det,
                               input_size=input_size)
     return Predictor(session, processor, model=adapter.variant, family=adapter.family, reason=reason,
                      precision=prec or "fp32", source=source)
-
-
-def _coco_names() -> dict:
-    try:
-        from ultralytics.utils import YAML, ROOT
-
-        return YAML.load(ROOT / "cfg/datasets/coco.yaml")["names"]
-    except Exception:  # noqa: BLE001
-        return {}

@@ -179,6 +179,8 @@ class ObbProcessor(_TaskProcessor):
 class ClassifyProcessor(TopClasses, ImageProcessor):
     """Top-k classes from the probabilities the exported ``Classify`` head computes (softmax)."""
 
+    gpu_graphable = False  # torchvision's transforms on the GPU run as they are, not captured
+
     def __init__(self, adapter, metadata: dict, info, *, input_size=None, top_k: int = TopClasses.top_k, **_):
         super().__init__(adapter, metadata, info, input_size=input_size)
         self.top_k = top_k

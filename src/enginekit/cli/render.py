@@ -88,6 +88,8 @@ class RichReporter(reporting.Reporter):
 
 def parity_table(results) -> None:
     """One row per artifact x output part: worst errors over all inputs, against that part's limits."""
+    from enginekit.compare.comparison import of_part
+
     table = Table(title="parity vs FP32 PyTorch (ONNX Runtime CPU)", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("graph", "part", "n", "max abs", "rel L2", "cosine", "limit", "gate"):
         table.add_column(col, justify="left" if col in ("graph", "part", "gate") else "right", no_wrap=True)
@@ -95,8 +97,10 @@ def parity_table(results) -> None:
         limits = r.limits() if hasattr(r, "limits") else {}
         for name, w in r.worst().items():
             tol = limits.get(name, r.tolerance)
-            failed = [f.split(" = ")[0] for f in r.failures() if f.startswith(f"parity {name} ")]
-            gate = "[bold red]FAIL[/] " + ", ".join(failed) if failed else "[green]pass[/]"
+            failed = [f.split(" = ")[0] for f in r.failures() if of_part(f, name)]
+            constant = name in getattr(getattr(r, "comparison", None), "constant", {})
+            gate = ("[bold red]FAIL[/] " + ", ".join(failed) if failed
+                    else "[yellow]not checked[/]" if constant else "[green]pass[/]")
             table.add_row(f"{r.artifact} {r.precision}", name, str(len(r.cases)), f"{w['max_abs']:.2e}",
                           f"{w['rel_l2']:.2e}", f"{w['cosine']:.6f}", f"{tol.rel_l2:.0e}", gate)
         task_failed = [f for f in r.failures() if f.startswith("task")]
@@ -125,6 +129,8 @@ def _task_text(task: dict) -> str:
 
 def verify_table(report) -> None:
     """One row per artifact: what ran, the worst figures, and the gate."""
+    from enginekit.compare.comparison import of_part
+
     table = Table(title=f"verify {report.subject} {report.precision}  (references {report.references_key[:10]}: "
                         f"{'stored' if report.references_status in ('hit', 'pulled') else 'computed'})",
                   title_justify="left", box=box.SIMPLE_HEAD)
@@ -140,9 +146,10 @@ def verify_table(report) -> None:
         task_failed = [c.name for c in a.checks if not c.passed and not c.name.startswith("parity ")]
         for i, (part, info) in enumerate(rows):
             w = info["worst"]
-            failed = [c.name for c in a.checks if not c.passed and c.name.startswith(f"parity {part} ")]
+            failed = [c.name for c in a.checks if not c.passed and of_part(c.name, part)]
             failed += task_failed if i == len(rows) - 1 else []
-            gate = "[green]pass[/]" if not failed else "[bold red]FAIL[/] " + ", ".join(failed)
+            gate = ("[bold red]FAIL[/] " + ", ".join(failed) if failed
+                    else "[yellow]not checked[/]" if "constant" in info else "[green]pass[/]")
             table.add_row(a.name if i == 0 else "", "yes" if i == 0 else "", part, f"{w.get('max_abs', float('nan')):.2e}",
                           f"{w.get('rel_l2', float('nan')):.2e}", f"{w.get('cosine', float('nan')):.6f}",
                           task if i == 0 else "", gate)

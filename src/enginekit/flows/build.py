@@ -208,7 +208,7 @@ def source_parity(pipe, precision: str, shape):
                 return {"checked": False, "candidate": candidate, "passed": None, "reason": reason}
             s.status = result.status
         summary = {name: {k: round(v, 8) for k, v in w.items()} for name, w in result.worst().items()}
-        return {"checked": True, "candidate": candidate, "passed": result.passed,
+        return {"checked": True, "candidate": candidate, "passed": result.passed, "status": result.status,
                 "failures": result.failures(), "summary": summary, "report": result.to_json()}
 
     return check

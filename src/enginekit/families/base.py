@@ -104,6 +104,8 @@ class ModelAdapter:
     aliases: dict[str, str] = {}
     #: one name, for the message that lists what is known
     example: str = ""
+    #: ``--weights`` may name a model folder (transformers' layout), not only a checkpoint file
+    weights_folders: bool = False
     #: which picture verify draws of a candidate on a photograph, or None: "detections" (reference and
     #: candidate boxes over the input, from ``picture_boxes``), "depth" (a depth error heatmap) or "semantic"
     #: (class maps and where they differ), both from ``picture_map``

@@ -229,6 +229,7 @@ def _original_key_space(hf_state: dict) -> list[str]:
 @register
 class DepthAnythingAdapter(ModelAdapter):
     family = "depth-anything-v2"
+    weights_folders = True  # a transformers model folder
     task = "depth"
     framework = "transformers"
     aliases = {"depth": "depth-anything-v2-small", "depth-anything-v2": "depth-anything-v2-small"}

@@ -86,7 +86,7 @@ def part_lines(report: VerifyReport) -> list[str]:
     for a in report.artifacts:
         for part, info in a.parts.items():
             w = info["worst"]
-            failed = [c.name[len(f"parity {part} "):] for c in a.checks if not c.passed and of_part(c.name, part)]
+            failed = [c.name[len(f"parity {part}"):].lstrip(": ") for c in a.checks if not c.passed and of_part(c.name, part)]
             gate = ("FAIL " + ", ".join(failed) if failed
                     else "not checked (the reference is the same for every input)" if "constant" in info else "pass")
             lines.append(f"| {a.name} | {part}: {info['of']} | {w['max_abs']:.3g} | {w['p99_abs']:.3g} | "

@@ -42,11 +42,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run one or several models on each frame and write what they see.
 
-        Frames stream through the models: decoding runs in its own thread, each model's preprocessing,
-        inference and postprocessing overlap (in threads on the CPU, on CUDA streams on a GPU), frames
-        stay in order. Several models run on every frame, concurrently; --every gives one a cadence.
-        Bad input (unreadable image, video that does not open, absent camera) is one error line, exit 2,
-        and nothing is written.
+        Frames stream through the models: decoding runs in its own thread, each model's preprocessing, inference and postprocessing overlap (in threads on the CPU, on CUDA streams on a GPU), frames stay in order. Several models run on every frame, concurrently; --every gives one a cadence. Bad input (unreadable image, video that does not open, absent camera) is one error line, exit 2, and nothing is written.
 
         Examples:
 

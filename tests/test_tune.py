@@ -143,9 +143,13 @@ def test_request_reads_targets_and_refuses_what_cannot_run():
                     inputs=["320,384x640"], batches="1,2", frames_per_step=2, backends="onnxruntime-cpu")
     assert (r.p50, r.p95, r.p99) == (10.0, 20.0, 25.0) and r.inputs == ["320x320", "384x640"]
     assert r.batches == [1, 2] and r.models == ["yolo12n", "depth"]
+    r = TuneRequest(models="yolo12n,depth", random_init=True, p99=25, inputs="yolo12n=128,depth=112,depth=98x140")
+    assert r.sizes(0) == [(128, 128)] and r.sizes(1) == [(112, 112), (98, 140)]
+    with pytest.raises(UsageError, match="multiple of 32.*--input yolo12n=SIZE"):
+        TuneRequest(models="yolo12n,depth", random_init=True, p99=25, inputs="112")
     bad = [dict(p99="fast"), dict(p99="-3ms"), dict(), dict(p99=25, batches="4"), dict(p99=25, backends="tensorrtx"),
            dict(p99=25, precisions="fp12"), dict(p99=25, inputs="big"), dict(p99=25, models="yolo12n,yolo12n"),
-           dict(p99=25, models="nonet")]
+           dict(p99=25, models="nonet"), dict(p99=25, inputs="100"), dict(p99=25, inputs="seg=320")]
     for options in bad:
         with pytest.raises(UsageError):
             TuneRequest(**{"models": "yolo12n", "random_init": True, **options})
@@ -203,7 +207,7 @@ def test_tune_two_models_writes_one_recipe_each(run_cli, tmp_path):
     from enginekit.recipes import load_recipe
 
     out = tmp_path / "tuned"
-    r = run_cli("tune", "yolo12n,depth", "--random-init", "--backend", "onnxruntime-cpu", "--input", "112",
+    r = run_cli("tune", "yolo12n,depth", "--random-init", "--backend", "onnxruntime-cpu", "--input", "yolo12n=128,depth=112",
                 "--p99", "60000ms", "--frames", "5", "--every", "depth=2", "--json", "--write-recipe", str(out))
     assert r.code == 0, r.stderr
     data = json.loads(r.stdout)

@@ -434,7 +434,8 @@ class TuneRequest(Options):
 
     Targets (at least one): ``p50``/``p95``/``p99`` in milliseconds per step (``25``, ``"25ms"``) and
     ``fps``. The search space: ``backends``, ``precisions``, ``inputs`` (``320`` or ``HxW``) and ``batches``
-    (frames per inference call, at most ``frames_per_step``); empty: the defaults (``flows.tune``)."""
+    (frames per inference call, at most ``frames_per_step``); empty: the defaults (``flows.tune``). An input
+    ``MODEL=SIZE`` (``depth=224``) is that model's only; plain sizes go to the models no such item names."""
 
     models: list[str]
     weights: list[Optional[Path]] = []  # per model, in the order of ``models`` (None: random init)
@@ -508,7 +509,12 @@ class TuneRequest(Options):
     @field_validator("inputs")
     @classmethod
     def _inputs(cls, value: list[str]) -> list[str]:
-        return list(dict.fromkeys("x".join(map(str, image_size(v))) for v in value))
+        out = []
+        for item in value:
+            model, sep, size = item.rpartition("=")
+            text = "x".join(map(str, image_size(size)))
+            out.append(f"{model.strip()}={text}" if sep else text)
+        return list(dict.fromkeys(out))
 
     @field_validator("every")
     @classmethod
@@ -536,6 +542,11 @@ class TuneRequest(Options):
             raise UsageError(f"{len(self.weights)} --weights for {len(self.models)} model(s): one per model, in order")
         for i in range(len(self.models)):
             self.model_request(i)  # a weights file that is missing or unreadable: refused now
+            self.sizes(i)  # sizes the model does not take (YOLO: multiples of 32), and names no model has
+        named = {item.rpartition("=")[0] for item in self.inputs if "=" in item}
+        unknown = [n for n in named if not any(n in self._aliases(i) for i in range(len(self.models)))]
+        if unknown:
+            raise UsageError(f"--input {unknown[0]}=...: no such model here (models: {', '.join(self.models)})")
         too_big = [b for b in self.batches if b > self.frames_per_step]
         if too_big:
             raise UsageError(f"--batch {too_big[0]}: a step's frames are batched, and a step holds "
@@ -548,6 +559,32 @@ class TuneRequest(Options):
 
     def weights_of(self, index: int) -> Optional[Path]:
         return self.weights[index] if index < len(self.weights) else None
+
+    def _aliases(self, index: int) -> set[str]:
+        from enginekit.families import resolve
+
+        adapter = resolve(self.models[index])
+        return {self.models[index], adapter.variant, adapter.family}
+
+    def sizes(self, index: int) -> list[tuple[int, int]]:
+        """The ``index``-th model's input sizes (H, W): its own ``MODEL=SIZE`` items, else the plain ones, else
+        the family's default; each checked against what the model takes."""
+        from enginekit.families import resolve
+
+        adapter = resolve(self.models[index])
+        aliases = self._aliases(index)
+        own = [item.rpartition("=")[2] for item in self.inputs if item.rpartition("=")[0] in aliases]
+        plain = [item for item in self.inputs if "=" not in item]
+        sizes = [image_size(t) for t in (own or plain)] or [tuple(adapter.default_input[2:])]
+        channels = int(adapter.default_input[1])
+        for h, w in sizes:
+            try:
+                adapter.constraint.check((1, channels, h, w), what="--input")
+            except UsageError as exc:
+                hint = "" if own or len(self.models) == 1 else \
+                    f" (give each model its own: --input {self.models[index]}=SIZE)"
+                raise UsageError(f"{exc}{hint}") from None
+        return sizes
 
     def model_request(self, index: int):
         """The ``enginekit.model.ModelRequest`` of the ``index``-th model: its --weights, else random init

@@ -348,14 +348,13 @@ def space(request, index: int) -> list[Candidate]:
     from enginekit import backends
     from enginekit.families import resolve
     from enginekit.precisions import names as precision_names
-    from enginekit.requests import image_size
 
     name = request.models[index]
     adapter = resolve(name)
     chosen = request.backends or default_backends(request.device)
     if not chosen:
         raise UsageError("no backend runs here: `enginekit doctor` says why")
-    sizes = [image_size(i) for i in request.inputs] or [tuple(adapter.default_input[2:])]
+    sizes = request.sizes(index)
     batches = request.batches or [request.frames_per_step]
     out = []
     for backend_name in chosen:

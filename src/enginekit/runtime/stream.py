@@ -14,7 +14,8 @@ model warms up on every new input shape before the step that brings it is dispat
 else in flight (ONNX Runtime's arena, cuDNN's algorithm choice, the CUDA graphs preprocessing and
 ORT capture are made then, untimed), Python's garbage collector is held off the
 long-lived heap while the stream runs (``gc.freeze``: with torch and Ultralytics loaded a full
-collection walks a few hundred thousand objects, 160 ms on a 2-core x86-64 CPU machine), and pinned
+collection walks a few hundred thousand objects, 160 ms on a 2-core x86-64 CPU machine; what the
+run keeps is frozen again every 64 steps), and pinned
 host buffers and CUDA events are made once per frame shape and reused. Nothing here prints.
 """
 
@@ -44,6 +45,9 @@ DROP_POLICIES: dict[str, str] = {
               "are kept)",
 }
 STAGES = ("preprocess", "infer", "postprocess")
+#: while the collector is held, what the stream and its caller keep (results, records) is frozen every this
+#: many steps, so a long run's full collections never walk it either (gc.freeze only moves lists: O(1))
+REFREEZE_EVERY = 64
 PERCENTILES = (50, 95, 99)
 
 
@@ -252,9 +256,14 @@ class _Worker:
         if key in self.seen:
             return False
         images = [f.image for f in step.frames]
+        p, gpu = self.predictor, self.predictor.info.on_gpu
         for _ in range(self.options.warmup):
-            for hw, idx in self.predictor.chunks(images, self.options.batch):
-                self.predictor.run_chunk([images[i] for i in idx], hw, self.options.rgb)
+            for hw, idx in p.chunks(images, self.options.batch):
+                chunk = [images[i] for i in idx]
+                if gpu:  # the path the timed steps take: outputs kept, postprocessing on its own stream
+                    p.finish_gpu(p.submit_gpu(chunk, hw, self.options.rgb, keep_outputs=True))
+                else:
+                    p.run_chunk(chunk, hw, self.options.rgb)
         self.seen.add(key)
         return self.options.warmup > 0
 
@@ -575,6 +584,8 @@ class Stream:
                     expected += 1
                     self.ended_at = step.done
                     self.records.append(_record(step))
+                    if self._gc_frozen and expected % REFREEZE_EVERY == 0:
+                        gc.freeze()  # what the steps so far left alive (the caller's records) joins the frozen heap
                     yield step
                     continue
                 if ended and expected >= self._dispatched:

@@ -193,38 +193,117 @@ def test_drop_queue_policies_directly():
 
 
 # -- a real graph: the stream gives what the predictor gives frame by frame ------------------------------------
-def test_stream_of_a_real_detector_equals_calling_it_per_frame(tmp_path, cache, trained_detector, detector_images):
-    """The suite's trained detector at 320x320 on ONNX Runtime, over a video of its held-out shape images in
-    non-square frames: every streamed frame's detections equal the predictor's own on that frame, in order,
-    with two steps in flight."""
+def _clip(folder, detector_images, frames: int = 6):
+    """An MJPG video of ``frames`` 320x240 (non-square) frames of the held-out shape images, each shifted."""
     import cv2
-
-    from enginekit.flows.load import load
-    from enginekit.runtime.sources import open_source
 
     shapes = sorted(p for p in detector_images.iterdir() if p.name.startswith("shapes"))[:3] or \
         sorted(detector_images.iterdir())[:3]
-    video = tmp_path / "clip.avi"
+    video = folder / "clip.avi"
     writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 10, (320, 240))
-    for i in range(6):
+    for i in range(frames):
         image = cv2.imread(str(shapes[i % len(shapes)]))
         writer.write(cv2.resize(np.roll(image, 17 * i, axis=1), (320, 240)))
     writer.release()
-    predictor = load(trained_detector.model, backend="onnxruntime-cpu", weights=trained_detector.weights,
-                     input_size=320, cache=cache)
-    stream = Stream([predictor], [open_source(str(video))], StreamOptions(in_flight=2, warmup=1))
-    streamed = [(s.frames[0].name, s.results[predictor.model][0]) for s in stream]
+    return video
+
+
+def _per_frame(predictor, video):
+    import cv2
+
     cap = cv2.VideoCapture(str(video))
     direct = []
     while True:
         ok, frame = cap.read()
         if not ok:
-            break
+            return direct
         direct.append(predictor(frame))
-    assert [name for name, _ in streamed] == [f"clip:{i}" for i in range(6)]
-    assert len(direct) == 6 and sum(len(d) for d in direct) >= 6  # it finds the shapes
-    for (_, got), want in zip(streamed, direct):
+
+
+def _assert_same_detections(streamed, direct, box_atol, score_atol):
+    assert len(direct) == len(streamed) == 6 and sum(len(d) for d in direct) >= 6  # it finds the shapes
+    for got, want in zip(streamed, direct):
         assert got.image_shape == (240, 320) and len(got) == len(want)
-        np.testing.assert_allclose(got.boxes, want.boxes, atol=1e-3)
-        np.testing.assert_allclose(got.scores, want.scores, atol=1e-5)
+        np.testing.assert_allclose(got.boxes, want.boxes, atol=box_atol)
+        np.testing.assert_allclose(got.scores, want.scores, atol=score_atol)
         assert list(got.class_ids) == list(want.class_ids) and got.timings.infer > 0
+
+
+def test_stream_of_a_real_detector_equals_calling_it_per_frame(tmp_path, cache, trained_detector, detector_images):
+    """The suite's trained detector at 320x320 on ONNX Runtime, over a video of its held-out shape images in
+    non-square frames: every streamed frame's detections equal the predictor's own on that frame, in order,
+    with two steps in flight."""
+    from enginekit.flows.load import load
+    from enginekit.runtime.sources import open_source
+
+    video = _clip(tmp_path, detector_images)
+    predictor = load(trained_detector.model, backend="onnxruntime-cpu", weights=trained_detector.weights,
+                     input_size=320, cache=cache)
+    stream = Stream([predictor], [open_source(str(video))], StreamOptions(in_flight=2, warmup=1))
+    streamed = [(s.frames[0].name, s.results[predictor.model][0]) for s in stream]
+    assert [name for name, _ in streamed] == [f"clip:{i}" for i in range(6)]
+    _assert_same_detections([r for _, r in streamed], _per_frame(predictor, video), 1e-3, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["onnxruntime-cuda", "torch"])
+def test_stream_on_a_gpu_equals_calling_it_per_frame(backend, tmp_path, cache, trained_detector, detector_images):
+    """The GPU path (each model on its own CUDA stream, the next step queued before this one is
+    postprocessed, outputs copied out of reused buffers): the trained detector beside yolo12n on every second
+    step, two steps in flight; the detector's streamed detections equal its own per frame, in order."""
+    from enginekit.flows.load import load
+    from enginekit.runtime.sources import open_source
+
+    video = _clip(tmp_path, detector_images)
+    detector = load(trained_detector.model, backend=backend, weights=trained_detector.weights, input_size=320,
+                    cache=cache)
+    other = load("yolo12n", backend=backend, random_init=True, input_size=320, cache=cache)
+    assert detector.info.on_gpu and other.info.on_gpu
+    stream = Stream([detector, other], [open_source(str(video))],
+                    StreamOptions(in_flight=2, warmup=1, every={"yolo12n": 2}))
+    steps = list(stream)
+    assert [s.frames[0].name for s in steps] == [f"clip:{i}" for i in range(6)]
+    assert [other.model in s.results for s in steps] == [True, False] * 3
+    stats = stream.stats().to_json()
+    assert stats["models"][other.model]["runs"] == 3 and stats["models"][detector.model]["runs"] == 6
+    _assert_same_detections([s.results[detector.model][0] for s in steps], _per_frame(detector, video), 1e-2, 1e-3)
+
+
+# -- the commands --------------------------------------------------------------------------------------------
+def test_predict_streams_a_video_with_a_cadence_and_reports_its_figures(run_cli, tmp_path):
+    """predict on a video, two models, one every second step: --json gives every stage's percentiles; --save
+    writes a result per frame for each model on the steps it ran."""
+    from enginekit.images import write_video
+
+    video = write_video(tmp_path / "v.mp4", 4, (180, 320))
+    r = run_cli("predict", "yolo12n,yolov8n", str(video), "--random-init", "--backend", "onnxruntime-cpu",
+                "--every", "yolov8n=2", "--json", "--save", str(tmp_path / "out"), env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.code == 0, r.stderr
+    summary = json.loads(r.stdout)
+    stats = summary["stream"]
+    assert summary["frames"] == 4 and stats["steps"] == 4
+    assert stats["models"]["yolo12n"]["runs"] == 4 and stats["models"]["yolov8n"]["runs"] == 2
+    for model in ("yolo12n", "yolov8n"):
+        for stage in ("preprocess_ms", "infer_ms", "postprocess_ms", "latency_ms"):
+            f = stats["models"][model][stage]
+            assert 0 < f["p50"] <= f["p95"] <= f["p99"], (model, stage, f)
+    assert stats["frame_ms"]["p50"] >= stats["models"]["yolo12n"]["infer_ms"]["p50"]
+    assert (tmp_path / "out" / "results.json").is_file()
+
+
+def test_bench_stream_rows_each_model_alone_and_the_pair(run_cli):
+    """bench --stream on the graphs the test above exported (the default input): a row per model alone (every
+    step) and one for the pair (yolov8n every second step)."""
+    r = run_cli("bench", "yolo12n,yolov8n", "--random-init", "--backend", "onnxruntime-cpu",
+                "--warmup", "1", "--iters", "4", "--stream", "--every", "yolov8n=2", "--json",
+                env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.code == 0, r.stderr
+    stream = json.loads(r.stdout)["stream"]
+    rows = {tuple(row["models"]): row for row in stream["results"]}
+    assert set(rows) == {("yolo12n",), ("yolov8n",), ("yolo12n", "yolov8n")}
+    for models, row in rows.items():
+        assert row["status"] == "ok" and row["backend"] == "onnxruntime-cpu" and row["fps"] > 0, row
+        assert 0 < row["frame_ms"]["p50"] <= row["frame_ms"]["p95"] <= row["frame_ms"]["p99"]
+        runs = {m: v["runs"] for m, v in row["stats"]["models"].items()}
+        # 5 frames; alone a model runs on every step, in the pair yolov8n on every second one
+        assert runs == ({"yolo12n": 5, "yolov8n": 3} if len(models) == 2 else {models[0]: 5}), runs

@@ -14,7 +14,7 @@ model warms up on every new input shape before the step that brings it is dispat
 else in flight (ONNX Runtime's arena, cuDNN's algorithm choice, the CUDA graphs preprocessing and
 ORT capture are made then, untimed), Python's garbage collector is held off the
 long-lived heap while the stream runs (``gc.freeze``: with torch and Ultralytics loaded a full
-collection walks a few hundred thousand objects, 160 ms on a 2-core x86-64 CPU machine; what the
+collection walks about 200,000 objects, 0.2 to 0.8 s on a 2-core x86-64 CPU machine; what the
 run keeps is frozen again every 64 steps), and pinned
 host buffers and CUDA events are made once per frame shape and reused. Nothing here prints.
 """

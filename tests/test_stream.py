@@ -279,9 +279,10 @@ def test_predict_streams_a_video_with_a_cadence_and_reports_its_figures(run_cli,
     r = run_cli("predict", "yolo12n,yolov8n", str(video), "--random-init", "--backend", "onnxruntime-cpu",
                 "--every", "yolov8n=2", "--json", "--save", str(tmp_path / "out"), env={"CUDA_VISIBLE_DEVICES": ""})
     assert r.code == 0, r.stderr
-    summary = json.loads(r.stdout)
-    stats = summary["stream"]
-    assert summary["frames"] == 4 and stats["steps"] == 4
+    data = json.loads(r.stdout)
+    summary, stats = data["summary"], data["summary"]["stream"]
+    assert summary["frames"] == 4 and stats["steps"] == 4 and len(data["frames"]) == 4
+    assert [sorted(f["results"]) for f in data["frames"]] == [["yolo12n", "yolov8n"], ["yolo12n"]] * 2
     assert stats["models"]["yolo12n"]["runs"] == 4 and stats["models"]["yolov8n"]["runs"] == 2
     for model in ("yolo12n", "yolov8n"):
         for stage in ("preprocess_ms", "infer_ms", "postprocess_ms", "latency_ms"):

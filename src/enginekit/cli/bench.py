@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from enginekit.fsutil import json_text
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
                 from enginekit.bench.stream import stream_json
 
                 data["stream"] = stream_json(*streamed)
-            typer.echo(json.dumps(data, indent=2))
+            typer.echo(json_text(data, indent=2))
         else:
             for report in reports:
                 _render(report)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -36,7 +35,7 @@ def register(app: typer.Typer) -> None:
         queue: Annotated[int, typer.Option("--queue", help="Frames waiting per source between decoding and the models.")] = 2,
         in_flight: Annotated[int, typer.Option("--in-flight", help="Steps the models work on at once: 1 = least latency, 2 = stages overlap.")] = 2,
         pace: Annotated[Optional[float], typer.Option("--pace", help="Deliver a video's or folder's frames at this many per second, as a camera would (default: as fast as they decode).")] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the summary (frames/s, each stage's and the whole step's p50/p95/p99, drops) as JSON on stdout.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print what each model found, per frame, as JSON on stdout (as results.json's frames), with the summary: frames/s, each stage's and the whole step's p50/p95/p99, drops (summary.stream).")] = False,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
     ) -> None:
@@ -68,18 +67,24 @@ def register(app: typer.Typer) -> None:
         summary = run_predict(models, sources, save=save, backend=backend, precision=precision,
                               weights=weights or [], random_init=random_init, seed=seed, conf=conf, iou=iou,
                               max_frames=max_frames, device=device, stream=options)
-        _render(summary, save, as_json)
+        _render(summary, save, as_json, sources)
 
 
-def _render(summary: dict, save: Path | None, as_json: bool) -> None:
-    """The stream's figures (stderr, or JSON on stdout with --json); the folder written, if any, on stdout."""
+def _render(summary: dict, save: Path | None, as_json: bool = False, sources: list[str] = ()) -> None:
+    """The stream's figures on stderr; on stdout the folder written, if any, or with ``--json`` every
+    frame's results, the summary (the stream's figures under ``stream``) and the folder (as ``save``)."""
     from enginekit.cli.render import console, emit
 
+    console.print(stream_table(summary["stream"], title=f"{summary['frames']} frame(s), {summary['fps']} frames/s"))
     if as_json:
-        emit(json.dumps(summary, indent=2))
-    else:
-        console.print(stream_table(summary["stream"], title=f"{summary['frames']} frame(s), {summary['fps']} frames/s"))
-    if save is not None and not as_json:
+        from enginekit.fsutil import json_text
+
+        frames = summary.get("records", [])
+        stats = {k: v for k, v in summary.items() if k != "records"}
+        source = list(sources) if len(sources) > 1 else (sources[0] if sources else "")
+        emit(json_text({"source": source, "save": str(save) if save is not None else None, "summary": stats,
+                        "frames": frames}, indent=2))
+    elif save is not None:
         emit(str(save))
 
 

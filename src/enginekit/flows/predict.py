@@ -6,7 +6,6 @@ end, so a run that fails writes nothing.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 
 from enginekit import reporting
 from enginekit.errors import UsageError
+from enginekit.fsutil import json_text
 
 
 def _frame_sink(kind: str, tmp: Path, stem: str, model: str, fps: float, prefixed: bool = False):
@@ -72,6 +72,8 @@ def run_predict(models: str, source, *, save: Path | None, backend: str, precisi
         raise UsageError("no model given")
     if len(set(names)) != len(names):
         raise UsageError(f"{models}: a model is named twice")
+    if max_frames is not None and max_frames < 1:
+        raise UsageError(f"--max-frames {max_frames}: give at least 1 (or leave it out for every frame)")
     if len(weights) > len(names):
         raise UsageError(f"{len(weights)} --weights for {len(names)} model(s): give one per model, in order")
     options = stream or StreamOptions()
@@ -110,6 +112,7 @@ def run_predict(models: str, source, *, save: Path | None, backend: str, precisi
                         for p in predictors:
                             result = step.results.get(p.model)
                             if result is not None:
+                                result[k].source = frame.name
                                 item = result[k].to_json()
                                 if tmp is not None:
                                     last[(frame.source, p.model)] = sinks[(frame.source, p.model)][0](
@@ -127,11 +130,13 @@ def run_predict(models: str, source, *, save: Path | None, backend: str, precisi
                 close()
         stats = runner.stats()
         summary = _summary(predictors, records, stats)
+        summary["records"] = records  # per frame: what each model found (predict --json)
         if tmp is not None:
-            (tmp / "results.json").write_text(json.dumps({"source": [str(s) for s in sources] if len(sources) > 1
-                                                          else str(sources[0]),
-                                                          "models": [p.describe() for p in predictors],
-                                                          "summary": summary, "frames": records}, indent=2))
+            (tmp / "results.json").write_text(json_text({"source": [str(s) for s in sources] if len(sources) > 1
+                                                         else str(sources[0]),
+                                                         "models": [p.describe() for p in predictors],
+                                                         "summary": {k: v for k, v in summary.items() if k != "records"},
+                                                         "frames": records}, indent=2))
             save.mkdir(parents=True, exist_ok=True)
             for f in tmp.iterdir():
                 shutil.move(str(f), save / f.name)

@@ -182,6 +182,46 @@ class Builder(_Strict):
         return workspace
 
 
+class RuntimeSection(_Strict):
+    """How to run what the recipe builds (``enginekit tune`` writes it): the runtime backend, the network's
+    input, frames per inference call and per step, the model's cadence. ``build`` and ``verify`` do not read
+    it; ``enginekit.load(RECIPE)`` and ``predict RECIPE`` take its backend and input when not given."""
+
+    backend: str = "auto"  # a runtime backend: auto, tensorrt, onnxruntime-cuda, onnxruntime-cpu, torch
+    input: Optional[str] = None  # the network's H x W (384x640); None: the family's (or the profile's)
+    batch: int = Field(1, gt=0)  # frames per inference call
+    frames_per_step: int = Field(1, gt=0)  # frames of one step (stereo: 2), batched
+    every: int = Field(1, gt=0)  # runs on every N-th step
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, backend: str) -> str:
+        from enginekit.backends import choices
+
+        if backend not in choices():
+            raise _problem(("runtime", "backend"), f"unknown backend {backend!r}: choose {', '.join(choices())}")
+        return backend
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None:
+            from enginekit.requests import image_size
+
+            try:
+                h, w = image_size(value, "input")
+            except UsageError as exc:
+                raise _problem(("runtime", "input"), str(exc)) from None
+            return f"{h}x{w}"
+        return value
+
+    def input_size(self) -> Optional[tuple[int, int]]:
+        if self.input is None:
+            return None
+        h, _, w = self.input.partition("x")
+        return int(h), int(w)
+
+
 class Recipe(_Strict):
     """One model configuration: every (precision, target set) of it is one engine."""
 
@@ -197,6 +237,7 @@ class Recipe(_Strict):
     # One engine (and one CI job) per entry: "8.6,8.9,12.0" is ONE engine that runs on all three.
     targets: list[str] = [DEFAULT_TARGETS]  # --target-cc
     builder: Builder = Builder()
+    runtime: Optional[RuntimeSection] = None  # how to run it (enginekit tune); build ignores it
 
     _path: Path = PrivateAttr(default=Path("recipe.yaml"))
 

@@ -168,7 +168,8 @@ SizeOpt = Annotated[Optional[str], typer.Option(
     "--size", rich_help_panel=_DECLARE, help="The model's input H x W when no --input/--profile says (e.g. 512x512).")]
 DynamicOpt = Annotated[Optional[str], typer.Option(
     "--dynamic", rich_help_panel=_DECLARE,
-    help="Input axes kept symbolic in the graph: batch,height,width (hw), batch, or none. Default: batch.")]
+    help="Input axes kept symbolic in the graph besides batch (always): hw (height and width) or none. "
+         "Default: none for a model no table row declares.")]
 MeanOpt = Annotated[Optional[str], typer.Option(
     "--mean", rich_help_panel=_DECLARE, help="Per-channel mean of 0..1 pixels subtracted, e.g. 0.485,0.456,0.406.")]
 StdOpt = Annotated[Optional[str], typer.Option(

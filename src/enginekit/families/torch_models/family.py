@@ -48,7 +48,9 @@ TRACE_SIDE = 64
 #: ``--random-init``: BatchNorm statistics from these photographs (see ``informative_init``)
 INIT_PHOTOS = 4
 INIT_SIDE = 256
-RANDOM_INIT_VERSION = 1
+RANDOM_INIT_VERSION = 2
+#: ``--random-init`` of a classifier: the std of its logits over the classes on the photographs
+LOGIT_SPREAD = 2.0
 
 # Parity limits against the FP32 PyTorch reference, for any model (a family of one architecture measures
 # its own; these hold for the suite's and the benchmark's models with an informative random init):
@@ -258,8 +260,9 @@ class TorchModelAdapter(ModelAdapter):
         if random_init:
             informative_init(module, self, seed)
         wrapped = wrap_outputs(module, self)
-        meta = {"declaration": json.dumps(self.resolved(), sort_keys=True), "task": self.spec.task or "raw",
-                "source": source.display}
+        # "model": the name as any working folder loads it again (a file's absolute path), for verify and load
+        meta = {"model": self.portable_name, "declaration": json.dumps(self.resolved(), sort_keys=True),
+                "task": self.spec.task or "raw", "source": source.display}
         names = self.default_class_names()
         if names:
             meta["names"] = str(names)
@@ -368,7 +371,8 @@ def informative_init(model, adapter, seed: int) -> None:
     on the embedded photographs (layer after layer, one forward; Ultralytics' bus.jpg and zidane.jpg
     first). As torchvision and timm build them, fresh BatchNorm layers (mean 0, variance 1) pass activations
     that grow or shrink layer after layer, and the class map comes out one class whatever the image: no
-    check on it can fail. Normalised, the network carries the image: class maps and top-1 classes change
+    check on it can fail. Normalised, the network carries the image (and a classifier's logits are spread:
+    ``_spread_logits``): class maps and top-1 classes change
     with the photograph (``reference_varies`` in the task metrics shows it)."""
     import torch
 
@@ -393,10 +397,34 @@ def informative_init(model, adapter, seed: int) -> None:
     hooks = [bn.register_forward_pre_hook(normalise) for bn in bns]
     try:
         with torch.no_grad():
-            model.eval()(x)
+            out = model.eval()(x)
     finally:
         for hook in hooks:
             hook.remove()
+    if (adapter.spec.task or "raw") == "classify":
+        _spread_logits(model, out)
+
+
+def _spread_logits(model, out) -> None:
+    """A classifier's last linear layer scaled so its logits spread by ``LOGIT_SPREAD`` (std over classes) on
+    the photographs: a fresh head's logits lie within a few hundredths of each other, and over 1000 classes
+    the softmax's top-1 leads its second by less than ``compare.task_metrics.MIN_TOP1_MARGIN``, so there
+    would be nothing to compare."""
+    import torch
+
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    first = out if isinstance(out, torch.Tensor) else (
+        next(iter(out.values())) if isinstance(out, dict) else next(iter(out), None))
+    if not linears or not isinstance(first, torch.Tensor) or first.dim() != 2 or first.shape[1] < 2:
+        return
+    spread = float(first.std(1).mean())
+    if not spread > 0:
+        return
+    head = linears[-1]
+    with torch.no_grad():
+        head.weight.mul_(LOGIT_SPREAD / spread)
+        if head.bias is not None:
+            head.bias.mul_(LOGIT_SPREAD / spread)
 
 
 # -- the task classes -----------------------------------------------------------------------------------

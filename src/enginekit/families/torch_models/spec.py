@@ -58,7 +58,7 @@ class ModelSpec(BaseModel):
     outputs: Optional[tuple[tuple[str, str], ...]] = None
     #: the input's H x W when none is given (``--input``, ``--profile``), and the runtime's
     size: Optional[tuple[int, int]] = None
-    #: axes of the input (and of outputs of the same rank) that stay symbolic in the graph
+    #: axes of the input that stay symbolic in the graph (batch always; height and width where declared)
     dynamic: Optional[tuple[str, ...]] = None
     mean: Optional[tuple[float, float, float]] = None  # of 0..1 pixels, per channel
     std: Optional[tuple[float, float, float]] = None
@@ -124,13 +124,14 @@ class ModelSpec(BaseModel):
             value = [v for v in re.split(r"[,\s]+", value.strip().lower()) if v]
         items = list(value)
         if items in (["none"], ["static"]):
-            return ()
+            items = []
         if "hw" in items:
             items = [a for a in items if a != "hw"] + ["height", "width"]
         unknown = [a for a in items if a not in AXES]
         if unknown:
             raise ValueError(f"unknown axis {unknown[0]!r}: choose from batch, height, width (or hw, none)")
-        return tuple(a for a in AXES if a in items)
+        # batch stays symbolic always: every graph is proven at batch 1 and 2 and built for a batch range
+        return tuple(a for a in AXES if a in items or a == "batch")
 
     @field_validator("mean", mode="before")
     @classmethod

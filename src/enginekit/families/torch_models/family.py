@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from enginekit import precisions
 from enginekit.compare.parts import OutputPart
 from enginekit.errors import UsageError
 from enginekit.families.base import (
@@ -84,7 +85,7 @@ class TorchModelAdapter(ModelAdapter):
     random_init_tag = f"photo-bn{RANDOM_INIT_VERSION}"
     # the names every task's gates and options use (``--tol`` checks against them); an instance has its own
     task_gates = {p: {**SemanticEvaluation.task_gates.get(p, {}), **ClassifyEvaluation.task_gates.get(p, {}),
-                      "abs_rel": ("<=", 0.05), "delta1": (">=", 0.95)} for p in ("fp32", "fp16", "int8", "fp8")}
+                      "abs_rel": ("<=", 0.05), "delta1": (">=", 0.95)} for p in precisions.names()}
 
     def __init__(self, variant: str, *, declared: Any = None):
         super().__init__(variant)

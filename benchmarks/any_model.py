@@ -53,7 +53,9 @@ name, size, out, cache = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 r = api.export(f"torchvision:{name}", random_init=True, input=f"1x3x{size}x{size}", output=Path(out),
                cache=Cache(cache), quiet=True)
 seconds = {e.label: e.seconds for e in r.events if e.kind == "stage"}
-print(json.dumps({"seconds": seconds, "passed": r.passed}))
+simplified = next(a for a in r.artifacts if a.stage == "simplify").path  # written out or not
+print(json.dumps({"seconds": seconds, "passed": r.passed, "failures": r.failures(), "graph": str(simplified),
+                  "task": r.parity[-1].task if r.parity else {}}))
 """
 
 
@@ -89,11 +91,14 @@ def main() -> None:
                               check=True, stdout=subprocess.PIPE, text=True)
         plain_wall = time.perf_counter() - start
         plain_export, plain_simplify = (float(v) for v in done.stdout.split()[-2:])
+        print(f"plain: export {plain_export:.2f} s, simplify {plain_simplify:.2f} s, process {plain_wall:.2f} s", flush=True)
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-c", ENGINEKIT, args.model, str(args.size), str(ek_onnx),
                                str(root / "cache")], check=True, stdout=subprocess.PIPE, text=True)
         ek_wall = time.perf_counter() - start
         ek = json.loads(done.stdout.strip().splitlines()[-1])
+        print(json.dumps(ek), flush=True)
+        ek_onnx = Path(ek["graph"])
         ek_export = ek["seconds"].get("export", 0.0)
         ek_simplify = next((v for k, v in ek["seconds"].items() if k.startswith("simplify")), 0.0)
         ms = latency({"plain": plain_onnx, "enginekit": ek_onnx}, args.size, args.runs)
@@ -101,7 +106,7 @@ def main() -> None:
         "model": f"torchvision:{args.model}", "size": args.size,
         "plain_export_s": plain_export, "plain_simplify_s": plain_simplify, "plain_process_s": plain_wall,
         "enginekit_export_s": ek_export, "enginekit_simplify_s": ek_simplify, "enginekit_process_s": ek_wall,
-        "enginekit_stages_s": ek["seconds"], "enginekit_passed": ek["passed"],
+        "enginekit_stages_s": ek["seconds"], "enginekit_passed": ek["passed"], "enginekit_task": ek["task"],
         "export_simplify_ratio": (ek_export + ek_simplify) / (plain_export + plain_simplify),
         "ort_cpu_ms_plain": ms["plain"], "ort_cpu_ms_enginekit": ms["enginekit"],
         "ort_latency_ratio": ms["enginekit"] / ms["plain"],

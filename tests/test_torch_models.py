@@ -225,3 +225,22 @@ def test_a_classifier_runs_and_gives_its_top_classes(resnet_onnx):
     x = adapter.preprocess(cv2.imread(str(bus))[..., ::-1], (224, 224))
     (logits,) = ort.InferenceSession(str(resnet_onnx.output)).run(None, {"images": x})
     assert [int(c) for c in result.class_ids] == [int(c) for c in logits[0].argsort()[::-1][:5]]
+
+
+# -- timm ------------------------------------------------------------------------------------------------
+
+
+def test_a_timm_model_comes_declared_from_its_pretrained_cfg_and_exports(tmp_path, cache):
+    """timm's own small test network: size, normalisation and crop from its pretrained_cfg; --classes over it."""
+    from enginekit import api
+    from enginekit.families import resolve
+
+    adapter = resolve("timm:test_resnet", {"classes": 10})
+    assert type(adapter).task == "classify" and adapter.default_input == (1, 3, 160, 160)
+    assert adapter.spec.mean == (0.5, 0.5, 0.5) and adapter.crop_fraction == 0.95 and adapter.spec.classes == 10
+    result = api.export("timm:test_resnet", declared={"classes": 10}, random_init=True, input="1x3x96x96",
+                        output=tmp_path / "test_resnet.onnx", cache=cache, quiet=True)
+    assert result.passed
+    model = onnx.load(str(result.output))
+    assert model.graph.output[0].type.tensor_type.shape.dim[1].dim_value == 10
+    assert result.parity[-1].task["reference_varies"] == 1.0

@@ -59,9 +59,11 @@ LOGIT_SPREAD = 2.0
 #   lraspp_mobilenet_v3_large 224 px: fp32 rel L2 2e-7; fp16 1.3e-3; int8 (entropy) 0.06
 #   deeplabv3_mobilenet_v3_large 256 px: fp32 3e-7; fp16 1.6e-3; int8 0.05
 #   resnet18 128 px (logits): fp32 3e-7; fp16 6e-4; int8 0.04
-# Limits leave ~5x over those figures: other weights, sizes and GPU kernels round differently.
+#   deeplabv3_resnet50 512 px (benchmarks/any_model.py): fp32 out 7.3e-5, aux 2.6e-5 (mIoU 0.9996): FP32
+#   sums in another order through 50 layers at 512 x 512
+# Limits leave ~4-5x over those figures: other weights, sizes and GPU kernels round differently.
 _TOLERANCES = {
-    "fp32": Tolerance(rel_l2=1e-5, cosine=0.99999),
+    "fp32": Tolerance(rel_l2=3e-4, cosine=0.99999),
     "fp16": Tolerance(rel_l2=1e-2, cosine=0.9995),
     "int8": Tolerance(rel_l2=0.25, cosine=0.97),
     "fp8": Tolerance(rel_l2=0.25, cosine=0.97),

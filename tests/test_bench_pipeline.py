@@ -1,0 +1,78 @@
+"""`make bench-pipeline` runs benchmarks/pipeline.py: its quick mode runs here, so the script cannot break unseen.
+
+Figures are not asserted (a benchmark's output is quoted, never a timed test); what is asserted is that each
+section measures what it says: the rows exist with finite values, the graphs written from a calibration cache
+are the calibrated one, and verify's rows carry verify's verdict, not an assumed pass.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "pipeline.py"
+
+
+def bench(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "TMPDIR": str(tmp_path)}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_quick_run_reports_every_section(tmp_path):
+    out = tmp_path / "bench.json"
+    done = bench("--quick", "--section", "help,cold,int8,verify", "--json", str(out), tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    by_section: dict[str, list[dict]] = {}
+    for row in rows:
+        by_section.setdefault(row["section"], []).append(row)
+        assert math.isfinite(row["value"]) and row["value"] >= 0, row
+    assert set(by_section) == {"help", "cold", "int8", "verify"}
+
+    cold = {row["what"]: row for row in by_section["cold"]}
+    assert any("fp16 stage" in what and row["value"] > 0 for what, row in cold.items())
+    assert any("export --fp16 wall" in what for what in cold)
+
+    int8 = by_section["int8"]
+    assert any("calibrating" in row["what"] for row in int8)
+    assert any("from calibration cache" in row["what"] for row in int8)
+    assert any("speed-up" in row["what"] and row["value"] > 0 for row in int8)
+    (same,) = [row for row in int8 if "equal the calibrated one" in row["what"]]
+    assert same["value"] == 1.0, same
+
+    # A random-weight YOLO's task check compares nothing: verify exits 1 and the row says so.
+    verify = by_section["verify"]
+    assert len(verify) == 2
+    for row in verify:
+        assert row["note"].startswith("exit 1 (gate failed"), row
+        assert "nothing to compare" in row["note"], row
+    assert "Traceback" not in done.stderr
+
+
+def test_bad_section_is_one_error_line(tmp_path):
+    done = bench("--section", "help,nonsense", tmp_path=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["error: unknown section 'nonsense': choose from "
+                                                "help, cold, export, ort, build, int8, verify"]
+
+
+def test_a_failing_step_is_one_error_line_not_a_traceback(tmp_path):
+    """A step the benchmark needs (here: exporting a model that does not exist) ends the run in one line, exit 1."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_pipeline_script", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = script  # dataclasses look their module up there
+    spec.loader.exec_module(script)
+    with pytest.raises(script.BenchError, match=r"exited 2: error: "):
+        script.wall([*script.ENGINEKIT, "export", "no-such-model", "--random-init"],
+                    {"PYTHONPATH": str(ROOT / "src"), "ENGINEKIT_CACHE": str(tmp_path / "c")})

@@ -378,7 +378,7 @@ def _run_modelopt(src: Path, feed: np.ndarray, input_name: str, method: str, exc
         reader = CalibrationDataProvider(str(work), {input_name: feed})
         # ORT's histogram calibrator prints its bin counts to stdout, ModelOpt's progress bars go
         # to stderr: neither belongs in enginekit's output.
-        with calibrator_factory(source.calibrator), quantize_shortcuts(shortcuts), \
+        with calibrator_factory(source.calibrator), quantize_shortcuts(shortcuts, output=result), \
                 contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             quantize(
                 str(work),

@@ -4,9 +4,16 @@ The INT8 stage keeps calibration ranges as a TensorRT calibration cache and hand
 quantizer the very ranges a cache holds. ModelOpt has no public hook for that, so this module
 reaches into it: ModelOpt's tensor selection for calibration (a private function), its call of
 ONNX Runtime's static quantization (swapped for the length of a call), ONNX Runtime's calibrator
-factory, and ONNX Runtime's scale arithmetic. Those are written for the versions in ``WRITTEN_FOR``;
-``check()`` refuses any other with one line naming what is installed and what is needed, before
-any work starts, instead of a traceback from deep inside a quantizer.
+factory, and ONNX Runtime's scale arithmetic. Those are written for the versions in
+``MODELOPT_SERIES`` and ``ONNXRUNTIME_SERIES``; ``check()`` refuses any other with one line naming
+what is installed and what is needed, before any work starts, instead of a traceback from deep
+inside a quantizer.
+
+Cold builds: ``autocast()`` and ``quantize_shortcuts()`` swap in, for the length of one call,
+faster versions of the parts of AutoCast and of ModelOpt's INT8 pass where their time goes, each
+giving what the original gives (tests/test_fp16_autocast.py, tests/test_int8.py). On any other
+release they stand aside and ModelOpt runs its own way, as it does with
+``ENGINEKIT_MODELOPT_SHORTCUTS=0``.
 """
 
 from __future__ import annotations
@@ -621,6 +628,7 @@ def _aggregate(per_batch: list[dict], TensorStats) -> dict:
 # value). Written for ONNX Runtime ``ONNXRUNTIME_SERIES`` and ModelOpt ``MODELOPT_SERIES``.
 
 QUANTIZE_INTERNALS = (
+    ("onnx.checker", "check_model"),
     ("onnxruntime.quantization.onnx_model", "ONNXModel"),
     ("onnxruntime.quantization.qdq_quantizer", "compute_data_quant_params"),
     ("onnxruntime.quantization.qdq_quantizer", "find_by_name"),
@@ -659,13 +667,19 @@ def _quantize_problem() -> str | None:
 
 
 @contextlib.contextmanager
-def quantize_shortcuts(enabled: bool = True) -> Iterator[QuantizeRun]:
+def quantize_shortcuts(enabled: bool = True, output: Path | None = None) -> Iterator[QuantizeRun]:
     """ModelOpt's INT8/FP8 pass with the faster, same-result helpers below swapped in (if ``enabled``
-    and the installed versions are the ones they were written for)."""
+    and the installed versions are the ones they were written for).
+
+    ``output``: the ``output_path`` given to ModelOpt's ``quantize``. Its last step reloads that file
+    to run ``onnx.checker`` on it, whose only effect is a warning in ModelOpt's log (which enginekit
+    silences; the graph is checked where it is next loaded): that one check is left out.
+    """
     run = QuantizeRun(shortcuts=bool(enabled) and shortcuts_allowed() and _quantize_problem() is None)
     if not run.shortcuts:
         yield run
         return
+    import onnx.checker
     from modelopt.onnx.quantization import graph_utils
     from onnxruntime.quantization import base_quantizer, onnx_model, qdq_quantizer
     from onnxruntime.quantization.onnx_model import ONNXModel
@@ -680,6 +694,8 @@ def quantize_shortcuts(enabled: bool = True) -> Iterator[QuantizeRun]:
         (graph_utils, "get_extended_model_outputs",
          _shapes_only_outputs(vars(graph_utils)["get_extended_model_outputs"], run)),
     ]
+    if output is not None:
+        patches.append((onnx.checker, "check_model", _unchecked(vars(onnx.checker)["check_model"], Path(output))))
     with _QUANTIZE_LOCK:
         originals = [(owner, name, vars(owner)[name]) for owner, name, _ in patches]
         for owner, name, replacement in patches:
@@ -692,6 +708,18 @@ def quantize_shortcuts(enabled: bool = True) -> Iterator[QuantizeRun]:
 
 
 _QUANTIZE_LOCK = threading.RLock()  # the helper swaps are process-wide: one quantization at a time
+
+
+def _unchecked(original: Callable, output: Path) -> Callable:
+    """``onnx.checker.check_model``, except on ``output`` (the file ModelOpt checks only to log)."""
+    target = os.path.abspath(output)
+
+    def check_model(model, *args, **kwargs):
+        if isinstance(model, (str, os.PathLike)) and os.path.abspath(model) == target:
+            return None
+        return original(model, *args, **kwargs)
+
+    return check_model
 
 
 def _replace_input_of_all_nodes(self, old_input_name: str, new_input_name: str) -> None:

@@ -11,7 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from enginekit.compare.comparison import Gates, SimpleCase, compare, parse_overrides
+from enginekit.compare.comparison import Case, Gates, compare
+from enginekit.compare.tolerances import Tolerances
 from enginekit.errors import UsageError
 
 NC = 3
@@ -46,8 +47,8 @@ def yolo_adapter():
     return resolve("yolo12n")
 
 
-def cases_of(ref: np.ndarray, kind: str = "photo") -> list[SimpleCase]:
-    return [SimpleCase(f"{kind} {i}", kind, {"images": np.full((1,), i, dtype=np.float32)}, {"output0": ref[i:i + 1]})
+def cases_of(ref: np.ndarray, kind: str = "photo") -> list[Case]:
+    return [Case(f"{kind} {i}", kind, {"images": np.full((1,), i, dtype=np.float32)}, {"output0": ref[i:i + 1]})
             for i in range(len(ref))]
 
 
@@ -141,7 +142,7 @@ def test_nothing_to_compare_fails_with_the_reason():
     assert found.passed and "nothing to compare" in found.notes[0]
     # a lower operating point finds them again
     found = compare(run_with(ref.copy()), cases_of(ref), adapter=adapter,
-                    gates=Gates(adapter, parse_overrides(["conf=0.05"])), precision="fp16")
+                    gates=Gates(adapter, Tolerances.parse(["conf=0.05"])), precision="fp16")
     assert found.passed and found.task["conf"] == 0.05 and found.task["reference_detections"] > 0
 
 
@@ -155,15 +156,22 @@ def test_random_cases_gate_parity_but_not_the_task():
 
 def test_overrides_by_part_precision_and_option():
     adapter = yolo_adapter()
-    gates = Gates(adapter, parse_overrides(["scores.max_abs=0.5", "fp16.rel_l2=0.1", "int8.map50=0.7", "conf=0.1"]))
+    gates = Gates(adapter, Tolerances.parse(["scores.max_abs=0.5", "fp16.rel_l2=0.1", "int8.map50=0.7", "conf=0.1"]))
     assert gates.parity("fp16", "scores").max_abs == 0.5
     assert gates.parity("fp16", "boxes").rel_l2 == 0.1 and gates.parity("int8", "boxes").rel_l2 != 0.1
     assert gates.task("int8")["map50"] == (">=", 0.7) and gates.task("fp16")["map50"] == (">=", 0.9)
     assert gates.options("fp16") == {"conf": 0.1}
-    with pytest.raises(UsageError, match="unknown tolerance 'scores.recall'"):
-        Gates(adapter, {"scores.recall": 0.5})
+    # the most specific limit wins whatever the order; of two equal ones, the later
+    gates = Gates(adapter, ["fp16.scores.rel_l2=0.3", "scores.rel_l2=0.2", "fp16.rel_l2=0.1", "rel_l2=0.05",
+                            "rel_l2=0.04"])
+    assert gates.parity("fp16", "scores").rel_l2 == 0.3 and gates.parity("int8", "scores").rel_l2 == 0.2
+    assert gates.parity("fp16", "boxes").rel_l2 == 0.1 and gates.parity("int8", "boxes").rel_l2 == 0.04
+    with pytest.raises(UsageError, match="unknown tolerance 'boxes2.rel_l2' for yolo"):
+        Gates(adapter, {"boxes2.rel_l2": 0.5})
     with pytest.raises(UsageError, match="unknown tolerance 'rel_2'"):
         Gates(adapter, {"rel_2": 0.5})
+    with pytest.raises(UsageError, match="unknown tolerance 'abs_rel' for yolo"):  # depth's, not a detector's
+        Gates(adapter, ["abs_rel=0.1"])
 
 
 def test_depth_nothing_to_compare_fails():
@@ -171,9 +179,77 @@ def test_depth_nothing_to_compare_fails():
 
     adapter = resolve("depth")
     ref = np.zeros((1, 28, 28), dtype=np.float32)
-    cases = [SimpleCase("photo", "photo", {"pixel_values": np.zeros(1)}, {"depth": ref})]
+    cases = [Case("photo", "photo", {"pixel_values": np.zeros(1)}, {"depth": ref})]
     found = compare(lambda feed: {"depth": ref}, cases, adapter=adapter, gates=Gates(adapter), precision="fp16")
     assert not found.passed and any("nothing to compare" in c.name for c in found.checks)
+
+
+def test_the_worst_case_is_taken_the_way_each_statistic_gets_worse():
+    """Of two cases, the gate sees the larger error and the smaller cosine, whichever case has them;
+    a candidate with NaN fails every parity check of its part."""
+    adapter = yolo_adapter()
+    ref, _ = yolo_output()
+    cand = ref.copy()
+    cand[0, 0:4] += 3.0  # case 0: the boxes shifted (larger error)
+    cand[1, 0:4] *= -1.0  # case 1: the boxes mirrored (cosine -1)
+    found = compare(run_with(cand), cases_of(ref, "random"), adapter=adapter, gates=Gates(adapter), precision="fp16",
+                    require_task=False)
+    per_case = [{o["part"]: o for o in c["outputs"]}["boxes"] for c in found.cases]
+    worst = found.worst["boxes"]
+    assert worst["rel_l2"] == max(c["rel_l2"] for c in per_case) == per_case[1]["rel_l2"]
+    assert worst["cosine"] == min(c["cosine"] for c in per_case) == pytest.approx(-1.0)
+    assert worst["max_abs"] == max(c["max_abs"] for c in per_case)
+    failed = {c.name for c in found.checks if not c.passed}
+    assert {"parity boxes rel_l2", "parity boxes cosine"} <= failed and not any("scores" in n for n in failed)
+    cand[1, 5, 7] = np.nan
+    found = compare(run_with(cand), cases_of(ref, "random"), adapter=adapter, gates=Gates(adapter), precision="fp16",
+                    require_task=False)
+    assert {"parity scores finite", "parity scores rel_l2", "parity scores cosine", "parity scores max_abs"} <= {
+        c.name for c in found.checks if not c.passed}
+
+
+def test_task_gates_go_the_way_the_statistics_table_says():
+    """Every family's task gate is a minimum where the metric is a share (recall, mAP, delta1) and a
+    maximum where it is an error (AbsRel): the family and the statistics table agree."""
+    from enginekit.compare.metrics import STATISTICS
+    from enginekit.families import registered
+
+    for cls in registered():
+        for precision, gates in cls.task_gates.items():
+            for metric, (op, limit) in gates.items():
+                assert metric not in STATISTICS or STATISTICS[metric].op == op, (cls.__name__, precision, metric)
+                assert STATISTICS[metric].limit_problem(limit) is None if metric in STATISTICS else True
+        for option, default in cls.task_options.items():
+            assert option not in STATISTICS or STATISTICS[option].limit_problem(default) is None, (cls, option)
+
+
+def test_simplify_refuses_a_graph_that_computes_otherwise(tmp_path, monkeypatch):
+    """Simplify's own check is the one comparison: a simplified graph whose second output drifts by 1e-3
+    (rel L2) is refused and nothing is written; an equal one passes."""
+    import onnx
+    import onnxsim
+    from onnx import TensorProto, helper, numpy_helper
+
+    from enginekit.errors import ParityError
+    from enginekit.stages.simplify import simplify_onnx
+
+    def graph(scale: float):
+        nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Mul", ["x", "k"], ["z"])]
+        k = numpy_helper.from_array(np.array(scale, np.float32), "k")
+        dims = ["N", 3, 8, 6]  # a non-square input, any batch
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, dims) for n in "yz"], [k])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+
+    src = tmp_path / "m.onnx"
+    onnx.save(graph(2.0), str(src))
+    monkeypatch.setattr(onnxsim, "simplify", lambda model, **kw: (graph(2.002), True))
+    with pytest.raises(ParityError, match=r"rel L2 1\.00e-03 > 1e-05"):
+        simplify_onnx(src, tmp_path / "out.onnx")
+    assert not (tmp_path / "out.onnx").exists() and not list(tmp_path.glob(".out*"))
+    monkeypatch.setattr(onnxsim, "simplify", lambda model, **kw: (graph(2.0), True))
+    report = simplify_onnx(src, tmp_path / "out.onnx")
+    assert report.max_rel_l2 == 0.0 and report.checked_shapes == [(1, 3, 8, 6), (2, 3, 8, 6)]
 
 
 def test_statistics_agree_with_polygraphy():
@@ -231,9 +307,10 @@ def _verify(trained, onnx_path, tmp_path, **kw):
 
 def test_trained_reference_has_something_to_compare(trained, tmp_path):
     """Before any gate on it is trusted: the FP32 reference detects shapes, with scores that spread."""
-    from enginekit.compare.tasks import nms_detections
+    from enginekit.families import resolve
 
-    scores = np.concatenate([nms_detections(out, 0.001)[0].scores for out in _reference_outputs(trained)])
+    decode = resolve(trained["model"]).decode  # the detections the task metrics compare
+    scores = np.concatenate([decode({"output0": out}, {}, 0.001)[0].scores for out in _reference_outputs(trained)])
     assert scores.max() > 0.7 and np.std(scores) > 0.1 and (scores < 0.25).sum() > 0
     outcome = _verify(trained, trained["fp32"], tmp_path)
     (report,) = outcome.reports

@@ -87,7 +87,7 @@ def test_quantization_keys_hold_modelopt_and_onnxruntime(tmp_path, monkeypatch, 
     pipe = Stages(ModelRequest("yolo12n", None, True, 0), Cache(tmp_path))
     keys = []
     hit = __import__("types").SimpleNamespace(status="hit")
-    monkeypatch.setattr(pipe, "_stage", lambda st, parts, produce, label: keys.append(parts) or hit)
+    monkeypatch.setattr(pipe, "stage", lambda st, parts, produce, label: keys.append(parts) or hit)
     source = tmp_path / "m.onnx"
     source.write_bytes(b"graph")
     art = Artifact.given(source)
@@ -137,3 +137,21 @@ def test_explain_with_repair_names_the_key_used(run_cli, tmp_path):
     second = run_cli(*args, "--explain", env=env)
     assert second.code == 0, second.stderr
     assert "explain engine: hit" in second.stderr, second.stderr
+
+
+def test_engine_key_precision_part_is_unchanged():
+    """The engine key's precision part, as caches already hold it: a float graph's mode alone (plus the
+    nodes a repair kept), a quantized graph's method, excludes and calibration too."""
+    from enginekit.precisions import PRECISIONS, get, of_stage
+
+    assert get("fp32").key() == {"mode": "fp32"} and get("fp16").key() == {"mode": "fp16"}
+    assert get("fp16").key(repaired_nodes=["/m/Conv"]) == {"mode": "fp16", "repaired_nodes": ["/m/Conv"]}
+    assert get("int8").key("entropy", None, "8 photographs") == {
+        "mode": "int8", "method": "entropy", "exclude": [], "calibration": "8 photographs"}
+    fp8 = get("fp8")
+    assert fp8.key(fp8.method, ["/m/Add"], "c") == {"mode": "fp8", "method": "max", "exclude": ["/m/Add"],
+                                                    "calibration": "c"}
+    # every engine of a precision is built from its own stage's graph; verify reads a chain back the same way
+    assert [of_stage(p.stage) for p in PRECISIONS.values()] == list(PRECISIONS)
+    assert (of_stage("export"), of_stage("int8-repair"), of_stage("input")) == ("fp32", "int8", None)
+    assert not fp8.runs_on("8.6") and fp8.runs_on("8.9") and fp8.runs_on("12.0") and get("int8").runs_on("7.5")

@@ -22,11 +22,13 @@ LEVELS: list[tuple[str, ...]] = [
     ("recipes",),
     ("requests",),
     ("pipeline",),
+    ("model",),
     ("stages",),
+    ("backends",),
     ("families", "trt"),
     ("compare",),
     ("onnx",),
-    ("cache", "shapes", "images", "calibration", "errors", "reporting", "gpu", "fsutil", "__version__"),
+    ("cache", "store", "shapes", "images", "calibration", "errors", "reporting", "gpu", "fsutil", "precisions", "results", "__version__"),
 ]
 LEVEL = {name: depth for depth, names in enumerate(LEVELS) for name in names}
 
@@ -37,6 +39,9 @@ PENDING: set[tuple[str, str]] = set()  # (module, level) pairs excused while a m
 # Who may write to the terminal: the CLI and the reporting interface. checks/setup.py is the
 # post-install check `make setup` runs as a script (python -m enginekit.checks.setup).
 MAY_PRINT = ("cli", "reporting", "checks")
+
+# Only trt/ imports TensorRT: directly, or through Polygraphy's TensorRT backend (which imports it).
+TENSORRT = ("tensorrt", "tensorrt_rtx", "polygraphy.backend.trt", "polygraphy.backend.tensorrt_rtx")
 
 
 def modules() -> list[Path]:
@@ -129,6 +134,84 @@ def test_the_library_never_prints():
     assert not problems, "report through enginekit.reporting instead:\n" + "\n".join(problems)
 
 
+def _tensorrt_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, module) for each import of TensorRT, static or by ``importlib.import_module("...")``."""
+    def is_trt(name: str) -> bool:
+        return any(name == m or name.startswith(m + ".") for m in TENSORRT)
+
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("importlib.import_module", "import_module",
+                                                                      "__import__"):
+            names = [a.value for a in node.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        found += [(node.lineno, n) for n in dict.fromkeys(names) if is_trt(n)][:1]
+    return found
+
+
+def test_only_trt_imports_tensorrt():
+    problems = []
+    for path in modules():
+        if component(path) == "trt":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        problems += [f"{path.relative_to(SRC)}:{line}: imports {name}" for line, name in _tensorrt_imports(tree)]
+    assert not problems, "only enginekit.trt may import TensorRT:\n" + "\n".join(problems)
+
+
+def test_the_runtime_only_loads():
+    """runtime/ imports no flow (nor the API above them): exporting and building belong to the API layer."""
+    problems = [f"{path.relative_to(SRC)}:{line}: imports {name}"
+                for path in modules() if component(path) == "runtime"
+                for line, target, name in imported_components(path) if target in ("flows", "api")]
+    assert not problems, "\n".join(problems)
+
+
+#: where a backend's name may be written other than its module and the registry, and what it names there
+#: instead: "torch" the Python package, "tensorrt"/"tensorrt-rtx" TensorRT's own families (the build
+#: backends of enginekit.trt's traits table) and distributions
+NAME_ELSEWHERE: dict[str, set[str]] = {
+    "trt": {"tensorrt", "tensorrt-rtx"},  # trt/: the TensorRT families themselves
+    "requests.py": {"tensorrt", "tensorrt-rtx"},  # build --backend: a TensorRT family
+    "recipes.py": {"tensorrt", "tensorrt-rtx"},  # a recipe's build backend
+    "pipeline.py": {"torch", "tensorrt", "tensorrt-rtx"},  # distributions whose versions a manifest records
+    "doctor.py": {"torch", "tensorrt", "tensorrt-rtx"},  # distributions; TensorRT families of the inventory
+    "checks/setup.py": {"torch"},  # a module the setup check imports
+    "runtime/predictor.py": {"torch"},  # the package a tensor comes from
+    "store/identity.py": {"torch"},  # a distribution whose version the provenance line names
+}
+
+
+def backend_names() -> set[str]:
+    from enginekit.backends import names, variants
+
+    return set(names()) | set(variants())
+
+
+def name_literals(path: Path, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) for every string constant in ``path`` that is exactly one of ``names``."""
+    tree = ast.parse(path.read_text(), str(path))
+    return sorted((node.lineno, node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names)
+
+
+def test_backend_names_live_in_their_modules_and_the_registry():
+    """A backend is named once, in its module (and the registry); everything else asks the registry."""
+    names = backend_names()
+    problems = []
+    for path in modules():
+        rel = path.relative_to(SRC).as_posix()
+        if component(path) == "backends":
+            continue
+        allowed = NAME_ELSEWHERE.get(rel, set()) | NAME_ELSEWHERE.get(component(path), set())
+        problems += [f"{rel}:{line}: {name!r}" for line, name in name_literals(path, names) if name not in allowed]
+    assert not problems, "name backends through enginekit.backends, not as literals:\n" + "\n".join(problems)
+
+
 def test_the_checks_find_what_they_look_for(tmp_path):
     """The two walkers above see function-level imports, relative imports and prints."""
     sample = tmp_path / "m.py"
@@ -136,8 +219,86 @@ def test_the_checks_find_what_they_look_for(tmp_path):
                       "    import sys\n    sys.stdout.write('y')\n")
     tree = ast.parse(sample.read_text())
     assert [w for _, w in _terminal_writes(tree)] == ["print()", "sys.stdout.write()"]
+    trt_use = ast.parse("from polygraphy.backend import trt\nimport importlib\nimportlib.import_module('tensorrt_rtx')\n"
+                        "from polygraphy.backend.common import BytesFromPath\n")
+    assert _tensorrt_imports(trt_use) == [(1, "polygraphy.backend.trt"), (3, "tensorrt_rtx")]
     fake = SRC / "pipeline.py"
     assert ("pipeline", "reporting") in {("pipeline", t) for _, t, _ in imported_components(fake)}
+    sample.write_text("A = 'onnxruntime-cpu'\nB = 'onnxruntime-cpu is fast'\nC = ('torch-fp16',)\n")
+    assert name_literals(sample, backend_names()) == [(1, "onnxruntime-cpu"), (3, "torch-fp16")]
+
+
+def _precision_lists(tree: ast.AST) -> list[tuple[int, str]]:
+    """Tuple, list and set literals naming two or more precisions (``("fp32", "fp16")``, ``Literal[...]``)."""
+    from enginekit.precisions import NAMES
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            named = [e.value for e in node.elts if isinstance(e, ast.Constant) and e.value in NAMES]
+            if len(named) >= 2:
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_precisions_are_listed_only_in_their_registry():
+    """A new precision is one line in enginekit/precisions.py: no other module keeps its own list of
+    them (it would miss the new one); it asks the registry (``precisions.names(exported=True)``)."""
+    problems = []
+    for path in modules():
+        if path.relative_to(SRC).as_posix() == "precisions.py":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        problems += [f"{path.relative_to(SRC)}:{line}: {text}" for line, text in _precision_lists(tree)]
+    assert not problems, "ask enginekit.precisions instead of listing precisions:\n" + "\n".join(problems)
+    sample = ast.parse('OK = ("fp32",)\nBAD = ["fp16", "int8"]\nP = Literal["fp32", "fp8"]\nif p in {"fp32", "fp16"}: pass\n')
+    assert [line for line, _ in _precision_lists(sample)] == [2, 3, 4]
+
+
+def _family_names() -> set[str]:
+    from enginekit.families import registered
+
+    return {cls.family for cls in registered()}
+
+
+def _family_branches(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """Comparisons of a family (``x.family``, a variable ``family``) with a registered family's name:
+    ``adapter.family == "yolo"``, ``family in ("yolo", "rtdetr")``, ``"yolo" != cls.family``."""
+    found = []
+
+    def is_family(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "family") or (
+            isinstance(node, ast.Name) and node.id == "family")
+
+    def literals(node: ast.AST) -> set[str]:
+        return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(is_family(s) for s in sides) and any(literals(s) & names for s in sides if not is_family(s)):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_nothing_outside_families_branches_on_a_family_name():
+    """What differs between families is declared by them (``families.interface``) and asked for: a comparison
+    with a family's name outside ``families/`` is a branch a new family would have to be added to."""
+    names = _family_names()
+    problems = []
+    for path in modules():
+        if component(path) == "families":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        problems += [f"{path.relative_to(SRC)}:{line}: {text}" for line, text in _family_branches(tree, names)]
+    assert not problems, "declare what differs on the family instead:\n" + "\n".join(problems)
+
+
+def test_the_family_branch_check_finds_branches():
+    names = {"yolo", "rtdetr"}
+    code = ("if adapter.family == 'yolo': pass\nif family in ('rtdetr', 'x'): pass\nok = 'yolo' != cls.family\n"
+            "if family == 'tensorrt': pass\nif adapter.task == 'yolo': pass\n")
+    assert [line for line, _ in _family_branches(ast.parse(code), names)] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("name", ["export", "build", "verify"])

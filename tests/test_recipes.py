@@ -90,7 +90,15 @@ def test_bad_recipe_is_one_line_naming_file_line_and_key(run_cli, tmp_path, case
     ("model: {variant: yolo12n}\nprecisions: [fp16, fp8]\nbackend: tensorrt-rtx\ntargets: ['8.6,8.9']\n",
      [":4:", "targets[0]", "fp8", "8.6"]),
     ("model: {variant: yolo12n}\nverification:\n  tolerances:\n    fp16: {rel_l2: -1}\n",
-     [":4:", "verification.tolerances.fp16.rel_l2", "greater than 0"]),
+     [":4:", "verification.tolerances.fp16.rel_l2", "not a positive finite number"]),
+    ("model: {variant: yolo12n}\nverification:\n  tolerances:\n    fp16:\n      parts: {scores: {cosine: 1.5}}\n",
+     [":5:", "verification.tolerances.fp16.parts.scores.cosine", "(0, 1]"]),
+    ("model: {variant: yolo12n}\nverification:\n  tolerances:\n    fp16:\n      parts: {boxs: {rel_l2: 0.1}}\n",
+     [":3:", "verification.tolerances", "unknown tolerance 'fp16.boxs.rel_l2' for yolo"]),
+    ("model: {variant: yolo12n}\nverification:\n  tolerances:\n    fp4: {rel_l2: 0.1}\n",
+     [":4:", "verification.tolerances.fp4", "unknown precision 'fp4'"]),
+    ("model: {variant: yolo12n}\nverification:\n  tolerances:\n    int8:\n      task: {recall: 1.2}\n",
+     [":5:", "verification.tolerances.int8.task.recall", "[0, 1]"]),
     ("model: {variant: yolo12n}\nweights: a.pt\n", [":2:", "unknown key 'weights'", "model.weights?"]),
     ("model: {variant: yolo12n, weights: missing.pt}\n", [":1:", "model.weights", "not found"]),
     ("model: {variant: yolo12n}\nprecisions: [fp16]\nprecisions: [int8]\n", [":3:", "'precisions' is given twice"]),
@@ -225,16 +233,20 @@ def test_build_recipe_then_all_cache_hits(run_cli, tmp_path):
     assert "cached" in second.stderr and "built" not in second.stderr, second.stderr
 
 
-def test_verify_request_builds_the_cell_and_lets_the_command_line_win():
+def test_verify_request_builds_the_cell_and_lets_the_command_line_win(tmp_path):
+    from enginekit.compare.comparison import Gates
     from enginekit.recipes import load_recipe
-    from enginekit.requests import parse_tolerances
 
-    recipe = load_recipe(REPO / "recipes" / "yolo12n.yaml")
+    recipe = load_recipe(write(tmp_path, "r.yaml", TINY_RECIPE + (
+        "verification:\n  tolerances:\n    int8:\n      rel_l2: 0.3\n      task: {map50: 0.5, recall: 0.6}\n")))
     request = recipe.verify_request("int8", {"tolerances": ["int8.map50=0.3"], "junit": Path("j.xml")})
     assert request.kind == "model" and request.junit == Path("j.xml")
     assert request.build_request == recipe.build_request("int8")  # the engine the build made
-    assert request.tolerances[-1] == "int8.map50=0.3"  # the command line's --tol wins
-    assert parse_tolerances(request.tolerances)["int8.map50"] == 0.3
+    gates = Gates(recipe.adapter(), request.tolerances)  # the gates verify applies
+    assert gates.task("int8")["map50"] == (">=", 0.3)  # the command line's --tol wins over the file
+    assert gates.task("int8")["recall"] == (">=", 0.6) and gates.parity("int8", "boxes").rel_l2 == 0.3
+    assert gates.task("fp16") == Gates(recipe.adapter()).task("fp16")  # other precisions keep the family's
+    assert recipe.tolerance("int8").rel_l2 == 0.3 and recipe.task_gates("int8")["map50"] == (">=", 0.5)
 
 
 def test_a_bad_override_is_a_one_line_usage_error():

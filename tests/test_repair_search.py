@@ -97,3 +97,39 @@ def test_int8_repair_on_the_trained_detector(trained_detector, detector_images, 
     assert rec["trial_seconds"] < 2.0  # an ONNX edit, not a ModelOpt run
     assert out.manifest["precision"]["repaired_nodes"] == rec["nodes"]
     assert out.manifest["chain"][-1]["stage"] == "int8-repair"
+
+
+def test_repaired_is_a_pipeline_stage_keyed_as_before(tmp_path):
+    """Repair's INT8 result is the pipeline's ``repaired`` stage: kind onnx-int8-repair, keyed by the INT8
+    graph and the nodes (the key of before), the stripped graph stored once and found the second time."""
+    import onnx
+
+    from enginekit.cache import Cache, key_for
+    from enginekit.pipeline import Artifact, Stages
+
+    src, q = _qdq_pair_graph(tmp_path)
+    onnx.save(src, str(tmp_path / "src.onnx"))
+    onnx.save(q, str(tmp_path / "q.onnx"))
+    pipe = Stages(None, Cache(tmp_path / "cache"))
+    quantized, source = Artifact.given(tmp_path / "q.onnx"), Artifact.given(tmp_path / "src.onnx")
+    first = pipe.repaired(quantized, source, ["conv"], ["^head$"])
+    parts = {"stage": "int8-repair", "input": quantized.sha256, "nodes": ["conv"], "edit": "strip_qdq/1"}
+    assert (first.status, first.entry.kind, first.entry.key) == ("miss", "onnx-int8-repair", key_for(parts))
+    assert [n.op_type for n in onnx.load(str(first.path)).graph.node] == ["Conv"]  # Q/DQ around conv removed
+    assert first.manifest["repaired_nodes"] == ["conv"] and first.manifest["exclude"] == ["^head$"]
+    again = pipe.repaired(quantized, source, ["conv"], ["^head$"])
+    assert again.status == "hit" and again.entry.key == first.entry.key
+
+
+def test_repair_memory_is_kept_by_the_pipeline(tmp_path):
+    """A passing search's nodes are recalled by the same search description, not by another."""
+    from enginekit.cache import Cache
+    from enginekit.pipeline import Stages
+
+    pipe = Stages(None, Cache(tmp_path / "cache"))
+    search = {"search": "sensitivity/2", "source": "abc", "precision": "int8", "exclude": []}
+    assert pipe.recalled_repair(search) is None
+    pipe.remember_repair(search, ["conv"], {"passed": True})
+    kept = pipe.recalled_repair(search)
+    assert kept.kind == "repair" and kept.manifest["nodes"] == ["conv"] and kept.manifest["result"] == {"passed": True}
+    assert pipe.recalled_repair({**search, "precision": "fp16"}) is None

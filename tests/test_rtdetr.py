@@ -1,7 +1,7 @@
 """RT-DETR (rtdetr-l): registered, keyed by its --random-init, verified FP32 and FP16, and its gate
 fails on a perturbed graph.
 
-``--random-init`` of this family is a smooth detector (families/yolo_tasks.py, _separate_rtdetr):
+``--random-init`` of this family is a smooth detector (families/ultralytics/rtdetr.py, _separate_rtdetr):
 its references detect ~20 things per photograph at conf 0.25, so every task check compares real
 detections. Graphs are exported at 320 px to keep the time down.
 """
@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_line_error
-from enginekit.compare.comparison import Gates, SimpleCase, compare
+from enginekit.compare.comparison import Case, Gates, compare
 from enginekit.families import families, resolve
 
 PROFILE = "1x3x320x320"
 
 
 def test_rtdetr_is_registered_listed_and_keyed_by_its_init(run_cli):
-    from enginekit.families.yolo_tasks import RtdetrAdapter
+    from enginekit.families.ultralytics.rtdetr import RtdetrAdapter
     from enginekit.pipeline import ModelRequest
 
     assert type(resolve("rtdetr-l")) is RtdetrAdapter and resolve("RTDETR-X").variant == "rtdetr-x"
@@ -104,7 +104,7 @@ def test_rtdetr_perturbed_box_heads_fail_the_task_gate(rtdetr_loaded, rtdetr_onn
     cases = []
     for i, image in enumerate(load_images(None, limit=4).images):
         feed = {adapter.input_name: adapter.preprocess(image, (320, 320))}
-        cases.append(SimpleCase(f"photo {i}", "photo", feed, adapter.reference(loaded, feed[adapter.input_name])))
+        cases.append(Case(f"photo {i}", "photo", feed, adapter.reference(loaded, feed[adapter.input_name])))
 
     def gate(onnx_path):
         sess = runtime.session(onnx_path)

@@ -50,7 +50,7 @@ def _cuda() -> bool:
 @pytest.fixture(scope="module")
 def yolo_onnx(tmp_path_factory, cache):
     from enginekit import api
-    from enginekit.runtime.loader import _simplifier
+    from enginekit.flows.load import simplifier as _simplifier
 
     out = tmp_path_factory.mktemp("rt-yolo")
     return api.export("yolo12n", random_init=True, output=out / "yolo12n.onnx", cache=cache, quiet=True,
@@ -102,7 +102,7 @@ def test_depth_equals_pytorch_output_resized(small_photo, cache):
 
     import enginekit
     from enginekit.families import resolve
-    from enginekit.runtime.depth import lower_bound_size
+    from enginekit.families.depth_anything.runtime import lower_bound_size
 
     predictor = enginekit.load("depth", random_init=True, backend="onnxruntime-cpu", input_size=140, cache=cache)
     got = predictor(small_photo)
@@ -149,7 +149,7 @@ def test_auto_backend_says_why(yolo_onnx):
 def test_letterbox_geometry_matches_ultralytics():
     from ultralytics.data.augment import LetterBox
 
-    from enginekit.runtime.yolo import letterbox_geometry
+    from enginekit.families.ultralytics.runtime import letterbox_geometry
 
     for h, w in ((1080, 810), (720, 1280), (333, 500), (640, 640)):
         img = np.zeros((h, w, 3), np.uint8)
@@ -229,7 +229,7 @@ def test_shape_outside_every_profile_is_a_usage_error():
 
 
 def test_providers_report_loading_not_just_compiled():
-    from enginekit.runtime.providers import onnxruntime_providers
+    from enginekit.backends.providers import onnxruntime_providers
 
     found = {p.name: p for p in onnxruntime_providers()}
     assert found["CPUExecutionProvider"].loads is True

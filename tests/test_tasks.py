@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from enginekit.compare.comparison import Gates, SimpleCase, compare
+from enginekit.compare.comparison import Case, Gates, compare
 from enginekit.errors import UsageError
 from enginekit.families import families, resolve
 
@@ -29,9 +29,9 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def cases_of(outputs: dict[str, np.ndarray], kind: str = "photo") -> list[SimpleCase]:
+def cases_of(outputs: dict[str, np.ndarray], kind: str = "photo") -> list[Case]:
     n = len(next(iter(outputs.values())))
-    return [SimpleCase(f"{kind} {i}", kind, {"images": np.full((1,), i, dtype=np.float32)},
+    return [Case(f"{kind} {i}", kind, {"images": np.full((1,), i, dtype=np.float32)},
                        {k: v[i:i + 1] for k, v in outputs.items()}) for i in range(n)]
 
 
@@ -147,7 +147,7 @@ def test_segment_gate_passes_identical_and_fails_on_moved_masks():
     assert same.task["compared"] == 8 and same.task["mask_map50"] > 0.99 and same.task["recall"] == 1.0
     moved = {k: v.copy() for k, v in ref.items()}
     moved["output1"] = np.roll(moved["output1"], 15, axis=3)  # prototypes 60 px to the right: masks leave their boxes
-    bad = gate("yolo11n-seg", ref, moved, SEG_META, **{"prototypes.rel_l2": 10.0, "prototypes.cosine": -1.0})
+    bad = gate("yolo11n-seg", ref, moved, SEG_META, **{"prototypes.rel_l2": 10.0, "prototypes.cosine": 1e-6})
     assert not task_check(bad, "mask_map50").passed, bad.task
     assert all(c.passed for c in bad.checks if c.name.startswith("parity")), bad.failures()  # only the task gate saw it
 
@@ -206,7 +206,7 @@ def test_pose_gate_passes_identical_and_fails_on_moved_keypoints():
     assert same.task["pose_map50"] > 0.99 and same.task["pose_similarity_mean"] > 0.99
     moved = ref["output0"].copy()
     moved[:, 6::3] += 6.0  # every keypoint 6 px to the right: boxes and scores untouched
-    bad = gate("yolo11n-pose", ref, {"output0": moved}, meta, **{"keypoints.rel_l2": 10.0, "keypoints.cosine": -1.0})
+    bad = gate("yolo11n-pose", ref, {"output0": moved}, meta, **{"keypoints.rel_l2": 10.0, "keypoints.cosine": 1e-6})
     assert not task_check(bad, "pose_map50").passed and not task_check(bad, "recall").passed, bad.task
     assert bad.task["box_map50"] > 0.99  # the boxes still agree: only keypoints moved
 
@@ -221,7 +221,7 @@ def test_obb_gate_passes_identical_and_fails_on_turned_boxes():
     assert same.task["map50"] > 0.99
     turned = out.copy()
     turned[:, 6] += 0.9  # 52 degrees
-    bad = gate("yolo11n-obb", ref, {"output0": turned}, meta, **{"angle.rel_l2": 10.0, "angle.cosine": -1.0})
+    bad = gate("yolo11n-obb", ref, {"output0": turned}, meta, **{"angle.rel_l2": 10.0, "angle.cosine": 1e-6})
     assert not task_check(bad, "map50").passed, bad.task
 
 
@@ -260,7 +260,7 @@ def test_classify_gate_passes_identical_and_fails_on_swapped_top1():
     swapped = probs.copy()
     for i, top in enumerate([1, 3, 5]):  # three of four images change their top-1 (to class 0)
         swapped[i, [top, 0]] = swapped[i, [0, top]]
-    bad = gate("yolo11n-cls", {"output0": probs}, {"output0": swapped}, meta, rel_l2=10.0, cosine=-1.0)
+    bad = gate("yolo11n-cls", {"output0": probs}, {"output0": swapped}, meta, rel_l2=10.0, cosine=1e-6)
     assert not task_check(bad, "top1_agreement").passed and bad.task["top1_agreement"] == 0.25
 
 
@@ -282,7 +282,7 @@ def test_semantic_gate_passes_identical_and_fails_on_a_grown_class():
     grown = logits.copy()
     grown[:, 2, 10:50, 10:50] = 6  # class 2 takes 4x its area
     bad = gate("yolo26n-sem", {"output0": logits}, {"output0": grown}, {"names": "{}", "end2end": "False"},
-               rel_l2=10.0, cosine=-1.0)
+               rel_l2=10.0, cosine=1e-6)
     assert not task_check(bad, "miou").passed, bad.task
 
 
@@ -300,7 +300,7 @@ def test_yolo_depth_gate_fails_on_flattened_depth_and_on_constant_reference():
     assert same.passed, same.failures()
     flat = depth.copy()
     flat[..., :, 16:] = flat[..., :, 16:16 + 1]  # right half loses its gradient
-    bad = gate("yolo26n-depth", {"output0": depth}, {"output0": flat}, {"end2end": "False"}, rel_l2=10.0, cosine=-1.0)
+    bad = gate("yolo26n-depth", {"output0": depth}, {"output0": flat}, {"end2end": "False"}, rel_l2=10.0, cosine=1e-6)
     assert not task_check(bad, "abs_rel").passed, bad.task
     const = np.full((2, 1, 8, 8), 1.2, dtype=np.float32)
     nothing = gate("yolo26n-depth", {"output0": const}, {"output0": const.copy()}, {"end2end": "False"})
@@ -322,15 +322,38 @@ def test_rtdetr_gate_passes_identical_and_fails_on_lost_queries():
     lost = out.copy()
     lost[:, 3, 4] = 0.1  # the weakest object drops under 0.25 in every image
     bad = gate("rtdetr-l", {"output0": out}, {"output0": lost}, {"end2end": "True"},
-               **{"scores.rel_l2": 10.0, "scores.cosine": -1.0, "scores.max_abs": 1.0})
+               **{"scores.rel_l2": 10.0, "scores.cosine": 1e-6, "scores.max_abs": 1.0})
     assert not task_check(bad, "recall").passed and bad.task["recall"] == 0.75
     # the weakest object only just under the operating point: a threshold flip with a margin, a loss without
     flipped = out.copy()
     flipped[:, 3, 4] = 0.24
-    loose = {"scores.rel_l2": 10.0, "scores.cosine": -1.0, "scores.max_abs": 1.0}
+    loose = {"scores.rel_l2": 10.0, "scores.cosine": 1e-6, "scores.max_abs": 1.0}
     assert gate("rtdetr-l", {"output0": out}, {"output0": flipped}, {"end2end": "True"}, **loose).task["recall"] == 0.75
     margin = gate("rtdetr-l", {"output0": out}, {"output0": flipped}, {"end2end": "True"}, conf_margin=0.02, **loose)
     assert task_check(margin, "recall").passed and margin.task["threshold_flips"] == 2
+
+
+def test_decoded_instances_are_scored_against_labels_as_well():
+    """Decoding (outputs -> instances in the input's pixels) is the family's, the metrics compare instances
+    with instances: labels (score 1) can be the reference side. Four labelled objects per image, found by the
+    detector's outputs; the same labels 40 px away are not."""
+    from enginekit.compare.instances import CONF_MAP, Instances, box_iou, instance_metrics
+
+    adapter = resolve("yolo12n")
+    out = instance_output(0)  # (2, 4 + 2, 120): four objects, their best anchor scores 0.5 .. 0.8
+    meta = {"names": NAMES2, "end2end": "False"}
+    found = adapter.decode({"output0": out}, meta, 0.25)
+    ranked = adapter.decode({"output0": out}, meta, CONF_MAP)
+    centres = np.array([(20 + 40 * k, 30 + 20 * k) for k in range(4)], np.float32)
+    corners = np.concatenate([centres - (15, 12), centres + (15, 12)], 1)
+
+    def labels(shift):
+        return [Instances(corners + shift, np.ones(4, np.float32), np.arange(4) % 2) for _ in range(2)]
+
+    right = instance_metrics(labels(0), found, ranked, box_iou, conf=0.25)
+    assert right["compared"] == 8 and right["recall"] == 1.0 and right["map50"] > 0.99
+    wrong = instance_metrics(labels(40), found, ranked, box_iou, conf=0.25)
+    assert wrong["recall"] == 0.0 and wrong["map50"] == 0.0
 
 
 # -- checkpoints of another task ------------------------------------------------------------------------
@@ -403,7 +426,7 @@ def _trained_comparison(task: str, name: str, folder, tmp_path, perturb: tuple[s
     cases = []
     for i, image in enumerate(load_images(folder).images):
         feed = {adapter.input_name: adapter.preprocess(image, hw)}
-        cases.append(SimpleCase(f"photo {i}", "photo", feed, adapter.reference(loaded, feed[adapter.input_name])))
+        cases.append(Case(f"photo {i}", "photo", feed, adapter.reference(loaded, feed[adapter.input_name])))
     overrides = {"conf": conf} if "conf" in adapter.task_options else {}
     return compare(lambda feed: runtime.run(sess, feed), cases, adapter=adapter, gates=Gates(adapter, overrides),
                    precision="fp32", metadata=loaded.metadata, name=name)

@@ -17,6 +17,7 @@ import pytest
 from enginekit.errors import CapabilityError, UsageError
 from enginekit.shapes import InputRange, parse_profile
 from enginekit.trt import backends, builder
+from enginekit.trt.binding import bind, trt_logger
 from enginekit.trt.backends import (
     PORTABLE_RTX_TARGETS,
     TRAITS,
@@ -175,8 +176,8 @@ def test_fp16_cast_keeps_graph_types(models, rtx):
     assert result.targets == ("8.6",)
 
 
-def test_network_is_strongly_typed(rtx):
-    net = builder._create_network(trt_rtx.Builder(builder._logger_for(trt_rtx)), rtx)
+def test_network_is_strongly_typed(models, rtx):
+    _builder, net, _parser = builder.network_loader(bind(rtx), rtx, models["static"])()
     assert net.get_flag(trt_rtx.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
 
 
@@ -262,6 +263,100 @@ def test_timing_cache_is_skipped_by_rtx(models, rtx, tmp_path):
     )
     assert not result.timing_cache_used and not cache.exists()
     assert any("keeps none" in m for m in messages)
+
+
+def _bare_rtx_build(path: Path, profiles: list[tuple], targets: tuple[str, ...], workspace: int | None = None,
+                    level: int | None = None) -> bytes:
+    """The plan TensorRT-RTX builds from its own API with these settings and its defaults otherwise
+    (what enginekit's builder did by hand before it used Polygraphy's loaders)."""
+    logger = trt_logger(trt_rtx)
+    trt_builder = trt_rtx.Builder(logger)
+    network = trt_builder.create_network(0)
+    parser = trt_rtx.OnnxParser(network, logger)
+    assert parser.parse_from_file(str(path))
+    config = trt_builder.create_builder_config()
+    for shapes in profiles:
+        profile = trt_builder.create_optimization_profile()
+        profile.set_shape("x", *shapes)
+        assert config.add_optimization_profile(profile) >= 0
+    if workspace is not None:
+        config.set_memory_pool_limit(trt_rtx.MemoryPoolType.WORKSPACE, workspace)
+    if level is not None:
+        config.builder_optimization_level = level
+    config.num_compute_capabilities = len(targets)
+    for index, cc in enumerate(targets):
+        assert config.set_compute_capability(getattr(trt_rtx.ComputeCapability, "SM" + cc.replace(".", "")), index)
+    return bytes(memoryview(trt_builder.build_serialized_network(network, config)))
+
+
+@pytest.mark.parametrize("graph, profiles, options", [
+    ("dynamic", ["1x3x16x16", "2x3x16x16:4x3x16x16:8x3x16x16"],
+     BuildOptions(workspace_bytes=1 << 30, optimization_level=1, target_cc=("8.6", "12.0"))),
+    ("static", [], BuildOptions(target_cc=("8.9",))),
+    ("fp16", [DYNAMIC], BuildOptions()),  # the portable default targets
+    ("fp8", [DYNAMIC], BuildOptions(target_cc=("8.9", "12.0"))),
+])
+def test_plans_are_those_tensorrt_rtx_builds_itself(models, rtx, no_gpu, graph, profiles, options):
+    """Through Polygraphy's loaders, the plan is byte for byte the one TensorRT-RTX's own API gives with the
+    same settings: Polygraphy's defaults (timing cache, profiling verbosity) change nothing in it."""
+    parsed = [parse_profile(p) for p in profiles]
+    result = build_engine(models[graph], parsed, rtx, options)
+    shapes = [(r.min, r.opt, r.max) for p in parsed for r in p.inputs.values()]
+    bare = _bare_rtx_build(models[graph], shapes, result.targets, options.workspace_bytes, options.optimization_level)
+    assert len(result.plan) > 1000 and result.plan == bare
+
+
+def test_unsupported_node_is_named_in_one_line(rtx, tmp_path):
+    graph = helper.make_graph([helper.make_node("FooBar", ["x"], ["y"], name="my_node")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, tmp_path / "custom.onnx")
+    with pytest.raises(UsageError) as info:
+        build_engine(tmp_path / "custom.onnx", [], rtx)
+    assert str(info.value).startswith("cannot build from custom.onnx: ") and "\n" not in str(info.value)
+    assert str(info.value).endswith("(node my_node, FooBar)") and "Plugin not found" in str(info.value)
+
+
+def test_tensorrt_log_reaches_the_reporter_not_logging(rtx, caplog):
+    """TensorRT's warnings are the reporter's warnings (once each); its errors explain a failure; nothing
+    goes through Python logging, so API users see no raw log line."""
+    from enginekit import reporting
+    from enginekit.trt.binding import capturing
+
+    logger = trt_logger(trt_rtx)
+    with caplog.at_level("DEBUG"), reporting.collecting(quiet=True) as events, capturing(logger):
+        config = trt_rtx.Builder(logger).create_builder_config()
+        for _ in range(2):  # TensorRT-RTX logs a warning and ignores the setting
+            config.hardware_compatibility_level = trt_rtx.HardwareCompatibilityLevel.AMPERE_PLUS
+        logger.log(trt_rtx.ILogger.Severity.ERROR, "an error")
+        logger.log(trt_rtx.ILogger.Severity.INFO, "chatter")
+    assert events.warnings == ["TensorRT-RTX: setHardwareCompatibilityLevel() is unsupported in TensorRT-RTX."]
+    assert logger.errors == ["an error"] and not caplog.records
+
+
+def test_polygraphy_is_bound_to_the_backend_in_use(rtx, fake_tensorrt, monkeypatch):
+    """One process may build with TensorRT-RTX and then use TensorRT (or the reverse): Polygraphy's
+    TensorRT modules follow, whatever POLYGRAPHY_USE_TENSORRT_RTX said when polygraphy was imported."""
+    from polygraphy import config
+    from polygraphy.backend.tensorrt_rtx import config as rtx_config
+    from polygraphy.backend.trt import loader, util
+
+    bind(rtx)
+    assert config.USE_TENSORRT_RTX and loader.trt.__version__ == rtx_config.trt.__version__ == rtx.version
+    assert util.get_trt_logger() is trt_logger(trt_rtx)
+    fake_tensorrt("10.13.3.9")
+    stand_in = sys.modules["tensorrt"]
+    stand_in.ILogger = trt_rtx.ILogger  # enough for enginekit's logger class
+    trt10 = resolve_backend("tensorrt")
+    try:
+        bind(trt10)
+        assert not config.USE_TENSORRT_RTX and loader.trt.__version__ == "10.13.3.9"
+        assert util.get_trt_logger() is trt_logger(stand_in)
+    finally:
+        bind(rtx)
+    assert loader.trt.__version__ == rtx.version
 
 
 def test_build_options_validation():
@@ -517,29 +612,19 @@ RTX = TRAITS["tensorrt-rtx"]
 
 
 def _rtx_network():
-    return trt_rtx.Builder(builder._logger_for(trt_rtx)).create_network(0)
+    return trt_rtx.Builder(trt_logger(trt_rtx)).create_network(0)
 
 
 def test_installed_rtx_resolves_to_its_row(rtx):
     assert rtx.traits is RTX and int(trt_rtx.__version__.split(".")[0]) in RTX.majors
 
 
-class _RecordingBuilder:
-    def __init__(self) -> None:
-        self.flags: list[int] = []
-
-    def create_network(self, flags: int):
-        self.flags.append(flags)
-        return object()
-
-
 @pytest.mark.parametrize("row, flagged", [("tensorrt-10", True), ("tensorrt-11", False), ("tensorrt-rtx", False)])
-def test_network_gets_the_strongly_typed_flag_only_where_needed(row, flagged):
-    module = types.SimpleNamespace(NetworkDefinitionCreationFlag=types.SimpleNamespace(STRONGLY_TYPED=3))
-    backend = Backend(name=row, version="0", traits=TRAITS[row], module=module)
-    recorder = _RecordingBuilder()
-    builder._create_network(recorder, backend)
-    assert recorder.flags == [1 << 3 if flagged else 0]
+def test_network_gets_the_strongly_typed_flag_only_where_needed(row, flagged, tmp_path):
+    """Polygraphy's NetworkFromOnnxPath is asked for the STRONGLY_TYPED flag where the row says so."""
+    poly = types.SimpleNamespace(NetworkFromOnnxPath=lambda path, strongly_typed: (path, strongly_typed))
+    backend = Backend(name=row, version="0", traits=TRAITS[row], module=types.ModuleType("stand_in"))
+    assert builder.network_loader(poly, backend, tmp_path / "m.onnx") == (str(tmp_path / "m.onnx"), flagged)
 
 
 def test_fact_strongly_typed_default():
@@ -558,7 +643,7 @@ def test_fact_weak_typing_flags():
 
 
 def test_fact_timing_cache():
-    config = trt_rtx.Builder(builder._logger_for(trt_rtx)).create_builder_config()
+    config = trt_rtx.Builder(trt_logger(trt_rtx)).create_builder_config()
     cache = config.create_timing_cache(b"")
     with pytest.warns(DeprecationWarning, match="no-ops"):
         config.set_timing_cache(cache, False)
@@ -566,7 +651,7 @@ def test_fact_timing_cache():
 
 
 def test_fact_compute_capability_targets():
-    config = trt_rtx.Builder(builder._logger_for(trt_rtx)).create_builder_config()
+    config = trt_rtx.Builder(trt_logger(trt_rtx)).create_builder_config()
     assert hasattr(config, "set_compute_capability") and hasattr(config, "num_compute_capabilities")
     assert RTX.supports_compute_capability_targets
     in_enum = [n[2:] for n in trt_rtx.ComputeCapability.__members__ if n.startswith("SM")]
@@ -582,14 +667,14 @@ def test_fact_needs_gpu_to_build(models, rtx, no_gpu):
 
 
 def test_fact_hardware_compatibility():
-    config = trt_rtx.Builder(builder._logger_for(trt_rtx)).create_builder_config()
+    config = trt_rtx.Builder(trt_logger(trt_rtx)).create_builder_config()
     config.hardware_compatibility_level = trt_rtx.HardwareCompatibilityLevel.AMPERE_PLUS
     honoured = config.hardware_compatibility_level == trt_rtx.HardwareCompatibilityLevel.AMPERE_PLUS
     assert honoured is RTX.supports_hardware_compatibility
 
 
 def test_fact_version_compatibility(models):
-    logger = builder._logger_for(trt_rtx)
+    logger = trt_logger(trt_rtx)
     trt_builder = trt_rtx.Builder(logger)
     network = trt_builder.create_network(0)
     parser = trt_rtx.OnnxParser(network, logger)
@@ -603,7 +688,7 @@ def test_fact_version_compatibility(models):
 
 
 def test_fact_workspace_via_memory_pool_limit():
-    config = trt_rtx.Builder(builder._logger_for(trt_rtx)).create_builder_config()
+    config = trt_rtx.Builder(trt_logger(trt_rtx)).create_builder_config()
     config.set_memory_pool_limit(trt_rtx.MemoryPoolType.WORKSPACE, 1 << 28)
     assert config.get_memory_pool_limit(trt_rtx.MemoryPoolType.WORKSPACE) == 1 << 28
     assert not hasattr(config, "max_workspace_size") and RTX.workspace_via_memory_pool_limit
@@ -613,7 +698,7 @@ def test_fact_deserialize_without_gpu(models, rtx):
     if backends.gpu_info() is not None:
         pytest.skip("this machine has a GPU: deserializing is expected to work")
     plan = build_engine(models["static"], [], rtx, BuildOptions(target_cc=("8.6",))).plan
-    engine = trt_rtx.Runtime(builder._logger_for(trt_rtx)).deserialize_cuda_engine(plan)
+    engine = trt_rtx.Runtime(trt_logger(trt_rtx)).deserialize_cuda_engine(plan)
     assert (engine is not None) is RTX.can_deserialize_without_gpu
 
 
@@ -645,6 +730,29 @@ def test_tensorrt_build_with_timing_cache(models, tmp_path):
     assert {t["name"]: t["dtype"] for t in result.io} == {"x": "float32", "y": "float16"}
     ok, reason = can_run_here(backend, result.built_for())
     assert ok, reason
+
+
+@pytest.mark.tensorrt
+@pytest.mark.gpu
+def test_timing_cache_kept_and_reused_on_a_gpu(models, tmp_path):
+    """Two builds on one GPU: the second starts from the timing cache the first kept in the cache."""
+    pytest.importorskip("tensorrt", reason=NEEDS_TENSORRT)
+    gpu = backends.gpu_info()
+    if gpu is None:
+        pytest.skip("TensorRT proper needs a GPU to build")
+    from enginekit.cache import Cache, key_for
+    from enginekit.trt.timing import FILE, KIND, kept_timing_cache, timing_cache_parts
+
+    backend, cache = resolve_backend("tensorrt"), Cache(tmp_path / "cache")
+    for graph in ("dynamic", "fp16"):
+        messages: list[str] = []
+        with kept_timing_cache(cache, backend, gpu) as path:
+            result = build_engine(models[graph], [parse_profile(DYNAMIC)], backend, timing_cache=path,
+                                  progress=messages.append)
+        assert result.timing_cache_used
+        kept = cache.lookup(KIND, key_for(timing_cache_parts(backend, gpu))).entry
+        assert kept is not None and kept.file(FILE).stat().st_size > 0
+    assert "timing cache: loaded timing.cache" in messages  # the second build read the first one's
 
 
 # --- the runner: polygraphy's TrtRunner over a plan ------------------------------------------

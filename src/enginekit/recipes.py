@@ -17,7 +17,7 @@ import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import (
@@ -32,14 +32,14 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from enginekit import precisions as precision_registry
+from enginekit.compare.tolerances import Limit, Tolerances
 from enginekit.errors import UsageError
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
-RECIPE_PRECISIONS = ("fp32", "fp16", "int8", "fp8")
 VERIFY_ONLY = ("images", "image_count", "require_engine", "task_required", "tolerances", "report_dir", "junit")  # VerifyRequest names
 DEFAULT_TARGETS = "default"  # a target set meaning: this GPU, else the backend's portable set
 
-Precision = Literal["fp32", "fp16", "int8", "fp8"]
 Loc = tuple[Union[str, int], ...]
 
 
@@ -52,8 +52,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ModelSpec(_Strict):
-    """Which network, with which weights."""
+class ModelSection(_Strict):
+    """The ``model:`` key: which network, with which weights (``Recipe.model_request()``)."""
 
     variant: str  # yolo12n, yolo11n, depth-anything-v2-small|base|large, depth
     family: Optional[str] = None  # yolo | depth-anything-v2: checked against the variant, filled in
@@ -96,21 +96,32 @@ class Calibration(_Strict):
 class PartToleranceSpec(_Strict):
     """Parity limits of one output part (YOLO boxes or scores, depth)."""
 
-    rel_l2: Optional[float] = Field(None, gt=0)
-    cosine: Optional[float] = Field(None, gt=0, le=1)  # minimum cosine similarity
-    max_abs: Optional[float] = Field(None, gt=0)
+    rel_l2: Optional[float] = None
+    cosine: Optional[float] = None  # minimum cosine similarity
+    max_abs: Optional[float] = None
 
 
 class ToleranceSpec(_Strict):
     """Parity limits of one precision against the FP32 PyTorch reference.
 
     ``rel_l2``/``cosine`` apply to every output part; ``parts`` sets one part's own limits.
+    Values are checked as ``--tol`` checks them (``compare.tolerances``).
     """
 
-    rel_l2: Optional[float] = Field(None, gt=0)
-    cosine: Optional[float] = Field(None, gt=0, le=1)  # minimum cosine similarity
+    rel_l2: Optional[float] = None
+    cosine: Optional[float] = None  # minimum cosine similarity
     parts: dict[str, PartToleranceSpec] = {}  # per output part: {scores: {max_abs: 0.01}}
-    task: dict[str, Annotated[float, Field(ge=0)]] = {}  # task-metric limits (map50, recall, ... / abs_rel, delta1)
+    task: dict[str, float] = {}  # task-metric limits (map50, recall, ... / abs_rel, delta1)
+
+    def limits(self, precision: str) -> list[tuple[Loc, Limit]]:
+        """Each limit set here, with the key it is written at (below ``verification.tolerances.<precision>``)."""
+        found = [((name,), Limit(name, value, precision)) for name, value in
+                 (("rel_l2", self.rel_l2), ("cosine", self.cosine)) if value is not None]
+        found += [(("task", metric), Limit(metric, value, precision)) for metric, value in self.task.items()]
+        for part, spec in self.parts.items():
+            found += [(("parts", part, name), Limit(name, value, precision, part))
+                      for name, value in spec.model_dump().items() if value is not None]
+        return found
 
 
 class Verification(_Strict):
@@ -123,7 +134,20 @@ class Verification(_Strict):
     # False: where the reference has nothing to compare (a random-weight detector finds nothing at
     # the operating point) the report says so instead of failing (verify --task-optional)
     task_required: bool = True
-    tolerances: dict[Precision, ToleranceSpec] = {}  # missing values take the family's defaults
+    tolerances: dict[str, ToleranceSpec] = {}  # per precision; missing values take the family's defaults
+
+    @field_validator("tolerances")
+    @classmethod
+    def _limits(cls, tolerances: dict[str, ToleranceSpec]) -> dict[str, ToleranceSpec]:
+        for precision, spec in tolerances.items():
+            at = ("verification", "tolerances", precision)
+            if precision not in precision_registry.PRECISIONS:
+                raise _problem(at, f"unknown precision {precision!r}: choose {', '.join(precision_registry.NAMES)}")
+            for loc, limit in spec.limits(precision):
+                problem = limit.problem([limit.name])  # its value: the family checks its name (_check_verification)
+                if problem:
+                    raise _problem(at + loc, problem)
+        return tolerances
 
 
 class Builder(_Strict):
@@ -152,11 +176,11 @@ class Recipe(_Strict):
     """One model configuration: every (precision, target set) of it is one engine."""
 
     description: str = ""
-    model: ModelSpec
+    model: ModelSection
     input: Optional[str] = None  # the model's input tensor; filled in (and checked) from the family
     # One TensorRT optimization profile each (--profile): NxCxHxW or min:opt:max.
     profiles: list[str] = []
-    precisions: list[Precision] = ["fp32"]  # --precision
+    precisions: list[str] = ["fp32"]  # --precision
     calibration: Calibration = Calibration()
     verification: Verification = Verification()
     backend: Literal["auto", "tensorrt", "tensorrt-rtx"] = "auto"  # --backend
@@ -181,8 +205,12 @@ class Recipe(_Strict):
     @classmethod
     def _precision_list(cls, precisions: list[str]) -> list[str]:
         if not precisions:
-            raise _problem(("precisions",), f"names no precision: choose from {', '.join(RECIPE_PRECISIONS)}")
+            raise _problem(("precisions",), f"names no precision: choose from {', '.join(precision_registry.NAMES)}")
         for i, precision in enumerate(precisions):
+            try:
+                precision_registry.get(precision)
+            except UsageError as exc:
+                raise _problem(("precisions", i), str(exc)) from None
             if precision in precisions[:i]:
                 raise _problem(("precisions", i), f"{precision} is listed twice")
         return precisions
@@ -214,6 +242,13 @@ class Recipe(_Strict):
         from enginekit.families import resolve
 
         return resolve(self.model.variant)
+
+    def model_request(self):
+        """The model this recipe builds (``enginekit.model.ModelRequest``; its weights relative to the file)."""
+        from enginekit.model import ModelRequest
+
+        m = self.model
+        return ModelRequest(m.variant, self._file(m.weights), m.random_init, m.seed)
 
     # -- what to build ----------------------------------------------------------------
     def target_sets(self) -> list[Optional[tuple[str, ...]]]:
@@ -267,10 +302,10 @@ class Recipe(_Strict):
             "verify": self.verification.on_build,
         }
         if self.builder.repair:  # passed only when asked for, like the flag
-            options.update(repair=True, tolerances=self.tolerance_overrides())
+            options.update(repair=True, tolerances=self.tolerances())
         extra = {k: v for k, v in (overrides or {}).items() if k not in ("precision", "target_cc")}
         if extra.get("tolerances"):  # --tol adds to the recipe's tolerances (later ones win)
-            extra["tolerances"] = self.tolerance_overrides() + list(extra["tolerances"])
+            extra["tolerances"] = self.tolerances() + _given_tolerances(extra["tolerances"])
         if extra.get("weights") is not None:  # real weights on the command line beat random init
             options["random_init"] = False
         if extra.get("random_init"):
@@ -279,34 +314,27 @@ class Recipe(_Strict):
         return options
 
     # -- how to verify ----------------------------------------------------------------
+    def tolerances(self) -> Tolerances:
+        """The recipe's own tolerances (``verification.tolerances``), as ``--tol`` would give them."""
+        return Tolerances(tuple(limit for precision, spec in self.verification.tolerances.items()
+                                for _, limit in spec.limits(precision)))
+
+    def gates(self):
+        """The family's gates with the recipe's tolerances (``compare.comparison.Gates``)."""
+        from enginekit.compare.comparison import Gates
+
+        return Gates(self.adapter(), self.tolerances())
+
     def tolerance(self, precision: str):
         """The parity limits of ``precision``: the recipe's, else the family's defaults."""
-        from enginekit.compare.gate import Gates, parse_overrides
-
-        return Gates(self.adapter(), parse_overrides(self.tolerance_overrides())).parity(precision)
+        return self.gates().parity(precision)
 
     def task_gates(self, precision: str) -> dict[str, tuple[str, float]]:
         """Task metric -> (">=" or "<=", limit): the family's gates with the recipe's limits."""
-        family_gates = getattr(self.adapter(), "task_gates", {})
-        direction = {metric: op for per in family_gates.values() for metric, (op, _) in per.items()}
-        gates = dict(family_gates.get(precision, {}))
-        spec = self.verification.tolerances.get(precision)
-        for metric, limit in (spec.task.items() if spec else ()):
-            gates[metric] = (direction[metric], limit)
-        return gates
+        return self.gates().task(precision)
 
     def images(self) -> Optional[Path]:
         return self._file(self.verification.images)
-
-    def tolerance_overrides(self) -> list[str]:
-        """The recipe's own tolerances in ``verify --tol`` syntax (``fp16.rel_l2=0.02``)."""
-        items = []
-        for precision, spec in self.verification.tolerances.items():
-            values = {"rel_l2": spec.rel_l2, "cosine": spec.cosine, **spec.task}
-            for part, limits in spec.parts.items():
-                values.update({f"{part}.{name}": value for name, value in limits.model_dump().items()})
-            items += [f"{precision}.{name}={value}" for name, value in values.items() if value is not None]
-        return items
 
     def verify_request(self, cell: Union["Cell", str], overrides: Optional[dict] = None):
         """The ``VerifyRequest`` of one cell: the engine that ``build_request`` makes, checked on
@@ -326,7 +354,7 @@ class Recipe(_Strict):
                    "image_count": self.verification.image_count,
                    "require_engine": self.verification.require_engine,
                    "task_required": self.verification.task_required,
-                   "tolerances": self.tolerance_overrides() + list(given.pop("tolerances", None) or []),
+                   "tolerances": self.tolerances() + _given_tolerances(given.pop("tolerances", None)),
                    "build": BuildRequest(**build)}
         options.update(given)
         return VerifyRequest(**options)
@@ -350,16 +378,13 @@ class Recipe(_Strict):
     def _tolerance_dict(self, precision: str) -> dict:
         """Every limit in force: per output part (the family's measured defaults, then the
         recipe's), and the task gates."""
-        from enginekit.compare.gate import Gates, parse_overrides
-
         adapter = self.adapter()
-        gates = Gates(adapter, parse_overrides(self.tolerance_overrides()))
+        gates = self.gates()
         parts = {}
         for part in adapter.known_parts():
             tol = gates.parity(precision, part)
             parts[part] = {k: v for k, v in tol.to_json().items() if v is not None}
-        task = self.task_gates(precision)
-        return {"parts": parts, "task": {k: v[1] for k, v in task.items()}}
+        return {"parts": parts, "task": {k: v[1] for k, v in gates.task(precision).items()}}
 
     def _file(self, value: Optional[str]) -> Optional[Path]:
         """A path written in the recipe is relative to the recipe's folder."""
@@ -367,6 +392,13 @@ class Recipe(_Strict):
             return None
         path = Path(value).expanduser()
         return path if path.is_absolute() else self._path.parent / path
+
+
+def _given_tolerances(value: Any) -> Tolerances:
+    """``--tol`` items given with a recipe (or a Tolerances), checked as a request checks them."""
+    from enginekit.requests import tolerances
+
+    return tolerances(value)
 
 
 @dataclass(frozen=True)
@@ -592,10 +624,11 @@ def _check_model(recipe: Recipe):
     adapter = _expect(("model", "variant"), resolve, m.variant)
     if m.family is not None and m.family != adapter.family:
         raise _Problem(("model", "family"), f"{m.variant} is a {adapter.family} model, not {m.family}")
-    if m.weights is not None and m.random_init:
-        raise _Problem(("model", "weights"), "weights and random_init: true exclude each other: keep one")
-    if m.weights is not None and not recipe._file(m.weights).exists():
-        raise _Problem(("model", "weights"), f"weights file not found: {recipe._file(m.weights)}")
+    from enginekit.model import check_weights_choice
+
+    _expect(("model", "weights"), lambda: check_weights_choice(m.weights, m.random_init,
+                                                               names=("weights", "random_init: true")))
+    _expect(("model", "weights"), recipe.model_request)  # the weights file exists
     if recipe.input is not None and recipe.input != adapter.input_name:
         raise _Problem(("input",), f"{adapter.variant}'s input is '{adapter.input_name}', not '{recipe.input}'")
     return adapter
@@ -664,6 +697,7 @@ def _check_verification(recipe: Recipe, adapter) -> None:
                 raise _Problem(("verification", "tolerances", precision, "task", metric),
                                f"unknown task metric {metric!r} for {adapter.family}: "
                                f"choose {', '.join(known) or 'none (no task gates)'}")
+    _expect(("verification", "tolerances"), recipe.gates)  # every part named is one of the family's
 
 
 # --- finding and loading recipes --------------------------------------------------------

@@ -12,7 +12,6 @@ before any work. Checks that need the machine (GPU, TensorRT) stay with the flow
 
 from __future__ import annotations
 
-import math
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -20,9 +19,10 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from enginekit import precisions
+from enginekit.compare.tolerances import Tolerances
 from enginekit.errors import UsageError
 
-PRECISIONS = ("fp32", "fp16", "int8", "fp8")
 SIMPLIFIERS = ("onnxsim", "onnxslim")
 BACKENDS = ("auto", "tensorrt", "tensorrt-rtx")
 SEED_MAX = 2**32 - 1
@@ -99,70 +99,35 @@ class _ModelOptions(Options):
 
     @model_validator(mode="after")
     def _weights_or_random(self):
-        if self.weights is not None and self.random_init:
-            raise UsageError("--weights and --random-init exclude each other")
+        from enginekit.model import check_weights_choice
+
+        check_weights_choice(self.weights, self.random_init)
         return self
 
-    def model_spec(self, name: str) -> "ModelSpec":
-        return ModelSpec(name=name, weights=self.weights, random_init=self.random_init, seed=self.seed, nms=self.nms)
+    def model_for(self, name: str):
+        """The ``enginekit.model.ModelRequest`` of model ``name`` with these weights options (resolves
+        the family; checks the weights file exists)."""
+        from enginekit.model import ModelRequest
 
-
-class ModelSpec(_ModelOptions):
-    """Which network, with which weights: enough to key every stage without loading it."""
-
-    name: str
-
-    def request(self):
-        """The pipeline's ModelRequest (resolves the family; checks the weights file exists)."""
-        from enginekit.pipeline import ModelRequest
-
-        return ModelRequest(self.name, Path(self.weights) if self.weights else None, self.random_init, self.seed,
-                            self.nms)
+        return ModelRequest(name, self.weights, self.random_init, self.seed, self.nms)
 
 
 @lru_cache(maxsize=1)
 def tolerance_names() -> tuple[str, ...]:
-    """Names a ``--tol`` may set: parity limits, then every registered family's task metrics and options."""
+    """Task metrics and options a ``--tol`` may set: every registered family's (besides the parity limits)."""
     from enginekit.families import registered
 
     classes = registered()
     metrics = {m for cls in classes for per in getattr(cls, "task_gates", {}).values() for m in per}
     options = {o for cls in classes for o in getattr(cls, "task_options", {})}
-    return (*PARITY_NAMES, *sorted(metrics | options))
+    return tuple(sorted(metrics | options))
 
 
-PARITY_NAMES = ("rel_l2", "cosine", "max_abs")  # also per output part: scores.max_abs=0.01
-
-
-def parse_tolerances(items: list[str] | tuple[str, ...]) -> dict[str, float]:
-    """``["rel_l2=1e-3", "fp16.map50=0.8"]`` -> ``{"rel_l2": 0.001, "fp16.map50": 0.8}``.
-
-    Names must be known (optionally prefixed by a precision), values finite and positive.
-    """
-    from enginekit.compare.gate import parse_overrides
-
-    parsed = parse_overrides(list(items))
-    known = tolerance_names()
-    for key, value in parsed.items():
-        tokens = key.split(".")
-        if len(tokens) > 1 and re.fullmatch(r"(fp|bf|int)\d+", tokens[0]) and tokens[0] not in PRECISIONS:
-            raise UsageError(f"--tol {key}: unknown precision {tokens[0]!r}: choose {', '.join(PRECISIONS)}")
-        precision = tokens.pop(0) if len(tokens) > 1 and tokens[0] in PRECISIONS else ""
-        name, part = tokens[-1], ".".join(tokens[:-1])
-        if part and name not in PARITY_NAMES:  # the family checks the part's name (compare.gate.Gates)
-            raise UsageError(f"--tol {key}: a part takes a parity limit ({', '.join(PARITY_NAMES)}), not {name!r}")
-        if len(tokens) > 2 or (part and "." in part):
-            raise UsageError(f"--tol {key}: expected [precision.][part.]NAME")
-        if name not in known:
-            raise UsageError(f"--tol {key}: unknown tolerance {name!r}: choose {', '.join(known)}")
-        if not math.isfinite(value) or value <= 0:
-            raise UsageError(f"--tol {key}: {value} is not a positive finite number")
-    return parsed
-
-
-def _check_tolerances(items: list[str]) -> list[str]:
-    parse_tolerances(items)
-    return list(items)
+def tolerances(value: Any) -> Tolerances:
+    """``--tol`` items (or a Tolerances) -> Tolerances, names checked against every family's."""
+    if isinstance(value, Tolerances):
+        return value
+    return Tolerances.coerce(value, tolerance_names())
 
 
 class ExportRequest(_ModelOptions):
@@ -204,7 +169,7 @@ class ExportRequest(_ModelOptions):
 
     @property
     def model_request(self):
-        return self.model_spec(self.model).request()
+        return self.model_for(self.model)
 
 
 class BuildRequest(_ModelOptions):
@@ -227,17 +192,22 @@ class BuildRequest(_ModelOptions):
     explain: bool = False
     verify: bool = True
     repair: bool = False
-    tolerances: list[str] = []
+    tolerances: Tolerances = Tolerances()  # --tol: the gates of --repair
 
-    @field_validator("profiles", "exclude", "tolerances", mode="before")
+    @field_validator("profiles", "exclude", mode="before")
     @classmethod
     def _list(cls, value: Any) -> Any:
         return [] if value is None else list(value) if isinstance(value, tuple) else value
 
+    @field_validator("tolerances", mode="before")
+    @classmethod
+    def _tolerances(cls, value: Any) -> Tolerances:
+        return tolerances(value)
+
     @field_validator("precision")
     @classmethod
     def _precision(cls, value: str) -> str:
-        return _choice(value, PRECISIONS, "precision")
+        return precisions.get(value).name
 
     @field_validator("opset")
     @classmethod
@@ -257,6 +227,12 @@ class BuildRequest(_ModelOptions):
         for text in value:
             parse_profile(text)
         return value
+
+    @field_validator("calib_cache")
+    @classmethod
+    def _calib_cache(cls, value: Optional[Path]) -> Optional[Path]:
+        # read when it is a file, else written: refused up front when it cannot be (a folder, no access)
+        return value if value is None or Path(value).is_file() else _output(value, "--calib-cache")
 
     @field_validator("calib_method")
     @classmethod
@@ -286,15 +262,11 @@ class BuildRequest(_ModelOptions):
             parse_size(value)
         return value
 
-    @field_validator("tolerances")
-    @classmethod
-    def _tolerances(cls, value: list[str]) -> list[str]:
-        return _check_tolerances(value)
-
     @model_validator(mode="after")
     def _repair_needs(self) -> "BuildRequest":
-        if self.repair and (self.is_file or self.precision not in ("fp16", "int8")):
-            raise UsageError("--repair works on fp16 and int8 builds of a model name (it needs the PyTorch reference)")
+        if self.repair and (self.is_file or not precisions.get(self.precision).repairable):
+            can = " and ".join(precisions.names(repairable=True))
+            raise UsageError(f"--repair works on {can} builds of a model name (it needs the PyTorch reference)")
         if self.nms and self.is_file:
             raise UsageError("--nms applies to a model name: an ONNX file is built as it is (export it with --nms)")
         return self
@@ -312,7 +284,7 @@ class BuildRequest(_ModelOptions):
 
     @property
     def model_request(self):
-        return self.model_spec(self.target).request()
+        return self.model_for(self.target)
 
 
 class VerifyRequest(Options):
@@ -329,7 +301,7 @@ class VerifyRequest(Options):
     image_count: int = Field(4, ge=1)
     report_dir: Optional[Path] = None
     junit: Optional[Path] = None
-    tolerances: list[str] = []
+    tolerances: Tolerances = Tolerances()  # --tol
     reference: Optional[Path] = None
     model: Optional[str] = None
     require_engine: bool = False
@@ -358,13 +330,8 @@ class VerifyRequest(Options):
 
     @field_validator("tolerances", mode="before")
     @classmethod
-    def _list(cls, value: Any) -> Any:
-        return [] if value is None else list(value) if isinstance(value, tuple) else value
-
-    @field_validator("tolerances")
-    @classmethod
-    def _tolerances(cls, value: list[str]) -> list[str]:
-        return _check_tolerances(value)
+    def _tolerances(cls, value: Any) -> Tolerances:
+        return tolerances(value)
 
     @model_validator(mode="after")
     def _build_matches(self) -> "VerifyRequest":
@@ -377,7 +344,7 @@ class VerifyRequest(Options):
     @field_validator("precision")
     @classmethod
     def _precision(cls, value: Optional[str]) -> Optional[str]:
-        return _choice(value, PRECISIONS, "precision")
+        return None if value is None else precisions.get(value).name
 
     @field_validator("report_dir")
     @classmethod

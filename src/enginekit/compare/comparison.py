@@ -18,16 +18,15 @@ Polygraphy's ``RunResults`` format (``verification.references``) so a user can r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Optional, Protocol
 
 import numpy as np
 
-from enginekit.compare.metrics import output_stats
-from enginekit.errors import UsageError
-from enginekit.compare.parts import PARITY_LIMITS, OutputPart, Tolerance
+from enginekit.compare.metrics import STATISTICS, output_stats, passes
+from enginekit.compare.parts import OutputPart, Tolerance
+from enginekit.compare.tolerances import Tolerances
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-PRECISIONS = ("fp32", "fp16", "int8", "fp8")
 
 
 class Family(Protocol):
@@ -46,21 +45,15 @@ class Family(Protocol):
     def nothing_to_compare(self, task: dict[str, float]) -> str: ...
 
 
-class Case(Protocol):
-    """An input and the reference's outputs on it (``verification.references.ReferenceCase``)."""
-
-    label: str
-    kind: str  # "photo" | "random"
-    feed: dict[str, np.ndarray]
-    outputs: dict[str, np.ndarray]
-
-
 @dataclass
-class SimpleCase:
+class Case:
+    """One input and the reference's outputs on it. ``kind``: "photo" (a real photograph: task
+    metrics are computed on it) or "random". ``outputs`` is None until the reference has run."""
+
     label: str
     kind: str
     feed: dict[str, np.ndarray]
-    outputs: dict[str, np.ndarray]
+    outputs: Optional[dict[str, np.ndarray]] = None
 
 
 @dataclass
@@ -77,72 +70,75 @@ class Check:
 
 
 def _check(artifact: str, name: str, value: float, op: str, limit: float) -> Check:
-    ok = bool(value >= limit) if op == ">=" else bool(value <= limit)  # NaN fails either way
-    return Check(artifact, name, float(value), op, float(limit), ok)
+    return Check(artifact, name, float(value), op, float(limit), passes(op, value, limit))
 
 
 @dataclass
 class Gates:
-    """Limits per precision and output part: the family's defaults, then the user's overrides.
-
-    Override names: ``[precision.][part.]stat`` for parity (``rel_l2``, ``cosine``, ``max_abs``:
-    ``scores.max_abs=0.01``, ``fp16.rel_l2=1e-3``), ``[precision.]metric`` for task gates
-    (``map50=0.8``) and task options (``conf=0.1``).
-    """
+    """Limits per precision and output part: the family's defaults, then the user's tolerances
+    (``compare.tolerances``: ``[precision.][part.]stat`` for parity, ``[precision.]metric`` for task
+    gates and task options)."""
 
     adapter: Family
-    overrides: dict[str, float] = field(default_factory=dict)
+    tolerances: Tolerances = field(default_factory=Tolerances)
     #: a reference with nothing to compare on the photographs (a random-weight detector finds
     #: nothing at the operating point) fails the task gate; False: say so in the notes instead
     task_required: bool = True
 
     def __post_init__(self) -> None:
-        parts = set(self.adapter.known_parts())
+        self.tolerances = Tolerances.coerce(self.tolerances)
         metrics = {m for per in self.adapter.task_gates.values() for m in per}
-        options = set(self.adapter.task_options)
-        for key in self.overrides:
-            tokens = key.split(".")
-            if tokens[0] in PRECISIONS:
-                tokens = tokens[1:]
-            ok = (len(tokens) == 1 and tokens[0] in set(PARITY_LIMITS) | metrics | options) or (
-                len(tokens) == 2 and tokens[0] in parts and tokens[1] in PARITY_LIMITS)
-            if not ok:
-                known = sorted(PARITY_LIMITS) + sorted(metrics) + sorted(options)
-                raise UsageError(f"unknown tolerance {key!r} for {self.adapter.family}: use [precision.][part.]NAME "
-                                 f"with NAME one of {', '.join(known)} and part one of {', '.join(sorted(parts))}")
-
-    def _get(self, precision: str, name: str, default, part: str | None = None):
-        for key in ((f"{precision}.{part}.{name}", f"{part}.{name}") if part else ()) + (f"{precision}.{name}", name):
-            if key in self.overrides:
-                return self.overrides[key]
-        return default
+        self.tolerances.check(self.adapter.family, self.adapter.known_parts(), metrics, self.adapter.task_options)
 
     def parity(self, precision: str, part: str | None = None) -> Tolerance:
         tol = self.adapter.part_tolerance(precision, part) if part else self.adapter.tolerance(precision)
-        return Tolerance(self._get(precision, "rel_l2", tol.rel_l2, part), self._get(precision, "cosine", tol.cosine, part),
-                         self._get(precision, "max_abs", tol.max_abs, part))
+        get = self.tolerances.get
+        return Tolerance(get(precision, "rel_l2", tol.rel_l2, part), get(precision, "cosine", tol.cosine, part),
+                         get(precision, "max_abs", tol.max_abs, part))
 
     def task(self, precision: str) -> dict[str, tuple[str, float]]:
+        """Task metric -> (op, limit); the direction is the statistics table's where it knows the metric."""
         gates = self.adapter.task_gates.get(precision, {})
-        return {k: (op, self._get(precision, k, v)) for k, (op, v) in gates.items()}
+        return {k: (STATISTICS[k].op if k in STATISTICS else op, self.tolerances.get(precision, k, v))
+                for k, (op, v) in gates.items()}
 
     def options(self, precision: str) -> dict[str, float]:
-        return {k: self._get(precision, k, v) for k, v in self.adapter.task_options.items()}
+        return {k: self.tolerances.get(precision, k, v) for k, v in self.adapter.task_options.items()}
 
 
-def parse_overrides(items: list[str]) -> dict[str, float]:
-    """``["rel_l2=1e-3", "fp16.map50=0.8"]`` -> dict; bad items are one-line usage errors."""
-    out: dict[str, float] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        try:
-            if not sep or not key.strip():
-                raise ValueError
-            out[key.strip()] = float(value)
-        except ValueError:
-            raise UsageError(f"malformed --tol {item!r}: expected NAME=NUMBER, like rel_l2=1e-3, scores.max_abs=0.02 "
-                             "or fp16.map50=0.9") from None
-    return out
+@dataclass
+class GraphOutputs:
+    """Two graphs of one model compared output by output, with no family to name parts or task
+    metrics (simplify proves its graph computes what the original does): every output whole,
+    against one tolerance. ``align``: the family's ``parity_outputs``, where there is one."""
+
+    names: tuple[str, ...]
+    limit: Tolerance
+    align: Optional[Callable] = None
+    family: str = "graph"
+    task_gates: dict = field(default_factory=dict)
+    task_options: dict = field(default_factory=dict)
+
+    def output_parts(self, metadata: dict[str, str] | None = None) -> tuple[OutputPart, ...]:
+        return tuple(OutputPart(name, name) for name in self.names)
+
+    def known_parts(self) -> tuple[str, ...]:
+        return self.names
+
+    def tolerance(self, precision: str) -> Tolerance:
+        return self.limit
+
+    def part_tolerance(self, precision: str, part: str) -> Tolerance:
+        return self.limit
+
+    def parity_outputs(self, reference, candidate, metadata):
+        return self.align(reference, candidate, metadata) if self.align else (reference, candidate)
+
+    def task_metrics(self, reference, candidate, metadata, options=None) -> dict[str, float]:
+        return {}
+
+    def nothing_to_compare(self, task: dict[str, float]) -> str:
+        return "no task metrics"
 
 
 @dataclass
@@ -177,12 +173,11 @@ class Comparison:
                 for p in self.parts}
 
 
-def _worst(acc: dict[str, float], s) -> None:
-    for key in ("max_abs", "median_abs", "p99_abs", "max_rel", "median_rel", "p99_rel", "rel_l2"):
-        acc[key] = max(acc.get(key, 0.0), getattr(s, key))
-    for key in ("cosine", "psnr"):
-        acc[key] = min(acc.get(key, float("inf")), getattr(s, key))
-    acc["finite"] = min(acc.get("finite", 1.0), float(s.finite))
+def _worst(acc: dict[str, float], stats) -> None:
+    """Fold one case's statistics into the worst so far, each the way the statistics table says is worse."""
+    for key, value in stats.to_json().items():
+        if key != "name":
+            acc[key] = float(value) if key not in acc else STATISTICS[key].worse(acc[key], float(value))
 
 
 def compare(run: Runner, cases: Iterable[Case], *, adapter: Family, gates: Gates, precision: str,
@@ -201,6 +196,8 @@ def compare(run: Runner, cases: Iterable[Case], *, adapter: Family, gates: Gates
     photo_ref: dict[str, list[np.ndarray]] = {}
     photo_got: dict[str, list[np.ndarray]] = {}
     for case in cases:
+        if case.outputs is None:
+            raise ValueError(f"case {case.label!r} has no reference outputs")
         got = run(case.feed)
         try:
             ref_rows, got_rows = adapter.parity_outputs(case.outputs, got, metadata)
@@ -224,11 +221,8 @@ def compare(run: Runner, cases: Iterable[Case], *, adapter: Family, gates: Gates
         return result
     for part in parts:
         w, tol = result.worst[part.name], result.limits[part.name]
-        result.checks.append(_check(name, f"parity {part.name} finite", w["finite"], ">=", 1.0))
-        result.checks.append(_check(name, f"parity {part.name} rel_l2", w["rel_l2"], "<=", tol.rel_l2))
-        result.checks.append(_check(name, f"parity {part.name} cosine", w["cosine"], ">=", tol.cosine))
-        if tol.max_abs is not None:
-            result.checks.append(_check(name, f"parity {part.name} max_abs", w["max_abs"], "<=", tol.max_abs))
+        for stat, limit in {"finite": 1.0, **tol.limits()}.items():
+            result.checks.append(_check(name, f"parity {part.name} {stat}", w[stat], STATISTICS[stat].op, limit))
     _task_checks(result, adapter, gates, precision, metadata, photo_ref, photo_got, require_task)
     return result
 

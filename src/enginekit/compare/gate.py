@@ -11,16 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
-from enginekit.compare.comparison import (  # noqa: F401 - Check, Gates, parse_overrides: public here too
+from enginekit.compare.comparison import (  # noqa: F401 - Check, Gates: public here too
     Check,
     Family,
     Gates,
     Runner,
     compare,
-    parse_overrides,
 )
-
-STAGE_PRECISION = {"export": "fp32", "simplify": "fp32", "fp16": "fp16", "int8": "int8", "fp8": "fp8", "input": None}
 
 
 @dataclass

@@ -7,23 +7,16 @@ ONNX Runtime's CPU FP16 kernels do not compute what a GPU does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from enginekit.compare.comparison import Comparison, Family, Gates, SimpleCase, compare
+from enginekit.compare.comparison import Case, Comparison, Family, Gates, compare
 from enginekit.compare.parts import Tolerance
 from enginekit.images import ImageSet
 from enginekit.onnx import runtime
 from enginekit.shapes import Shape, format_shape
-
-
-@dataclass
-class InputCase:
-    label: str
-    array: np.ndarray
-    kind: str = "photo"  # "photo" | "random"
 
 
 @dataclass
@@ -72,14 +65,16 @@ class ParityResult:
         }
 
 
-def parity_inputs(adapter, shape: Shape, images: ImageSet | None, *, photos: int = 2, seed: int = 0) -> list[InputCase]:
-    """Real photographs preprocessed as the reference does, plus one random batch."""
-    cases: list[InputCase] = []
+def parity_inputs(adapter, shape: Shape, images: ImageSet | None, *, photos: int = 2, seed: int = 0) -> list[Case]:
+    """Real photographs preprocessed as the reference does, plus one random batch (the reference's
+    outputs not computed yet: ``ReferenceCache.cases``)."""
+    cases: list[Case] = []
     hw = (shape[2], shape[3])
+    name = adapter.input_name
     if images is not None:
         for img, path in list(zip(images.images, images.paths))[:photos]:
-            cases.append(InputCase(f"photo {path.name} @{hw[0]}x{hw[1]}", adapter.preprocess(img, hw), "photo"))
-    cases.append(InputCase(f"random {format_shape(shape)}", adapter.random_inputs(shape, seed), "random"))
+            cases.append(Case(f"photo {path.name} @{hw[0]}x{hw[1]}", "photo", {name: adapter.preprocess(img, hw)}))
+    cases.append(Case(f"random {format_shape(shape)}", "random", {name: adapter.random_inputs(shape, seed)}))
     return cases
 
 
@@ -90,21 +85,21 @@ class ReferenceCache:
         self.adapter, self.loaded = adapter, loaded
         self._outputs: dict[str, dict[str, np.ndarray]] = {}
 
-    def get(self, case: InputCase) -> dict[str, np.ndarray]:
+    def get(self, case: Case) -> dict[str, np.ndarray]:
         if case.label not in self._outputs:
-            self._outputs[case.label] = self.adapter.reference(self.loaded, case.array)
+            self._outputs[case.label] = self.adapter.reference(self.loaded, case.feed[self.adapter.input_name])
         return self._outputs[case.label]
 
-    def cases(self, inputs: list[InputCase]) -> list[SimpleCase]:
-        input_name = self.adapter.input_name
-        return [SimpleCase(c.label, c.kind, {input_name: c.array}, self.get(c)) for c in inputs]
+    def cases(self, inputs: list[Case]) -> list[Case]:
+        """``inputs`` with the reference's outputs."""
+        return [replace(c, outputs=self.get(c)) for c in inputs]
 
 
 class _Fixed(Gates):
     """Gates whose parity limit is one given tolerance for every part (``--rel-l2``, repair's)."""
 
-    def __init__(self, adapter: Family, tolerance: Tolerance, overrides: dict[str, float] | None = None):
-        super().__init__(adapter, overrides or {})
+    def __init__(self, adapter: Family, tolerance: Tolerance):
+        super().__init__(adapter)
         self.fixed = tolerance
 
     def parity(self, precision: str, part: str | None = None) -> Tolerance:
@@ -113,7 +108,7 @@ class _Fixed(Gates):
                          else base.max_abs)
 
 
-def check_onnx(references: ReferenceCache, onnx_path: Path, cases: list[InputCase], precision: str,
+def check_onnx(references: ReferenceCache, onnx_path: Path, cases: list[Case], precision: str,
                tolerance: Tolerance | None = None, *, gates: Gates | None = None,
                metadata: dict[str, str] | None = None) -> ParityResult:
     """An ONNX graph on ONNX Runtime against the PyTorch reference, per output part.

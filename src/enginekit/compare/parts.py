@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Parity limits of one precision (and one output part) against the FP32 PyTorch reference."""
+    """Parity limits of one precision (and one output part) against the FP32 PyTorch reference.
 
-    rel_l2: float
-    cosine: float  # minimum cosine similarity
-    max_abs: float | None = None  # largest absolute error (in the part's own units); None: not gated
+    Each field names a statistic of ``compare.metrics.STATISTICS`` (which says which way is
+    worse); None: that statistic is not gated.
+    """
+
+    rel_l2: float | None
+    cosine: float | None  # minimum cosine similarity
+    max_abs: float | None = None  # largest absolute error (in the part's own units)
+
+    def limits(self) -> dict[str, float]:
+        """The gated statistics and their limits, in check order."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
     def to_json(self) -> dict[str, float]:
-        data = {"rel_l2": self.rel_l2, "cosine": self.cosine}
-        if self.max_abs is not None:
-            data["max_abs"] = self.max_abs
-        return data
-
-
-#: parity statistics a tolerance can limit (``--tol rel_l2=...``, ``--tol scores.max_abs=...``)
-PARITY_LIMITS = {"rel_l2": "<=", "cosine": ">=", "max_abs": "<="}
+        return self.limits()
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from enginekit.compare.metrics import statistic
 from enginekit.errors import ParityError
 
 # INT8 moves only what ModelOpt quantizes; FP16 may move any node (a Cast or Concat left in
@@ -92,12 +93,9 @@ def per_node_error(fp32_path: Path, reduced_path: Path, feed: dict[str, np.ndarr
         return None
 
     def err(tensor: str) -> float:
-        if tensor not in ref or tensor not in got or ref[tensor].dtype.kind != "f":
+        if tensor not in ref or tensor not in got or ref[tensor].dtype.kind != "f" or ref[tensor].shape != got[tensor].shape:
             return 0.0
-        a, b = ref[tensor].astype(np.float64), got[tensor].astype(np.float64)
-        if a.shape != b.shape:
-            return 0.0
-        return float(np.linalg.norm(b - a) / max(np.linalg.norm(a), 1e-12))
+        return statistic("rel_l2", ref[tensor], got[tensor])
 
     wanted = set(names)
     added: dict[str, float] = {}

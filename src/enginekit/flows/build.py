@@ -22,43 +22,25 @@ class BuildOutcome:
     artifacts: list
     explanations: list[tuple[str, str]] = field(default_factory=list)
     events: list = field(default_factory=list)  # reporting.Event, what the run reported
+    resolution: str | None = None  # found by identity in the cache or store: which entry and why
 
     @property
     def manifest(self) -> dict:
         return self.entry.manifest
 
 
-@dataclass
-class PrecisionRecipe:
-    """The precision part of the engine key: mode, and for Q/DQ graphs how they were made."""
-
-    mode: str
-    method: str | None = None
-    exclude: list[str] | None = None
-    calibration: str | None = None
-    repaired_nodes: list[str] | None = None
-
-    def to_json(self) -> dict:
-        """The key's dict: only the fields a mode has (fp32/fp16: mode alone)."""
-        out: dict = {"mode": self.mode}
-        if self.method is not None:
-            out.update(method=self.method, exclude=self.exclude or [], calibration=self.calibration)
-        if self.repaired_nodes is not None:
-            out["repaired_nodes"] = self.repaired_nodes
-        return out
-
-
 def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     from enginekit.cache import Cache, parse_size
     from enginekit.calibration import CalibrationData
-    from enginekit.compare.gate import parse_overrides
     from enginekit.pipeline import Artifact, Stages
+    from enginekit.precisions import get as get_precision
     from enginekit.shapes import bind_to_inputs, bind_to_model, parse_profile
     from enginekit.gpu import gpu_info
     from enginekit.trt.backends import require_fp8, require_nms, resolve_backend, resolve_targets
     from enginekit.trt.builder import BuildOptions
 
     r = request
+    mode = get_precision(r.precision)
     parsed = [parse_profile(p) for p in r.profiles]
     be = resolve_backend(r.backend)
     options = BuildOptions(
@@ -67,15 +49,14 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         target_cc=r.target_ccs,
     )
     targets = resolve_targets(be, options.target_cc, gpu_info())  # refuse bad --target-cc before any work
-    if r.precision == "fp8":
+    if mode.min_compute_capability is not None:  # fp8
         require_fp8(targets)
     model = None
     if r.nms:
         model = r.model_request  # a model with no NMS to add is bad input, whatever the backend
-    overrides = parse_overrides(list(r.tolerances))
     calib_cache = Path(r.calib_cache) if r.calib_cache else None
     data = CalibrationData(Path(r.calib_data) if r.calib_data else None, count=r.calib_count)
-    if r.precision in ("int8", "fp8") and not data.is_array and not (calib_cache and calib_cache.is_file()):
+    if mode.calibrated and not data.is_array and not (calib_cache and calib_cache.is_file()):
         data.image_paths  # noqa: B018 - refuse a missing or empty image folder before any work
     cache = cache or Cache()
 
@@ -103,12 +84,18 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
             export_shape = (largest, *export_shape[1:])
         if r.explain:
             explain(pipe, "onnx-export", pipe.export_parts(export_shape, r.opset))
+        from enginekit.flows.store import engine_by_identity
+
+        found = engine_by_identity(cache, pipe, r, bound, be, targets, pipe.export_parts(export_shape, r.opset))
+        if found is not None and found.entry is not None:
+            return BuildOutcome(found.entry.file("engine.plan"), found.entry, found.status, [], resolution=found.reason)
         chain = [pipe.export(export_shape, r.opset)]
         chain.append(pipe.simplify(chain[-1], export_shape))
 
     if getattr(pipe.adapter, "size_note", None):  # what happens to an input size (depth: any H x W)
         extra["input_sizes"] = pipe.adapter.size_note
-    precision = PrecisionRecipe(r.precision)
+    # the precision part of the engine key (Precision.key): how a quantized graph was made
+    method = exclude = calibration = repaired_nodes = None
     # the family's default method; an ONNX file of no known family gets the stage's
     from enginekit.stages.int8 import DEFAULT_METHOD
 
@@ -119,38 +106,42 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     elif r.precision == "int8":
         chain.append(pipe.int8(chain[-1], opt_shape, data, method=calib_method, exclude=list(r.exclude),
                                calibration_cache=calib_cache))
-        precision.method = calib_method
+        method = calib_method
     elif r.precision == "fp8":
         chain.append(pipe.fp8(chain[-1], opt_shape, data, exclude=list(r.exclude)))
-        precision.method = "max"
-    if precision.method is not None:
-        precision.exclude = chain[-1].manifest.get("exclude", [])
-        precision.calibration = chain[-1].manifest.get("calibration_source")
+        method = mode.method
+    if method is not None:
+        exclude = chain[-1].manifest.get("exclude", [])
+        calibration = chain[-1].manifest.get("calibration_source")
     repair_record = None
     if r.repair:
         from enginekit.flows.repair import repair
 
-        repaired, repair_record = repair(pipe, chain, r.precision, opt_shape, overrides, data, calib_method,
+        repaired, repair_record = repair(pipe, chain, r.precision, opt_shape, r.tolerances, data, calib_method,
                                          list(r.exclude))
         chain[-1] = repaired
         if r.precision == "int8":
-            precision.exclude = repaired.manifest.get("exclude", [])
+            exclude = repaired.manifest.get("exclude", [])
     source = chain[-1]
 
     verify_fn = None
     if r.verify and not r.is_file:
         verify_fn = source_parity(pipe, r.precision, opt_shape)
     if repair_record is not None:  # part of the key: set before --explain computes it
-        precision.repaired_nodes = repair_record["nodes"]
+        repaired_nodes = repair_record["nodes"]
         extra["repair"] = repair_record
     if r.explain:
         from enginekit.pipeline import engine_key_parts
 
         gpu = gpu_info()
-        parts = engine_key_parts(source.sha256, precision.to_json(), bound, be,
+        parts = engine_key_parts(source.sha256, mode.key(method, exclude, calibration, repaired_nodes), bound, be,
                                  resolve_targets(be, options.target_cc, gpu), gpu, options)
         explain(pipe, "engine", parts)
-    entry, status = pipe.engine(source, bound, be, options, precision.to_json(), verify_fn, chain, extra=extra or None)
+    entry, status = pipe.engine(source, bound, be, options, mode.key(method, exclude, calibration, repaired_nodes),
+                                verify_fn, chain, extra=extra or None)
+    from enginekit.flows.store import publish_build
+
+    publish_build(cache, chain, entry)
     return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
 
 
@@ -200,8 +191,11 @@ def source_parity(pipe, precision: str, shape):
     """Parity of the graph an engine is built from, against PyTorch, for its manifest."""
 
     def check(onnx_path: Path) -> dict:
+        from enginekit.backends import ONNX, verifier
         from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
         from enginekit.images import load_images
+
+        candidate = verifier(ONNX).name  # check_onnx runs the graph on ONNX Runtime's CPU provider
 
         with reporting.stage(f"parity {precision} (ONNX Runtime)") as s:
             refs = ReferenceCache(pipe.adapter, pipe.loaded)
@@ -211,10 +205,10 @@ def source_parity(pipe, precision: str, shape):
             except Exception as exc:  # noqa: BLE001 - ORT refuses some graphs (FP8 Q/DQ around Transpose)
                 reason = f"ONNX Runtime cannot run this graph: {str(exc).splitlines()[0][:200]}"
                 s.status = "not-checked"
-                return {"checked": False, "candidate": "onnxruntime-cpu", "passed": None, "reason": reason}
+                return {"checked": False, "candidate": candidate, "passed": None, "reason": reason}
             s.status = "pass" if result.passed else "fail"
         summary = {name: {k: round(v, 8) for k, v in w.items()} for name, w in result.worst().items()}
-        return {"checked": True, "candidate": "onnxruntime-cpu", "passed": result.passed,
+        return {"checked": True, "candidate": candidate, "passed": result.passed,
                 "failures": result.failures(), "summary": summary, "report": result.to_json()}
 
     return check

@@ -33,11 +33,10 @@ class VerifyOutcome:
 def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
     from enginekit.cache import Cache
     from enginekit.calibration import CalibrationData
-    from enginekit.compare.gate import parse_overrides
 
     r = request
     cache = cache or Cache()
-    overrides = parse_overrides(list(r.tolerances))
+    overrides = r.tolerances
     data = CalibrationData(Path(r.images) if r.images else None, count=r.image_count)
     data.image_paths  # noqa: B018 - refuse a missing or empty folder before any work
 
@@ -49,6 +48,9 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
         reports = [verify_corrupt(e) if isinstance(e, CorruptEntry) else
                    verify_entry(e, data, overrides, cache, r.report_dir, given=given, task_required=r.task_required)
                    for e, given in found]
+        from enginekit.flows.store import publish_verdicts
+
+        publish_verdicts(cache, found, reports)
     outcome = VerifyOutcome(reports)
     write_reports(outcome, r.report_dir, r.junit)
     if r.require_engine and not outcome.engine_ran:
@@ -132,10 +134,12 @@ def verify_corrupt(entry: CorruptEntry):
 
 def model_of(entry, given):
     """(ModelRequest, chain links) an engine entry is verified with: its own, or the request's."""
-    from enginekit.pipeline import ModelRequest
+    from enginekit.model import ModelRequest
 
     m = entry.manifest
     if m.get("model_request"):
+        if given is not None and given[0].weights_identity == m["model_request"].get("identity"):
+            return given[0], m.get("chain", [])  # the same weights, where this machine has them
         return ModelRequest.from_json(m["model_request"]), m.get("chain", [])
     if given is None:
         raise UsageError(f"engine {entry.key[:12]} was built from an ONNX file with no PyTorch model to compare "
@@ -143,25 +147,16 @@ def model_of(entry, given):
                          "flags) or verify that file with --weights CHECKPOINT")
     request, artifacts = given
     recorded = (m.get("source_model") or {}).get("weights")
-    if recorded and not same_weights(recorded, request):
+    if recorded and not request.matches(recorded):
         raise UsageError(f"engine {entry.key[:12]} was built from a graph of weights {recorded[:23]}, not "
                          f"{request.weights_identity[:23]}")
     return request, [a.to_json() for a in artifacts]
 
 
-def same_weights(recorded: str, request) -> bool:
-    """Whether an ONNX file's recorded weights identity is the one ``request`` loads."""
-    if recorded.startswith("random:"):
-        return request.random_init and recorded.rpartition("@")[2] == str(request.seed)
-    if recorded.startswith("hub:"):
-        return request.weights is None and not request.random_init
-    return request.weights_identity == recorded
-
-
 def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_required: bool = True):
-    from enginekit.compare.gate import (STAGE_PRECISION, Gates, VerifyReport, check_candidate, onnx_runner, skipped,
-                                        unrunnable)
-    from enginekit.pipeline import ModelRequest, Stages
+    from enginekit.compare.gate import Gates, VerifyReport, check_candidate, skipped, unrunnable
+    from enginekit.pipeline import Stages
+    from enginekit.precisions import of_stage
     from enginekit.verification.references import get_references
 
     m = entry.manifest
@@ -176,7 +171,7 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
     for link in links:
         name = f"onnx-{link['stage']}"
         found = cache.lookup(link["kind"], link["key"]) if "kind" in link else None
-        stage_precision = STAGE_PRECISION.get(link["stage"]) or precision
+        stage_precision = of_stage(link["stage"]) or precision
         if found is not None and found.status == "corrupt":
             what = CorruptEntry(link["kind"], link["key"], None, found.reason or "corrupt").describe()
             report.artifacts.append(corrupt_artifact(name, "onnx", stage_precision, what))
@@ -191,8 +186,9 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
             metadata = onnx_metadata(path)
         with reporting.stage(f"verify {name}") as s:
             try:
-                art = check_candidate(name, "onnx", stage_precision, onnx_runner(path), refs, gates, pipe.adapter,
-                                      metadata)
+                with onnx_candidate(path) as runner:
+                    art = check_candidate(name, "onnx", stage_precision, runner.infer_feed, refs, gates, pipe.adapter,
+                                          metadata)
             except Exception as exc:  # noqa: BLE001 - ORT refuses FP8 Q/DQ graphs: say so, and fail
                 first = (str(exc).splitlines() or [""])[0][:160]
                 if type(exc).__module__.startswith("onnxruntime"):
@@ -221,48 +217,51 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
 def note_calibration(report, calibrated_on: str | None) -> None:
     """A quantized graph calibrated on the embedded photographs that fails: say what it was calibrated on
     and what to do. Calibration ranges come from what calibration sees; photographs of street scenes
-    are not the activations of a model trained on other images (measured in families/yolo_tasks.py)."""
+    are not the activations of a model trained on other images (measured in families/ultralytics/yolo.py)."""
     from enginekit.calibration import CalibrationData
+    from enginekit.precisions import PRECISIONS
 
     if not calibrated_on or not calibrated_on.startswith(CalibrationData(None).describe().split(" (")[0]):
         return
     for art in report.artifacts:
-        if art.precision in ("int8", "fp8") and art.ran and not art.passed:
+        if art.precision in PRECISIONS and PRECISIONS[art.precision].calibrated and art.ran and not art.passed:
             art.notes.append(f"calibrated on the {calibrated_on}, not on images of what the model sees: "
                              "calibrate on a folder of them (--calib-data DIR)")
 
 
+def onnx_candidate(path: Path):
+    """The runner verify checks an ONNX candidate on: the registry's verifier of ONNX graphs (ONNX Runtime
+    on the CPU, whose results do not depend on the machine). Use as a context manager; ``infer_feed``."""
+    from enginekit.backends import ONNX, Artifact, verifier
+
+    return verifier(ONNX)(Artifact.onnx(path))
+
+
 def verify_engine(entry, pipe, refs, gates, metadata, precision, checked=()):
     """The engine itself, where it can run here; else said skipped, and why."""
+    from enginekit.backends import ENGINE, Artifact, verifier
     from enginekit.compare.gate import check_candidate, skipped
-    from enginekit.trt.backends import resolve_backend
-    from enginekit.trt.builder import can_run_here
 
     m = entry.manifest
-    family = "tensorrt-rtx" if m["backend"] == "tensorrt-rtx" else "tensorrt"
-    try:
-        backend = resolve_backend(family)
-    except Exception:  # noqa: BLE001 - not installed: can_run_here says so
-        backend = None
-    ok, reason = can_run_here(backend, m)
-    if not ok:
+    backend = verifier(ENGINE)
+    engine = Artifact.engine(entry.file("engine.plan"), m, pipe.adapter.input_name)
+    reason = backend.why_not(engine)
+    if reason is not None:
         if checked:
             instead = f"its source graph{'s' if len(checked) > 1 else ''} {', '.join(checked)} checked instead"
         else:
             instead = "and none of its source graphs could be checked either"
         return skipped("engine", "engine", precision, f"{reason}; {instead}")
-    from enginekit.trt.runner import engine_runner
-
-    with engine_runner(entry.file("engine.plan"), backend, m["profiles"], pipe.adapter.input_name) as run:
+    with backend(engine, io="host") as runner:
         with reporting.stage("verify engine") as s:
-            art = check_candidate("engine", "engine", precision, run, refs, gates, pipe.adapter, metadata)
+            art = check_candidate("engine", "engine", precision, runner.infer_feed, refs, gates, pipe.adapter, metadata)
             s.status = "pass" if art.passed else "fail"
     return art
 
 
 def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=None, *, task_required: bool = True):
     """Any ONNX against its PyTorch model: an enginekit-written ONNX names its model and weights."""
-    from enginekit.compare.gate import Gates, VerifyReport, check_candidate, onnx_runner
+    from enginekit.compare.gate import Gates, VerifyReport, check_candidate
     from enginekit.onnx.graph import input_dims, load_model, output_names
     from enginekit.pipeline import Stages
     from enginekit.verification.references import get_references
@@ -291,7 +290,8 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
     report = VerifyReport(adapter.variant, None, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
     try:
         gates = Gates(adapter, overrides, task_required=task_required)
-        art = check_candidate(path.name, "onnx", precision, onnx_runner(path), refs, gates, adapter, metadata)
+        with onnx_candidate(path) as runner:
+            art = check_candidate(path.name, "onnx", precision, runner.infer_feed, refs, gates, adapter, metadata)
     except (KeyError, ValueError) as exc:
         raise UsageError(f"{path.name} does not compute {adapter.variant}'s outputs: {exc}") from None
     report.artifacts.append(art)
@@ -302,7 +302,7 @@ def onnx_model_request(path: Path, metadata: dict, model, reference, spec):
     """The model an ONNX file is compared against: --model/--weights/--random-init, else its metadata.
 
     Refused in one line when the given weights are not the ones its metadata records."""
-    from enginekit.pipeline import ModelRequest
+    from enginekit.model import ModelRequest
 
     name = model or metadata.get("model")
     if not name:
@@ -311,17 +311,17 @@ def onnx_model_request(path: Path, metadata: dict, model, reference, spec):
     random_init = bool(spec is not None and spec.random_init)
     seed = spec.seed if spec is not None else 0
     recorded = metadata.get("weights", "")
-    if weights is None and not random_init:
-        if recorded.startswith("random:"):  # reproducible: the same seeded architecture
-            random_init, seed = True, int(recorded.rpartition("@")[2] or 0)
-        elif not recorded.startswith("hub:"):
+    nms = metadata.get("nms") == "True"  # a graph ending in NMS is compared with the same model in the same NMS
+    if weights is None and not random_init:  # reproducible: the same seeded architecture, or the hub's weights
+        request = ModelRequest.recorded(name, recorded, nms=nms)
+        if request is None:
             known = f" (it was exported from weights {recorded[:23]})" if recorded else ""
             raise UsageError(f"verify of {path.name} needs its PyTorch weights: pass --weights CHECKPOINT or "
                              f"--random-init{known}")
-    # a graph ending in NMS is compared with the same model wrapped in the same NMS
-    request = ModelRequest(name, weights, random_init, seed, nms=metadata.get("nms") == "True")
+    else:
+        request = ModelRequest(name, weights, random_init, seed, nms=nms)
     if recorded and model in (None, metadata.get("model")):
-        if not same_weights(recorded, request):
+        if not request.matches(recorded):
             given = f"--weights {weights.name}" if weights is not None else (
                 f"--random-init --seed {seed}" if random_init else "hub weights")
             raise UsageError(f"{given} ({request.weights_identity[:23]}) is not what {path.name} was exported from "

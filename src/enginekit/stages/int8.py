@@ -31,6 +31,7 @@ import numpy as np
 
 from enginekit.errors import UsageError
 from enginekit.fsutil import atomic_write_text
+from enginekit.precisions import names as precision_names
 from enginekit.stages.modelopt_compat import (
     calibration_eps,
     calibrator_factory,
@@ -48,7 +49,7 @@ CALIBRATION_METHODS = ("entropy", "max")
 DEFAULT_METHOD = "entropy"
 # Precision of what stays out of INT8. fp16 lets ModelOpt cast it to FP16 without the real-range
 # checks of the FP16 stage (AutoCast keeps overflow-prone ops FP32 there): opt in per model.
-HIGH_PRECISIONS = ("fp32", "fp16")
+HIGH_PRECISIONS = precision_names(quantized=False)
 
 # TensorRT's calibrator names, as its caches' headers spell them.
 _ALGORITHMS = {"entropy": "EntropyCalibration2", "max": "MinMaxCalibration"}

@@ -1,4 +1,5 @@
-"""Graph simplification (onnxsim by default, onnxslim selectable), proven equal on ONNX Runtime."""
+"""Graph simplification (onnxsim by default, onnxslim selectable), proven equal on ONNX Runtime
+(by the one comparison, ``compare.comparison.compare``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from enginekit.compare.comparison import Case, Comparison, Gates, GraphOutputs, compare
+from enginekit.compare.parts import Tolerance
 from enginekit.errors import ParityError, UsageError
 from enginekit.onnx import runtime
 from enginekit.onnx.graph import input_dims, load_model, save_model
@@ -59,9 +62,10 @@ def simplify_onnx(src: Path, out: Path, *, tool: str = "onnxsim", check_shapes: 
     tmp = out.with_name(f".{out.name}.check")
     save_model(simplified, tmp)
     try:
-        worst = compare_graphs(src, tmp, shapes, align=align,
+        found = compare_graphs(src, tmp, shapes, align=align, rel_l2=rel_l2_limit,
                                metadata={p.key: p.value for p in model.metadata_props})
-        if worst > rel_l2_limit:
+        worst = found.worst_rel_l2
+        if not found.passed:
             raise ParityError(f"simplified graph differs from the original: rel L2 {worst:.2e} > {rel_l2_limit:.0e}")
         tmp.replace(out)
     finally:
@@ -101,21 +105,23 @@ def default_check_shapes(model) -> list[Shape]:
 
 
 def compare_graphs(a: Path, b: Path, shapes: list[Shape], seed: int = 0, *, align: Align | None = None,
-                   metadata: dict[str, str] | None = None) -> float:
-    """Worst relative L2 difference between two graphs over random inputs at ``shapes`` (their
-    outputs paired by ``align`` first, where given)."""
+                   metadata: dict[str, str] | None = None, rel_l2: float = 1e-5) -> Comparison:
+    """Graph ``b`` against graph ``a`` on random inputs at ``shapes``: every output whole (paired by
+    ``align`` first, where given), each within ``rel_l2`` and finite, by the one comparison."""
     sa, sb = runtime.session(a), runtime.session(b)
     (name,) = [i.name for i in sa.get_inputs()]
-    worst = 0.0
-    for i, shape in enumerate(shapes):
-        x = np.random.default_rng(seed + i).random(shape, dtype=np.float32)
+
+    def run(session, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
-            oa, ob = runtime.run(sa, {name: x}), runtime.run(sb, {name: x})
+            return runtime.run(session, feed)
         except Exception as exc:  # noqa: BLE001
-            raise UsageError(f"cannot run the graph at {format_shape(shape)}: {str(exc).splitlines()[0][:200]}") from None
-        if align is not None:
-            oa, ob = align(oa, ob, metadata or {})
-        for key in oa:
-            ref, got = oa[key].astype(np.float64), ob[key].astype(np.float64)
-            worst = max(worst, float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-12)))
-    return worst
+            shape = format_shape(feed[name].shape)
+            raise UsageError(f"cannot run the graph at {shape}: {str(exc).splitlines()[0][:200]}") from None
+
+    cases = []
+    for i, shape in enumerate(shapes):
+        feed = {name: np.random.default_rng(seed + i).random(shape, dtype=np.float32)}
+        cases.append(Case(f"random {format_shape(shape)}", "random", feed, run(sa, feed)))
+    outputs = GraphOutputs(tuple(o.name for o in sa.get_outputs()), Tolerance(rel_l2=rel_l2, cosine=None), align)
+    return compare(lambda feed: run(sb, feed), cases, adapter=outputs, gates=Gates(outputs), precision="fp32",
+                   metadata=metadata or {}, name=b.name, require_task=False)

@@ -1,8 +1,11 @@
-"""The only code in enginekit that imports tensorrt or tensorrt_rtx (and only on demand).
+"""The only code in enginekit that imports tensorrt or tensorrt_rtx (and only on demand), directly or
+through Polygraphy's TensorRT backend.
 
 ``backends``: which TensorRT is installed and what it can do; the GPU of this machine;
-compute-capability targets. ``builder``: ONNX -> raw engine plan, and whether a built
-engine can run here.
+compute-capability targets. ``binding``: Polygraphy's TensorRT backend bound to the backend in
+use, TensorRT's log into ``enginekit.reporting``. ``builder``: ONNX -> raw engine plan through
+Polygraphy's loaders, and whether a built engine can run here. ``timing``: TensorRT 10/11 timing
+caches kept in the cache per GPU. ``runner``, ``session``: running a plan.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from types import ModuleType
 
 from enginekit.errors import CapabilityError, UsageError, first_line
 from enginekit.gpu import GpuInfo, gpu_info  # noqa: F401 - re-exported: the GPU an engine is for
+from enginekit.precisions import PRECISIONS
 
 PIP_TENSORRT = "pip install tensorrt-cu13"
 PIP_TENSORRT_RTX = "pip install tensorrt-rtx tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings"
@@ -26,7 +27,7 @@ RTX_COMPUTE_CAPABILITIES = ("7.5", "8.0", "8.6", "8.9", "12.0", "12.1")
 # every consumer generation from Turing to Blackwell (12.1 is the GB10 only, so opt-in).
 PORTABLE_RTX_TARGETS = ("7.5", "8.0", "8.6", "8.9", "12.0")
 # FP8 tensor cores arrived with Ada (8.9); every later architecture has them.
-FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
+FP8_MIN_COMPUTE_CAPABILITY = PRECISIONS["fp8"].min_compute_capability
 
 REQUESTABLE = ("auto", "tensorrt", "tensorrt-rtx")
 

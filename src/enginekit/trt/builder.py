@@ -1,8 +1,15 @@
-"""ONNX -> TensorRT engine plan: one strongly typed build path for every backend.
+"""ONNX -> TensorRT engine plan through Polygraphy's loaders: one strongly typed build path for every backend.
 
-Precision lives in the ONNX graph (fp16 casts, int8/fp8 Q/DQ nodes); the builder only
-follows it. What differs between TensorRT 10, 11 and TensorRT-RTX is read from the traits
-table in ``backends``.
+Polygraphy parses (``NetworkFromOnnxPath``), configures (``CreateConfig``; ``CreateConfigRTX`` where
+the backend targets compute capabilities) and builds (``EngineBytesFromNetwork``, which also saves
+the timing cache); NVIDIA tests those against TensorRT 10, 11 and TensorRT-RTX. What differs between
+the backends is read from the traits table in ``backends``. enginekit adds what Polygraphy leaves
+to its callers: profiles checked against the graph, FP8 only for targets that have it, a default
+target the backend cannot compile for dropped, TensorRT's own defaults kept where ``CreateConfig``
+would change them (TF32 on, layer names only in the plan: engines stay what they were), and every
+failure as one line.
+
+Precision lives in the ONNX graph (fp16 casts, int8/fp8 Q/DQ nodes); the builder only follows it.
 
 There is deliberately no ``engine_io(plan)``: every backend, TensorRT-RTX included, needs a
 GPU to deserialize a plan (TensorRT-RTX 1.7 fails creating a CUDA stream without one), so the
@@ -11,18 +18,17 @@ I/O of an engine is read from the network at build time and kept in ``BuildResul
 
 from __future__ import annotations
 
-import functools
-import logging
 import re
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from enginekit.errors import CapabilityError, UsageError
-from enginekit.fsutil import atomic_write_bytes
+from enginekit import reporting
+from enginekit.errors import CapabilityError, UsageError, first_line
 from enginekit.shapes import Profile, check_against_onnx_input
 from enginekit.trt.backends import (
     TRAITS,
@@ -35,10 +41,9 @@ from enginekit.trt.backends import (
     require_fp8,
     resolve_targets,
 )
+from enginekit.trt.binding import bind, capturing, quiet_polygraphy, tidy_message, trt_logger
 
 Progress = Callable[[str], None]
-
-_log = logging.getLogger("enginekit.trt")
 
 # TensorRT DataType names -> the names enginekit writes in manifests (numpy's where it has one).
 _DTYPE_NAMES = {
@@ -57,7 +62,8 @@ _DTYPE_NAMES = {
 }
 
 MAX_OPTIMIZATION_LEVEL = 5
-_MAX_MESSAGE = 400
+# TensorRT-RTX keeps no timing cache: its calls warn that they are no-ops (Polygraphy makes them).
+_RTX_TIMING_CACHE_WARNING = ".*[Tt]iming cache operations are no-ops"
 
 
 @dataclass(frozen=True)
@@ -144,28 +150,7 @@ class BuildResult:
         }
 
 
-# --- TensorRT callbacks --------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=None)
-def _logger_for(trt: ModuleType) -> Any:
-    """One logger per backend module: TensorRT complains when builders get different ones."""
-
-    class QuietLogger(trt.ILogger):
-        """Warnings go to Python logging; errors are also kept to explain a failure."""
-
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self.errors: list[str] = []
-
-        def log(self, severity: Any, msg: str) -> None:
-            if int(severity) <= int(trt.ILogger.Severity.ERROR):
-                self.errors.append(msg)
-                _log.debug("%s", msg)  # reported once, as the UsageError of the failed step
-            elif int(severity) == int(trt.ILogger.Severity.WARNING):
-                _log.warning("%s", msg)
-
-    return QuietLogger()
+# --- progress -----------------------------------------------------------------------
 
 
 def _progress_monitor(trt: ModuleType, say: Progress) -> Any | None:
@@ -199,46 +184,40 @@ def _safe_say(say: Progress, message: str) -> None:
     try:
         say(message)
     except Exception:  # noqa: BLE001
-        _log.debug("progress callback failed", exc_info=True)
+        pass
 
 
-def _tidy_trt_message(message: str) -> str:
-    """A TensorRT log message without source locations, on one line, not too long."""
-    text = " ".join(message.split())
-    text = re.sub(r"^[\w:]+: Error Code \d+: [\w ]+? \((.*)\)$", r"\1", text)
-    text = re.sub(r"\[[\w.]+:\d+: \w+\] ", "", text)
-    text = re.sub(r" In \w+ at /\S+", "", text)
-    text = re.sub(r"^Assertion failed: [^:]*: ", "", text)
-    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+# --- the network ----------------------------------------------------------------------
 
 
-# --- build steps ---------------------------------------------------------------------
+def network_loader(poly: ModuleType, backend: Backend, onnx_path: Path) -> Any:
+    """Polygraphy's ``NetworkFromOnnxPath`` for ``backend``: strongly typed, by the flag only where
+    the backend needs it (TensorRT 11 and TensorRT-RTX networks are strongly typed by default)."""
+    # parse_from_file, not bytes: the parser finds external weight files next to the model.
+    return poly.NetworkFromOnnxPath(str(onnx_path), strongly_typed=backend.traits.strongly_typed_flag_needed)
 
 
-def _create_network(builder: Any, backend: Backend) -> Any:
-    """An empty strongly typed network (the flag only where the backend needs it)."""
-    flags = 0
-    if backend.traits.strongly_typed_flag_needed:
-        flags |= 1 << int(backend.module.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-    return builder.create_network(flags)
+def _parse(poly: ModuleType, backend: Backend, onnx_path: Path) -> tuple[Any, Any, Any]:
+    """(builder, network, parser): the parser stays referenced, it owns the weights."""
+    from polygraphy.exception import PolygraphyException
+
+    try:
+        return network_loader(poly, backend, onnx_path)()
+    except PolygraphyException:
+        raise UsageError(f"cannot build from {onnx_path.name}: {_parse_failure(backend, onnx_path)}") from None
 
 
-def _parse_onnx(trt: ModuleType, network: Any, logger: Any, onnx_path: Path) -> Any:
-    """Fill ``network`` from the ONNX file; keep the returned parser alive (it owns weights)."""
-    if not onnx_path.is_file():
-        raise UsageError(f"ONNX file not found: {onnx_path}")
-    parser = trt.OnnxParser(network, logger)
-    # parse_from_file, not parse(bytes): it finds external weight files next to the model.
-    if not parser.parse_from_file(str(onnx_path)):
-        raise UsageError(f"cannot build from {onnx_path.name}: {_parser_error(parser)}")
-    return parser
-
-
-def _parser_error(parser: Any) -> str:
-    if parser.num_errors == 0:
-        return "the ONNX parser failed without a message"
+def _parse_failure(backend: Backend, onnx_path: Path) -> str:
+    """Why the ONNX parser refused the file, from its first error (Polygraphy only logs them)."""
+    trt = backend.module
+    logger = trt_logger(trt)
+    with capturing(logger):
+        network = trt.Builder(logger).create_network(0)
+        parser = trt.OnnxParser(network, logger)
+        if parser.parse_from_file(str(onnx_path)) or parser.num_errors == 0:
+            return "the ONNX parser failed without a message"
     error = parser.get_error(0)
-    text = _tidy_trt_message(error.desc())
+    text = tidy_message(error.desc())
     if error.node() >= 0:
         text += f" (node {error.node_name() or error.node()}, {error.node_operator()})"
     if parser.num_errors > 1:
@@ -266,10 +245,8 @@ def _format_dims(dims: Sequence[int]) -> str:
     return "x".join(str(d) if d >= 0 else "?" for d in dims)
 
 
-def _add_profiles(
-    builder: Any, config: Any, network: Any, profiles: Sequence[Profile], logger: Any
-) -> list[Profile]:
-    """Check each profile against the network inputs and add it; returns them bound."""
+def _bind_profiles(network: Any, profiles: Sequence[Profile]) -> list[Profile]:
+    """Each profile checked against the network's inputs and bound to their names."""
     inputs = [network.get_input(i) for i in range(network.num_inputs)]
     names = [t.name for t in inputs]
     dims = {t.name: [int(d) for d in t.shape] for t in inputs}
@@ -285,16 +262,17 @@ def _add_profiles(
         )
     bound = [profile.bind(names) for profile in profiles]
     for profile in bound:
-        trt_profile = builder.create_optimization_profile()
         for name, rng in profile.inputs.items():
             assert name is not None  # bind() named every range
             check_against_onnx_input(name, rng, [d if d >= 0 else None for d in dims[name]])
-            trt_profile.set_shape(name, rng.min, rng.opt, rng.max)
-        logger.errors.clear()
-        if config.add_optimization_profile(trt_profile) < 0:
-            reason = _tidy_trt_message(logger.errors[0]) if logger.errors else "invalid shapes"
-            raise UsageError(f"profile {profile} was refused: {reason}")
     return bound
+
+
+def _polygraphy_profile(poly: ModuleType, profile: Profile) -> Any:
+    out = poly.Profile()
+    for name, rng in profile.inputs.items():
+        out.add(name, rng.min, rng.opt, rng.max)
+    return out
 
 
 def _uses_fp8(trt: ModuleType, network: Any) -> bool:
@@ -309,51 +287,81 @@ def _uses_fp8(trt: ModuleType, network: Any) -> bool:
     return False
 
 
-def _apply_options(config: Any, backend: Backend, options: BuildOptions, targets: Sequence[str]) -> None:
+# --- the builder configuration -----------------------------------------------------------
+
+
+def config_loader(poly: ModuleType, backend: Backend, builder: Any, profiles: Sequence[Profile],
+                  options: BuildOptions, targets: Sequence[str], *, timing_cache: Path | None = None,
+                  monitor: Any = None) -> Any:
+    """Polygraphy's ``CreateConfig`` (``CreateConfigRTX`` for compute-capability targets) for a build.
+
+    ``CreateConfig`` turns TF32 off and asks for detailed profiling unless told otherwise; a new
+    ``IBuilderConfig`` of the backend says what TensorRT itself would do, and that is passed on,
+    so a plan is the one TensorRT's defaults give.
+    """
     trt = backend.module
+    fresh = builder.create_builder_config()
+    kwargs: dict[str, Any] = {
+        "profiles": [_polygraphy_profile(poly, p) for p in profiles],
+        "profiling_verbosity": fresh.profiling_verbosity,
+        "progress_monitor": monitor,
+        "load_timing_cache": str(timing_cache) if timing_cache is not None else None,
+    }
     if options.workspace_bytes is not None:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_bytes)
+        kwargs["memory_pool_limits"] = {trt.MemoryPoolType.WORKSPACE: options.workspace_bytes}
     if options.optimization_level is not None:
-        config.builder_optimization_level = options.optimization_level
+        kwargs["builder_optimization_level"] = options.optimization_level
     if backend.traits.supports_compute_capability_targets:
-        _set_targets(config, backend, targets)
+        from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
+
+        return CreateConfigRTX(compute_capabilities=[cc_tuple(cc) for cc in targets], **kwargs)
+    tf32 = getattr(trt.BuilderFlag, "TF32", None)
+    return poly.CreateConfig(tf32=tf32 is not None and fresh.get_flag(tf32), **kwargs)
 
 
-def _set_targets(config: Any, backend: Backend, targets: Sequence[str]) -> None:
-    """Ask TensorRT-RTX to compile for each target compute capability."""
-    trt = backend.module
-    config.num_compute_capabilities = len(targets)
-    for index, cc in enumerate(targets):
-        member = getattr(trt.ComputeCapability, "SM" + cc.replace(".", ""), None)
-        if member is None or not config.set_compute_capability(member, index):
-            raise CapabilityError(f"{backend.label} refused target compute capability {cc}")
+def _check_config(config: Any, backend: Backend, profiles: Sequence[Profile], targets: Sequence[str],
+                  logger: Any) -> None:
+    """What Polygraphy does not check: every profile was taken, every target set."""
+    added = config.num_optimization_profiles
+    if profiles and added < len(profiles):
+        reason = tidy_message(logger.errors[0]) if logger.errors else "invalid shapes"
+        raise UsageError(f"profile {profiles[added]} was refused: {reason}")
+    if backend.traits.supports_compute_capability_targets:
+        for index, cc in enumerate(targets):
+            member = getattr(backend.module.ComputeCapability, "SM" + cc.replace(".", ""))
+            if index >= config.num_compute_capabilities or config.get_compute_capability(index) != member:
+                raise CapabilityError(f"{backend.label} refused target compute capability {cc}")
 
 
-def _load_timing_cache(config: Any, backend: Backend, path: Path | None, say: Progress) -> bool:
-    """Attach the timing cache at ``path`` (new if absent or unusable); False where none applies."""
-    if path is None:
-        return False
-    if not backend.traits.has_timing_cache:
-        _safe_say(say, f"timing cache: {backend.traits.label} keeps none, skipped")
-        return False
-    data = path.read_bytes() if path.is_file() else b""
+def _create_config(poly: ModuleType, backend: Backend, network: tuple, profiles: Sequence[Profile],
+                   options: BuildOptions, targets: Sequence[str], timing_cache: Path | None,
+                   say: Progress, logger: Any) -> tuple[Any, Any]:
+    """(IBuilderConfig, progress monitor): the monitor must outlive the build."""
+    from polygraphy.exception import PolygraphyException
+
+    builder, trt_network = network[0], network[1]
+    monitor = _progress_monitor(backend.module, say)
+    load = timing_cache if timing_cache is not None and timing_cache.is_file() and timing_cache.stat().st_size else None
+    logger.errors.clear()
     try:
-        cache = config.create_timing_cache(data)
-    except Exception:  # noqa: BLE001  a truncated or foreign file
-        cache = None
-    if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
-        # Corrupt, or written by another version or GPU: start afresh rather than fail the build.
-        _safe_say(say, f"timing cache {path.name} is unusable here; starting a new one")
-        cache = config.create_timing_cache(b"")
-        config.set_timing_cache(cache, ignore_mismatch=False)
-        data = b""
-    _safe_say(say, f"timing cache: {'loaded ' + path.name if data else 'new'}")
-    return True
+        config = config_loader(poly, backend, builder, profiles, options, targets, timing_cache=load,
+                               monitor=monitor)(builder, trt_network)
+    except PolygraphyException as exc:  # an invalid profile, a setting this TensorRT lacks
+        reason = tidy_message(logger.errors[0]) if logger.errors else first_line(exc)
+        raise UsageError(f"{backend.label} refused the build settings: {reason}") from None
+    except Exception:  # noqa: BLE001  a timing cache TensorRT cannot read
+        if load is None:
+            raise
+        _safe_say(say, f"timing cache {load.name} is unusable here; starting a new one")
+        load.unlink()
+        return _create_config(poly, backend, network, profiles, options, targets, timing_cache, say, logger)
+    _check_config(config, backend, profiles, targets, logger)
+    if timing_cache is not None:
+        _safe_say(say, f"timing cache: {'loaded ' + timing_cache.name if load else 'new'}")
+    return config, monitor
 
 
-def _save_timing_cache(config: Any, path: Path) -> None:
-    """Write the timing cache atomically: concurrent builds see the old or the new file."""
-    atomic_write_bytes(path, bytes(memoryview(config.get_timing_cache().serialize())))
+# --- the build ------------------------------------------------------------------------
 
 
 def _refused_target(errors: Sequence[str]) -> str | None:
@@ -367,7 +375,7 @@ def _refused_target(errors: Sequence[str]) -> str | None:
 
 def _build_failure(backend: Backend, logger: Any) -> UsageError:
     errors = [e for e in logger.errors if e.strip()]
-    reason = _tidy_trt_message(errors[0]) if errors else "no message from the builder"
+    reason = tidy_message(errors[0]) if errors else "no message from the builder"
     return UsageError(f"{backend.label} could not build the engine: {reason}")
 
 
@@ -382,11 +390,13 @@ def build_engine(
     """Build a raw engine plan from a (strongly typed) ONNX file.
 
     ``profiles``: one TensorRT optimization profile each; names may be unbound for a
-    single-input model. ``timing_cache`` is read and rewritten where the backend keeps one.
+    single-input model. ``timing_cache``: a file read (where it holds one) and rewritten, the
+    new timings merged in, where the backend keeps one; TensorRT-RTX keeps none.
     """
     say = progress or (lambda _message: None)
-    trt = backend.module
     onnx_path = Path(onnx_path)
+    if not onnx_path.is_file():
+        raise UsageError(f"ONNX file not found: {onnx_path}")
     gpu = gpu_info()
     if backend.traits.needs_gpu_to_build and gpu is None:
         raise CapabilityError(
@@ -394,48 +404,26 @@ def build_engine(
             "(--backend tensorrt-rtx)"
         )
     targets = resolve_targets(backend, options.target_cc, gpu)
-    logger = _logger_for(trt)
-    logger.errors.clear()
-    builder = trt.Builder(logger)
-    network = _create_network(builder, backend)
-    _safe_say(say, f"parsing {onnx_path.name}")
-    parser = _parse_onnx(trt, network, logger, onnx_path)  # noqa: F841  held: it owns weights
-    io = network_io(network)
-    if _uses_fp8(trt, network) and fp8_unsupported(targets):
-        require_fp8(targets, subject=f"{onnx_path.name} has FP8 tensors, which", fix="choose --target-cc 8.9,12.0")
-    dropped: list[str] = []
-    while True:
-        config = builder.create_builder_config()
-        bound = _add_profiles(builder, config, network, profiles, logger)
-        _apply_options(config, backend, options, targets)
-        cache_used = _load_timing_cache(config, backend, timing_cache, say)
-        monitor = _progress_monitor(trt, say)
-        if monitor is not None:
-            config.progress_monitor = monitor  # kept referenced by `monitor` until the build ends
-        where = f"compute capability {', '.join(targets)}" if targets else "this GPU"
-        _safe_say(say, f"building with {backend.label} for {where}")
-        logger.errors.clear()
-        started = time.perf_counter()
-        plan = builder.build_serialized_network(network, config)
-        seconds = time.perf_counter() - started
-        if plan is not None:
-            break
-        # TensorRT-RTX cannot compile some layers for some architectures (FP32 GEMM on Turing).
-        # Where the user named no targets, drop the one it names and build for the rest.
-        refused = _refused_target(logger.errors)
-        if options.target_cc is None and refused in targets and len(targets) > 1:
-            _log.warning("dropping compute capability %s: %s", refused, _tidy_trt_message(logger.errors[0]))
-            _safe_say(say, f"compute capability {refused} dropped: {_tidy_trt_message(logger.errors[0])}")
-            dropped.append(refused)
-            targets = tuple(t for t in targets if t != refused)
-            continue
-        raise _build_failure(backend, logger)
-    if cache_used and timing_cache is not None:
-        _save_timing_cache(config, timing_cache)
-    plan_bytes = bytes(memoryview(plan))
-    _safe_say(say, f"built in {seconds:.1f} s, plan {len(plan_bytes) / 2**20:.1f} MiB")
+    if timing_cache is not None and not backend.traits.has_timing_cache:
+        _safe_say(say, f"timing cache: {backend.traits.label} keeps none, skipped")
+        timing_cache = None
+    poly = bind(backend)
+    logger = trt_logger(backend.module)
+    with capturing(logger), quiet_polygraphy(), warnings.catch_warnings():
+        if not backend.traits.has_timing_cache:
+            warnings.filterwarnings("ignore", _RTX_TIMING_CACHE_WARNING, DeprecationWarning)
+        _safe_say(say, f"parsing {onnx_path.name}")
+        network = _parse(poly, backend, onnx_path)
+        io = network_io(network[1])
+        bound = _bind_profiles(network[1], profiles)
+        if _uses_fp8(backend.module, network[1]) and fp8_unsupported(targets):
+            require_fp8(targets, subject=f"{onnx_path.name} has FP8 tensors, which",
+                        fix="choose --target-cc 8.9,12.0")
+        plan, seconds, targets, dropped = _build(poly, backend, network, bound, options, targets,
+                                                 timing_cache, say, logger)
+    _safe_say(say, f"built in {seconds:.1f} s, plan {len(plan) / 2**20:.1f} MiB")
     return BuildResult(
-        plan=plan_bytes,
+        plan=plan,
         build_seconds=seconds,
         io=io,
         backend=backend.name,
@@ -444,9 +432,45 @@ def build_engine(
         gpu=gpu if backend.traits.needs_gpu_to_build else None,
         options=options,
         profiles=bound,
-        timing_cache_used=cache_used,
-        dropped_targets=tuple(dropped),
+        timing_cache_used=timing_cache is not None,
+        dropped_targets=dropped,
     )
+
+
+def _build(poly: ModuleType, backend: Backend, network: tuple, profiles: list[Profile], options: BuildOptions,
+           targets: tuple[str, ...], timing_cache: Path | None, say: Progress,
+           logger: Any) -> tuple[bytes, float, tuple[str, ...], tuple[str, ...]]:
+    """(plan, seconds, targets built for, default targets dropped)."""
+    from polygraphy.exception import PolygraphyException
+
+    dropped: list[str] = []
+    while True:
+        config, monitor = _create_config(poly, backend, network, profiles, options, targets, timing_cache,
+                                         say, logger)
+        where = f"compute capability {', '.join(targets)}" if targets else "this GPU"
+        _safe_say(say, f"building with {backend.label} for {where}")
+        logger.errors.clear()
+        started = time.perf_counter()
+        try:
+            save = str(timing_cache) if timing_cache is not None else None
+            plan = poly.EngineBytesFromNetwork(network, config, save_timing_cache=save)()
+        except PolygraphyException:
+            plan = None
+        seconds = time.perf_counter() - started
+        del monitor  # referenced until the build ended
+        if plan is not None:
+            return bytes(memoryview(plan)), seconds, targets, tuple(dropped)
+        # TensorRT-RTX cannot compile some layers for some architectures (FP32 GEMM on Turing).
+        # Where the user named no targets, drop the one it names and build for the rest.
+        refused = _refused_target(logger.errors)
+        if options.target_cc is None and refused in targets and len(targets) > 1:
+            reason = tidy_message(logger.errors[0])
+            reporting.warning(f"compute capability {refused} dropped: {reason}")
+            _safe_say(say, f"compute capability {refused} dropped: {reason}")
+            dropped.append(refused)
+            targets = tuple(t for t in targets if t != refused)
+            continue
+        raise _build_failure(backend, logger)
 
 
 # --- will an engine run here? --------------------------------------------------------

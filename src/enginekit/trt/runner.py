@@ -1,6 +1,6 @@
 """Run an engine plan through polygraphy's TensorRT runner (TensorRT or TensorRT-RTX).
 
-Needs a GPU the engine was built for; callers ask ``builder.can_run_here`` first.
+Needs a GPU the engine was built for; callers ask ``session.engine_runs_here`` first.
 ``engine_runner`` serves verification (numpy in, numpy out, any profile); ``repeat_runner``
 serves the benchmark (one fixed input, run again and again, copies in or out of the timing).
 """
@@ -8,7 +8,6 @@ serves the benchmark (one fixed input, run again and again, copies in or out of 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,8 +28,9 @@ def _profile_for(shape: tuple[int, ...], profiles: list[dict], input_name: str) 
 @contextlib.contextmanager
 def _activated(plan: Path, backend: Backend):
     """An active polygraphy ``TrtRunner`` over ``plan``, deactivated on leaving."""
-    if backend.name == "tensorrt-rtx":
-        os.environ["POLYGRAPHY_USE_TENSORRT_RTX"] = "1"  # read when polygraphy imports TensorRT
+    from enginekit.trt.binding import bind
+
+    bind(backend)  # POLYGRAPHY_USE_TENSORRT_RTX is read once, when polygraphy is first imported
     from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 

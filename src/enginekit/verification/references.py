@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from enginekit.calibration import CalibrationData
+from enginekit.compare.comparison import Case
 from enginekit.shapes import format_shape
 
 INPUTS_FILE = "inputs.json"
@@ -23,16 +24,8 @@ RUNNER_NAME = "pytorch"
 
 
 @dataclass
-class ReferenceCase:
-    label: str
-    kind: str  # "photo" | "random"
-    feed: dict[str, np.ndarray]
-    outputs: dict[str, np.ndarray]
-
-
-@dataclass
 class References:
-    cases: list[ReferenceCase]
+    cases: list[Case]
     key: str
     status: str  # cache status: hit | miss | ...
     skipped_images: list[str]
@@ -92,9 +85,9 @@ def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: in
     return References(_load(entry.path), entry.key, status, entry.manifest.get("skipped_images", []))
 
 
-def _compute(pipe, images: CalibrationData, photo_shape, random_shapes, seed) -> list[ReferenceCase]:
+def _compute(pipe, images: CalibrationData, photo_shape, random_shapes, seed) -> list[Case]:
     adapter = pipe.adapter
-    cases: list[ReferenceCase] = []
+    cases: list[Case] = []
     photos = images.batch(adapter, photo_shape)
     for i, path in enumerate(images.used_paths):
         cases.append(_case(pipe, f"photo {path.name}", "photo", photos[i : i + 1]))
@@ -103,12 +96,12 @@ def _compute(pipe, images: CalibrationData, photo_shape, random_shapes, seed) ->
     return cases
 
 
-def _case(pipe, label: str, kind: str, array: np.ndarray) -> ReferenceCase:
+def _case(pipe, label: str, kind: str, array: np.ndarray) -> Case:
     feed = {pipe.adapter.input_name: np.ascontiguousarray(array, dtype=np.float32)}
-    return ReferenceCase(label, kind, feed, pipe.adapter.reference(pipe.loaded, feed[pipe.adapter.input_name]))
+    return Case(label, kind, feed, pipe.adapter.reference(pipe.loaded, feed[pipe.adapter.input_name]))
 
 
-def _save(folder: Path, cases: list[ReferenceCase]) -> None:
+def _save(folder: Path, cases: list[Case]) -> None:
     from polygraphy.comparator import RunResults
     from polygraphy.comparator.struct import IterationResult
     from polygraphy.json import save_json
@@ -120,7 +113,7 @@ def _save(folder: Path, cases: list[ReferenceCase]) -> None:
     (folder / LABELS_FILE).write_text(json.dumps([{"label": c.label, "kind": c.kind} for c in cases]))
 
 
-def _load(folder: Path) -> list[ReferenceCase]:
+def _load(folder: Path) -> list[Case]:
     from polygraphy.comparator import RunResults
     from polygraphy.json import load_json
 
@@ -128,5 +121,5 @@ def _load(folder: Path) -> list[ReferenceCase]:
     results = RunResults.load(str(folder / OUTPUTS_FILE))
     (_, iterations), = results.items()
     labels = json.loads((folder / LABELS_FILE).read_text())
-    return [ReferenceCase(l["label"], l["kind"], dict(f), {k: np.asarray(v) for k, v in it.items()})
+    return [Case(l["label"], l["kind"], dict(f), {k: np.asarray(v) for k, v in it.items()})
             for l, f, it in zip(labels, feeds, iterations)]

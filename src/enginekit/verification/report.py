@@ -7,6 +7,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from enginekit.compare.gate import VerifyReport
+from enginekit.compare.metrics import STATISTICS
 
 
 def write_json(reports: list[VerifyReport], path: Path) -> Path:
@@ -68,15 +69,14 @@ TASK_FIGURES = ("conf", "reference_detections", "candidate_detections", "recall"
 
 
 def _limit_text(limits: dict) -> str:
-    text = [f"rel L2 <= {limits['rel_l2']:g}", f"cosine >= {limits['cosine']:g}"]
-    if limits.get("max_abs") is not None:
-        text.append(f"max abs <= {limits['max_abs']:g}")
-    return ", ".join(text)
+    """``rel L2 <= 0.02, cosine >= 0.999``"""
+    return ", ".join(STATISTICS[name].describe_limit(limit) for name, limit in limits.items() if limit is not None)
 
 
 def part_lines(report: VerifyReport) -> list[str]:
     """Markdown table: one row per artifact x output part, worst figures over all inputs."""
-    lines = ["| artifact | part | max abs | p99 abs | median abs | rel L2 | cosine | PSNR dB | limits | gate |",
+    figures = " | ".join(STATISTICS[n].label for n in ("max_abs", "p99_abs", "median_abs", "rel_l2", "cosine", "psnr"))
+    lines = [f"| artifact | part | {figures} | limits | gate |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for a in report.artifacts:
         for part, info in a.parts.items():

@@ -1,0 +1,100 @@
+"""Which model, with which weights: the one identity of a model.
+
+Requests (``--weights``/``--random-init``/``--seed``/``--nms``), recipes (``model:``), the
+pipeline (every stage's key) and the runtime (``load``'s target) all name a model with a
+:class:`ModelRequest`. It is enough to key every stage without loading the model: its
+``weights_identity`` is a file's digest, or the seeded architecture of random weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Optional
+
+from enginekit.cache import sha256_file
+from enginekit.errors import UsageError
+from enginekit.families import ModelAdapter, resolve
+from enginekit.families.base import folder_sha256
+
+
+def check_weights_choice(weights: Any, random_init: bool, *, names: tuple[str, str] = ("--weights", "--random-init")) -> None:
+    """Weights from a file and random weights exclude each other (``names``: how the user wrote them)."""
+    if weights is not None and random_init:
+        raise UsageError(f"{names[0]} and {names[1]} exclude each other")
+
+
+@dataclass
+class ModelRequest:
+    """A model name, its weights (a file or folder; None: the family's published weights unless
+    ``random_init``), the seed of random weights, and whether NMS ends its graph.
+
+    Made, the name is resolved to its family (``adapter``) and the weights file is checked: a bad
+    one is a one-line UsageError before any work."""
+
+    name: str
+    weights: Optional[Path] = None
+    random_init: bool = False
+    seed: int = 0
+    nms: bool = False  # NMS in the graph (``--nms``): the family's with_nms adapter
+    adapter: ModelAdapter = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.weights is not None:
+            self.weights = Path(self.weights)
+        check_weights_choice(self.weights, self.random_init)
+        self.adapter = resolve(self.name)
+        if self.nms:
+            self.adapter = self.adapter.with_nms()
+        if self.weights is not None and not self.weights.exists():
+            raise UsageError(f"weights file not found: {self.weights}")
+
+    @classmethod
+    def recorded(cls, name: str, identity: str, *, nms: bool = False) -> Optional["ModelRequest"]:
+        """The model a recorded weights identity (an exported graph's metadata) names where it can be
+        made again without a file: seeded random weights, or the family's published ones. None: a file."""
+        if identity.startswith("random:"):
+            return cls(name, None, True, int(identity.rpartition("@")[2] or 0), nms)
+        if identity.startswith("hub:"):
+            return cls(name, None, False, 0, nms)
+        return None
+
+    @cached_property
+    def weights_identity(self) -> str:
+        if self.random_init:
+            tag = f"+{self.adapter.random_init_tag}" if self.adapter.random_init_tag else ""
+            return f"random:{self.adapter.variant}{tag}@{self.seed}"
+        if self.weights is not None:
+            if self.weights.is_dir():
+                return f"sha256:{folder_sha256(self.weights)}"
+            return f"sha256:{sha256_file(self.weights)}"
+        # a hub name: the content of the file it resolves to (downloaded if need be), not the name
+        return f"sha256:{sha256_file(self.adapter.hub_weights())}"
+
+    def matches(self, recorded: str) -> bool:
+        """Whether a recorded weights identity (an exported graph's metadata) is what this request loads."""
+        if recorded.startswith("random:"):
+            return self.random_init and recorded.rpartition("@")[2] == str(self.seed)
+        if recorded.startswith("hub:"):
+            return self.weights is None and not self.random_init
+        return self.weights_identity == recorded
+
+    @property
+    def subject(self) -> str:
+        return self.adapter.variant
+
+    def to_json(self) -> dict:
+        """How to load this model again (paths are fine here: this is no cache key)."""
+        data = {"name": self.name, "weights": str(self.weights.resolve()) if self.weights else None,
+                "random_init": self.random_init, "seed": self.seed, "identity": self.weights_identity}
+        if self.nms:
+            data["nms"] = True
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ModelRequest":
+        weights = Path(data["weights"]) if data.get("weights") else None
+        return cls(data["name"], weights, bool(data.get("random_init")), int(data.get("seed", 0)),
+                   bool(data.get("nms")))
+

@@ -1,11 +1,13 @@
 """Pipeline benchmarks: the speed targets of export, build and verify, measured, not asserted.
 
     .venv/bin/python benchmarks/pipeline.py [--section help,cold,export,ort,build,int8,verify]
-                                            [--quick] [--repeats N] [--json out.json]
+                                            [--quick] [--repeats N] [--models depth,yolo12n] [--json out.json]
 
 Each section runs in fresh caches (temporary folders) and, where start-up matters, in fresh
 processes, as a user would meet it. Timings are medians of repeated runs; the machine's load is
-printed beside them (compare figures only from a quiet machine, or within one run).
+printed beside them (compare figures only from a quiet machine, or within one run). Where other
+work shares the machine, the CPU seconds (user + system, all threads) printed beside a wall time
+are the steadier figure: a step that keeps the machine busy takes at most about that long alone.
 
 cold    FP16 export of Depth-Anything-V2-small (518x518) and yolo12n (640x640) from an empty cache:
         the command's wall time and its fp16 stage (ModelOpt AutoCast), with enginekit's AutoCast
@@ -24,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -78,24 +81,39 @@ class Ran:
     seconds: float
     returncode: int
     last_line: str  # the last line the command printed to stderr (its error line, when it failed)
+    cpu: float = 0.0  # user + system seconds of the command and everything it waited for
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run(cmd: list[str], env: dict | None = None) -> Ran:
     """Run ``cmd`` in a fresh process; its exit code is returned, not judged."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), children_cpu()
     done = subprocess.run(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
     lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-    return Ran(time.perf_counter() - start, done.returncode, lines[-1] if lines else "")
+    return Ran(time.perf_counter() - start, done.returncode, lines[-1] if lines else "", children_cpu() - cpu)
 
 
-def wall(cmd: list[str], env: dict | None = None) -> float:
-    """Seconds of a step that must succeed; BenchError naming the step and its error line otherwise."""
+def checked(cmd: list[str], env: dict | None = None) -> Ran:
+    """A step that must succeed; BenchError naming the step and its error line otherwise."""
     ran = run(cmd, env)
     if ran.returncode != 0:
         shown = " ".join(Path(c).name if i == 0 else c for i, c in enumerate(cmd))
         raise BenchError(f"{shown} exited {ran.returncode}: {ran.last_line}")
-    return ran.seconds
+    return ran
+
+
+def wall(cmd: list[str], env: dict | None = None) -> float:
+    """Seconds of a step that must succeed (see ``checked``)."""
+    return checked(cmd, env).seconds
+
+
+def cpu_note(seconds: list[float]) -> str:
+    return f"cpu {statistics.median(seconds):.1f} s"
 
 
 def manifest(cache_root: Path, kind: str) -> dict:
@@ -115,14 +133,17 @@ def bench_cold(s: Settings) -> None:
     modes = (("shortcuts", {}), ("modelopt", {SHORTCUTS_ENV: "0"})) if s.cold_compare else (("shortcuts", {}),)
     for model, shape in s.cold:
         walls: dict[str, list[float]] = {m: [] for m, _ in modes}
+        cpus: dict[str, list[float]] = {m: [] for m, _ in modes}
         stages: dict[str, list[float]] = {m: [] for m, _ in modes}
         graphs: dict[str, set[str]] = {m: set() for m, _ in modes}
         for _ in range(s.repeats):
             for mode, env in modes:  # alternate, so load on the machine hits both alike
                 with tempfile.TemporaryDirectory() as tmp:
                     root = Path(tmp) / "cache"
-                    walls[mode].append(wall([*ENGINEKIT, "export", model, "--random-init", "--input", shape, "--fp16",
-                                             "-o", str(Path(tmp) / "out.onnx")], {"ENGINEKIT_CACHE": str(root), **env}))
+                    ran = checked([*ENGINEKIT, "export", model, "--random-init", "--input", shape, "--fp16",
+                                   "-o", str(Path(tmp) / "out.onnx")], {"ENGINEKIT_CACHE": str(root), **env})
+                    walls[mode].append(ran.seconds)
+                    cpus[mode].append(ran.cpu)
                     fp16 = manifest(root, "onnx-fp16")
                     stages[mode].append(fp16["seconds"])
                     graphs[mode].add(fp16["files"]["model.onnx"]["sha256"])
@@ -133,7 +154,7 @@ def bench_cold(s: Settings) -> None:
             record("cold", f"{model} {shape} fp16 stage, {how} (median of {n})", statistics.median(stages[mode]), "s",
                    f"{goal} {load()}".strip())
             record("cold", f"{model} {shape} export --fp16 wall, {how}", statistics.median(walls[mode]), "s",
-                   "load, export, simplify, fp16, parity")
+                   f"load, export, simplify, fp16, parity; {cpu_note(cpus[mode])}")
         if s.cold_compare:
             same = len(graphs["shortcuts"] | graphs["modelopt"]) == 1
             record("cold", f"{model} fp16 stage speed-up (ModelOpt's own / shortcuts)",
@@ -236,7 +257,7 @@ def bench_build(s: Settings) -> None:
 # export, simplify, then int8 with the family's calibration method at the shape given, reading the
 # calibration cache file when it exists, else calibrating and writing it.
 INT8_STAGE = """
-import json, sys
+import json, resource, sys
 from pathlib import Path
 from enginekit.cache import Cache
 from enginekit.calibration import CalibrationData
@@ -245,8 +266,12 @@ model, shape, root, calib = sys.argv[1], tuple(int(d) for d in sys.argv[2].split
 pipe = Stages(ModelRequest(model, random_init=True), Cache(root), quiet=True)
 fp32 = pipe.simplify(pipe.export(shape, 18), shape)
 method = getattr(pipe.adapter, "int8_calibration", None) or "entropy"
+def cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+before = cpu()
 int8 = pipe.int8(fp32, shape, CalibrationData(None), method=method, calibration_cache=calib)
-print(json.dumps({"method": method, "seconds": int8.manifest["seconds"], "calibrated": int8.manifest["calibrated"],
+print(json.dumps({"method": method, "seconds": int8.manifest["seconds"], "cpu": cpu() - before, "calibrated": int8.manifest["calibrated"],
                   "sha256": int8.manifest["files"]["model.onnx"]["sha256"]}))
 """
 
@@ -274,6 +299,7 @@ def bench_int8(s: Settings) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             calib = Path(tmp) / f"{model}.calib"
             calibrating: dict[str, float] = {}
+            calibrating_cpu: dict[str, float] = {}
             graphs: set[str] = set()
             for mode, env in modes:
                 calib.unlink(missing_ok=True)
@@ -281,24 +307,30 @@ def bench_int8(s: Settings) -> None:
                 if not fresh["calibrated"] or not calib.is_file():
                     raise BenchError(f"the first INT8 run of {model} did not calibrate and write {calib.name}")
                 calibrating[mode] = fresh["seconds"]
+                calibrating_cpu[mode] = fresh["cpu"]
                 graphs.add(fresh["sha256"])
             hits: dict[str, list[float]] = {mode: [] for mode, _ in modes}
+            hit_cpus: dict[str, list[float]] = {mode: [] for mode, _ in modes}
             for i in range(s.repeats):
                 for mode, env in modes:  # alternate, so load on the machine hits both alike
                     hit = int8_stage(model, shape, Path(tmp) / f"{mode}{i}", calib, env)
                     if hit["calibrated"]:
                         raise BenchError(f"the INT8 run of {model} from {calib.name} calibrated again")
                     hits[mode].append(hit["seconds"])
+                    hit_cpus[mode].append(hit["cpu"])
                     graphs.add(hit["sha256"])
             what = f"{model} {shape} int8 stage ({fresh['method']})"
             same = f"same graph in all {len(modes) * (1 + s.repeats)} runs: {'yes' if len(graphs) == 1 else 'NO'}"
             for mode, _ in modes:
                 how = "shortcuts" if mode == "shortcuts" else "ModelOpt's own way"
-                hit = statistics.median(hits[mode])
-                record("int8", f"{what}, calibrating, {how}", calibrating[mode], "s", load())
-                record("int8", f"{what}, from calibration cache, {how} (median of {s.repeats})", hit, "s", load())
+                hit, hit_cpu = statistics.median(hits[mode]), statistics.median(hit_cpus[mode])
+                record("int8", f"{what}, calibrating, {how}", calibrating[mode], "s",
+                       f"cpu {calibrating_cpu[mode]:.1f} s, {load()}")
+                record("int8", f"{what}, from calibration cache, {how} (median of {s.repeats})", hit, "s",
+                       f"cpu {hit_cpu:.1f} s, {load()}")
                 record("int8", f"{model} speed-up calibrating / cache hit, {how}", calibrating[mode] / hit, "x",
-                       "goal >= 5x" if mode == "shortcuts" else "before")
+                       f"{'goal >= 5x' if mode == 'shortcuts' else 'before'}; in cpu seconds "
+                       f"{calibrating_cpu[mode] / hit_cpu:.2f}x")
             record("int8", f"{model} graphs from the calibration cache equal the calibrated one", float(len(graphs) == 1),
                    "bool", same)
 
@@ -341,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--section", default=",".join(SECTIONS), help="comma-separated: " + ",".join(SECTIONS))
     parser.add_argument("--quick", action="store_true", help="small inputs, single runs: checks the script works")
     parser.add_argument("--repeats", type=int, help="runs per timed configuration (default 3; --quick 1)")
+    parser.add_argument("--models", help="comma-separated: only these of the cold, int8 and verify models")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     settings = dataclasses.replace(QUICK if args.quick else Settings())
@@ -349,6 +382,15 @@ def main(argv: list[str] | None = None) -> int:
             print("error: --repeats must be at least 1", file=sys.stderr)
             return 2
         settings.repeats = args.repeats
+    if args.models:
+        wanted = {name.strip() for name in args.models.split(",") if name.strip()}
+        known = {model for pairs in (settings.cold, settings.int8, settings.verify) for model, _ in pairs}
+        if not wanted <= known:
+            print(f"error: unknown model {sorted(wanted - known)[0]!r}: choose from {', '.join(sorted(known))}",
+                  file=sys.stderr)
+            return 2
+        for field in ("cold", "int8", "verify"):
+            setattr(settings, field, tuple(pair for pair in getattr(settings, field) if pair[0] in wanted))
     names = [name.strip() for name in args.section.split(",") if name.strip()]
     unknown = [name for name in names if name not in SECTIONS]
     if unknown:

@@ -41,12 +41,13 @@ def test_quick_run_reports_every_section(tmp_path):
 
     cold = {row["what"]: row for row in by_section["cold"]}
     assert any("fp16 stage" in what and row["value"] > 0 for what, row in cold.items())
-    assert any("export --fp16 wall" in what for what in cold)
+    assert any("export --fp16 wall" in what and "cpu " in row["note"] for what, row in cold.items())
 
     int8 = by_section["int8"]
     assert any("calibrating" in row["what"] for row in int8)
     assert any("from calibration cache" in row["what"] for row in int8)
-    assert any("speed-up" in row["what"] and row["value"] > 0 for row in int8)
+    assert any("speed-up" in row["what"] and row["value"] > 0 and "in cpu seconds" in row["note"] for row in int8)
+    assert all("cpu " in row["note"] for row in int8 if "calibrating," in row["what"] or "from calibration" in row["what"])
     (same,) = [row for row in int8 if "equal the calibrated one" in row["what"]]
     assert same["value"] == 1.0, same
     assert "Traceback" not in done.stderr
@@ -81,6 +82,12 @@ def test_bad_section_is_one_error_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["error: unknown section 'nonsense': choose from "
                                                 "help, cold, export, ort, build, int8, verify"]
+
+
+def test_unknown_model_is_one_error_line(tmp_path):
+    done = bench("--section", "int8", "--models", "depth,nonsense", tmp_path=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["error: unknown model 'nonsense': choose from depth, yolo12n"]
 
 
 def test_a_failing_step_is_one_error_line_not_a_traceback(tmp_path):

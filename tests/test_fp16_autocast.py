@@ -119,6 +119,7 @@ def convert(src: Path, out: Path, model: str, npz: Path, shortcuts: bool) -> byt
     return out.read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, fixture, shape", [
     ("yolo12n", "yolo_export", (1, 3, 640, 640)),
     ("depth", "depth_export", (1, 3, 224, 224)),  # the 518 export is dynamic in H and W
@@ -146,6 +147,7 @@ def test_shortcut_fp16_graph_is_modelopts(model, fixture, shape, request, tmp_pa
     assert sum(n.op_type == "Cast" for n in onnx.load(str(tmp_path / "fast.onnx")).graph.node) > 2
 
 
+@pytest.mark.slow
 def test_other_reference_ranges_give_another_graph(depth_export, tmp_path, monkeypatch):
     """The comparison above can fail: ranges that differ from ModelOpt's (all under 512) change the graph."""
     src = depth_export.artifacts[1].path

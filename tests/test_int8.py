@@ -325,6 +325,7 @@ def test_missing_internal_is_a_capability_error_before_any_work(yolo, tmp_path, 
 # --- the shortcuts (modelopt_compat.quantize_shortcuts): ModelOpt's graph, byte for byte --------------------
 
 
+@pytest.mark.slow
 def test_shortcut_graph_is_modelopts_own(yolo, tmp_path, monkeypatch):
     """The fixture's graph was calibrated with the shortcuts; ModelOpt's own pass from its cache writes the same bytes."""
     from enginekit.stages import modelopt_compat
@@ -344,6 +345,7 @@ def test_shortcut_graph_is_modelopts_own(yolo, tmp_path, monkeypatch):
     print(f"yolo12n int8 from cache: ModelOpt's own {own.seconds:.2f}s, shortcuts {fast.seconds:.2f}s")
 
 
+@pytest.mark.slow
 def test_task_model_shortcut_graph_is_modelopts_own(workdir, tmp_path):
     """A segmentation model: calibrated by ModelOpt's own pass, then from its cache with the shortcuts."""
     from enginekit.families import resolve

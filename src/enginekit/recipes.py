@@ -54,14 +54,29 @@ class _Strict(BaseModel):
 
 
 class ModelSection(_Strict):
-    """The ``model:`` key: which network, with which weights (``Recipe.model_request()``)."""
+    """The ``model:`` key: which network, with which weights (``Recipe.model_request()``), and for a model
+    enginekit cannot know by itself what it declares (``families.torch_models.spec``)."""
 
-    variant: str  # yolo12n, yolo11n, depth-anything-v2-small|base|large, depth
-    family: Optional[str] = None  # yolo | depth-anything-v2: checked against the variant, filled in
+    # yolo12n, depth-anything-v2-small|base|large, depth, torchvision:NAME, timm:NAME, path/file.py:factory
+    # (relative to the recipe file), package.module:factory, program.pt2
+    variant: str
+    family: Optional[str] = None  # yolo | depth-anything-v2 | pytorch: checked against the variant, filled in
     weights: Optional[str] = None  # local checkpoint, relative to the recipe file (--weights)
     random_init: bool = False  # seeded random weights, no download: CI and offline use (--random-init)
     seed: int = 0  # --seed
     opset: int = 18  # ONNX opset of the export (--opset)
+
+    # what the model's outputs mean and how its inputs are made (--task, --outputs, ...); torchvision's and
+    # timm's common heads come declared; checked as the flags are
+    task: Optional[str] = None  # semantic | classify | depth | raw
+    outputs: Optional[Union[str, list[str], dict[str, str]]] = None  # [out:logits, aux:logits] or {out: logits}
+    size: Optional[Union[str, int]] = None  # 512x512
+    dynamic: Optional[Union[str, list[str]]] = None  # batch,height,width | batch | none
+    mean: Optional[Union[str, list[float]]] = None  # of 0..1 pixels, per channel
+    std: Optional[Union[str, list[float]]] = None
+    resize: Optional[str] = None  # stretch | letterbox | crop
+    channels: Optional[str] = None  # rgb | bgr
+    classes: Optional[int] = None  # torchvision/timm: build with this many classes
 
     @field_validator("opset")
     @classmethod
@@ -71,6 +86,12 @@ class ModelSection(_Strict):
         if not OPSET_MIN <= opset <= OPSET_MAX:
             raise _problem(("model", "opset"), f"opset {opset}: the exporter writes opsets {OPSET_MIN} to {OPSET_MAX}")
         return opset
+
+    def declared(self) -> dict:
+        """The declaration fields set here, validated (a UsageError names the flag)."""
+        from enginekit.families.torch_models.spec import FLAGS, ModelSpec
+
+        return ModelSpec.of({k: getattr(self, k) for k in FLAGS if getattr(self, k) is not None}).given()
 
 
 class Calibration(_Strict):
@@ -292,14 +313,25 @@ class Recipe(_Strict):
     def adapter(self):
         from enginekit.families import resolve
 
-        return resolve(self.model.variant)
+        return resolve(self.variant, self.model.declared())
+
+    @property
+    def variant(self) -> str:
+        """The model's name; a ``file.py:factory`` or program path relative to the recipe's folder."""
+        from enginekit.families.torch_models.sources import looks_like, parse
+
+        v = self.model.variant
+        if looks_like(v) and parse(v).kind in ("file", "export", "torchscript"):
+            path, sep, factory = v.rpartition(":") if parse(v).kind == "file" else (v, "", "")
+            return f"{self._file(path)}{sep}{factory}"
+        return v
 
     def model_request(self):
         """The model this recipe builds (``enginekit.model.ModelRequest``; its weights relative to the file)."""
         from enginekit.model import ModelRequest
 
         m = self.model
-        return ModelRequest(m.variant, self._file(m.weights), m.random_init, m.seed)
+        return ModelRequest(self.variant, self._file(m.weights), m.random_init, m.seed, declared=m.declared())
 
     # -- what to build ----------------------------------------------------------------
     def target_sets(self) -> list[Optional[tuple[str, ...]]]:
@@ -334,7 +366,8 @@ class Recipe(_Strict):
             cell = Cell(cell, self.cells(overrides)[0].targets)
         m, c = self.model, self.calibration
         options = {
-            "target": m.variant,
+            "target": self.variant,
+            "declared": m.declared(),
             "profiles": list(self.profiles),
             "precision": cell.precision,
             "backend": self.backend,
@@ -361,6 +394,8 @@ class Recipe(_Strict):
             options["random_init"] = False
         if extra.get("random_init"):
             options["weights"] = None
+        if extra.get("declared"):  # --task, --outputs... over the recipe's declaration
+            extra["declared"] = {**options["declared"], **extra["declared"]}
         options.update(extra)
         if not precision_registry.get(cell.precision).calibrated:
             # the recipe's calibration (and a --calib-* flag given with it) is for its calibrated cells
@@ -687,7 +722,13 @@ def _check_model(recipe: Recipe):
     from enginekit.families import resolve
 
     m = recipe.model
-    adapter = _expect(("model", "variant"), resolve, m.variant)
+    from enginekit.families.torch_models.spec import FLAGS, ModelSpec
+
+    for key in FLAGS:  # each declaration key on its own line first
+        if getattr(m, key) is not None:
+            _expect(("model", key), ModelSpec.of, {key: getattr(m, key)})
+    declared = _expect(("model",), m.declared)
+    adapter = _expect(("model", "variant"), resolve, recipe.variant, declared)
     if m.family is not None and m.family != adapter.family:
         raise _Problem(("model", "family"), f"{m.variant} is a {adapter.family} model, not {m.family}")
     from enginekit.model import check_weights_choice

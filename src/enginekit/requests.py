@@ -112,6 +112,17 @@ class _ModelOptions(Options):
     seed: int = Field(0, ge=0, le=SEED_MAX)
     #: NMS in the graph, as Ultralytics' ``nms=True`` export: detectors without an end-to-end head
     nms: bool = False
+    #: what the user declares of a model enginekit cannot know by itself (``--task``, ``--outputs``,
+    #: ``--size``, ``--dynamic``, ``--mean``/``--std``, ``--resize``, ``--bgr``, ``--classes``): the fields of
+    #: ``families.torch_models.spec.ModelSpec`` that were set
+    declared: dict = {}
+
+    @field_validator("declared", mode="before")
+    @classmethod
+    def _declared(cls, value: Any) -> dict:
+        from enginekit.families.torch_models.spec import ModelSpec
+
+        return ModelSpec.of(value).given()
 
     @model_validator(mode="after")
     def _weights_or_random(self):
@@ -125,7 +136,7 @@ class _ModelOptions(Options):
         the family; checks the weights file exists)."""
         from enginekit.model import ModelRequest
 
-        return ModelRequest(name, self.weights, self.random_init, self.seed, self.nms)
+        return ModelRequest(name, self.weights, self.random_init, self.seed, self.nms, dict(self.declared))
 
 
 @lru_cache(maxsize=1)
@@ -303,8 +314,11 @@ class BuildRequest(_ModelOptions):
 
     @property
     def is_file(self) -> bool:
-        """An ONNX file rather than a model name."""
-        return self.target.endswith(".onnx") or Path(self.target).is_file()
+        """An ONNX file rather than a model name (a saved PyTorch program is a model: torch.export, TorchScript)."""
+        from enginekit.families.torch_models.sources import PROGRAM_SUFFIXES
+
+        path = Path(self.target)
+        return self.target.endswith(".onnx") or (path.is_file() and path.suffix.lower() not in PROGRAM_SUFFIXES)
 
     @property
     def target_ccs(self) -> Optional[tuple[str, ...]]:

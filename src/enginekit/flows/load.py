@@ -29,12 +29,17 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     ``target``: a model name (exported or built through the cache as its backend needs, with ``weights``
     or ``random_init``), a cache key, a recipe, an engine plan (with its manifest.json) or an ONNX file.
     ``backend``: auto or a registered backend (``enginekit.backends.choices()``). ``build_options``:
-    BuildRequest fields for an engine built here (profiles, target_cc, ...). The rest: the runtime's
-    ``load`` (``enginekit.runtime.loader.load``).
+    BuildRequest fields for an engine built here (profiles, target_cc, ...), and what a model enginekit cannot
+    know by itself declares (``task``, ``outputs``, ``size``, ``dynamic``, ``mean``, ``std``, ``resize``,
+    ``bgr``, ``classes``: ``families.torch_models.spec``). The rest: the runtime's ``load``
+    (``enginekit.runtime.loader.load``).
     """
+    from enginekit.families.torch_models.spec import FLAGS, declaration
+
     backend, input_size, build_options = _recipe_runtime(target, backend, input_size, build_options)
+    declared = declaration(**{k: build_options.pop(k) for k in (*FLAGS, "bgr") if k in build_options})
     p = plan_load(target, precision, backend, weights=weights, random_init=random_init, seed=seed, device=device,
-                  conf=conf, iou=iou, cache=cache)
+                  conf=conf, iou=iou, cache=cache, declared=declared)
     shape = _input_shape(p.adapter, input_size)
     if p.missing == ONNX:
         p = p.with_onnx(export_onnx(p, cache, quiet, shape if not _dynamic_hw(p.adapter) else None))
@@ -108,7 +113,8 @@ def export_onnx(p: LoadPlan, cache, quiet: bool, shape: tuple[int, ...] | None =
     with tempfile.TemporaryDirectory() as tmp:
         request = ExportRequest(model=t.model, fp16=precision == "fp16", output=Path(tmp) / "model.onnx",
                                 input="x".join(map(str, shape)) if shape else None,
-                                weights=t.weights, random_init=t.random_init, seed=t.seed, simplifier=simplifier())
+                                weights=t.weights, random_init=t.random_init, seed=t.seed, simplifier=simplifier(),
+                                declared=t.request.declared if t.request else {})
         result = run(run_export, request, cache, quiet=quiet)
     if not result.passed:
         raise ParityError(f"{t.model} {precision} failed its parity gate: " + "; ".join(result.failures()))
@@ -124,8 +130,9 @@ def build_engine(p: LoadPlan, cache, quiet: bool, build_options: dict) -> LoadPl
 
     t = p.target
     opts = {k: v for k, v in build_options.items() if v is not None}
+    declared = t.request.declared if t.request else {}
     request = BuildRequest(target=t.model, precision=p.precision, weights=t.weights, random_init=t.random_init,
-                           seed=t.seed, **opts)
+                           seed=t.seed, declared=declared, **opts)
     outcome = run(run_build, request, cache, quiet=quiet)
     if outcome.resolution:  # found by identity in the team store: which entry and why
         p = replace(p, reason=f"{p.reason}; {outcome.resolution}")

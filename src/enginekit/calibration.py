@@ -104,6 +104,13 @@ class CalibrationData:
         """N x C x H x W float32, preprocessed exactly as the PyTorch reference expects."""
         if self.is_array:
             return self._array_batch(shape)
+        images = self.read()
+        arrays = [adapter.preprocess(img, (shape[2], shape[3])) for img in images]
+        return np.concatenate(arrays).astype(np.float32)
+
+    def read(self) -> list[np.ndarray]:
+        """The images (HxWx3 uint8 RGB), with views added up to ``augment_to``; ``used_paths`` and ``skipped``
+        say which files they are."""
         images = []
         self.skipped, self.used_paths = [], []
         if self.is_video:
@@ -121,8 +128,7 @@ class CalibrationData:
             raise UsageError(f"no readable images in {self.source or 'the embedded set'} ({len(self.skipped)} broken)")
         if self.augment_to > len(images):
             images = augmented_views(images, self.augment_to)
-        arrays = [adapter.preprocess(img, (shape[2], shape[3])) for img in images]
-        return np.concatenate(arrays).astype(np.float32)
+        return images
 
     def _array_batch(self, shape: Shape) -> np.ndarray:
         try:

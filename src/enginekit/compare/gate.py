@@ -70,9 +70,12 @@ class VerifyReport:
 
 
 def check_candidate(name: str, kind: str, precision: str, run: Runner, refs, gates: Gates, adapter: Family,
-                    metadata: dict[str, str]) -> ArtifactReport:
-    """Run a candidate on every reference case (``refs.cases``); compare by part, task metrics, gates."""
-    found = compare(run, refs.cases, adapter=adapter, gates=gates, precision=precision, metadata=metadata, name=name,
+                    metadata: dict[str, str], accepts_hw=None) -> ArtifactReport:
+    """Run a candidate on every reference case (``refs.cases_for``: each photograph letterboxed as the
+    candidate's runtime would, ``accepts_hw`` saying which input sizes it takes); compare by part, task
+    metrics, gates."""
+    cases = refs.cases_for(accepts_hw) if hasattr(refs, "cases_for") else refs.cases
+    found = compare(run, cases, adapter=adapter, gates=gates, precision=precision, metadata=metadata, name=name,
                     require_task=gates.task_required)
     return ArtifactReport(name, kind, precision, checks=found.checks, cases=found.cases, task=found.task,
                           parts=found.parts_json(), notes=found.notes)

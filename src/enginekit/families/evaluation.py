@@ -59,12 +59,20 @@ class InstanceEvaluation:
         """Figures of the decoding itself, beside the metrics (segment: the masks it left out)."""
         return {}
 
+    def decode_each(self, outputs, metadata: dict[str, str], conf: float, *, max_det: int = MAX_DET,
+                    **options) -> list[Instances]:
+        """``decode`` of a batch of outputs, or of a list of them (photographs of different input sizes)."""
+        if isinstance(outputs, (list, tuple)):
+            return [i for o in outputs for i in self.decode(o, metadata, conf, max_det=max_det, **options)]
+        return self.decode(outputs, metadata, conf, max_det=max_det, **options)
+
     def task_metrics(self, reference, candidate, metadata, options=None):
+        """``reference``/``candidate``: a batch of outputs, or a list of batches (photographs of different sizes)."""
         options = options or {}
         conf = options.get("conf", self.task_options["conf"])
         margin = options.get("conf_margin", self.task_options.get("conf_margin", 0.0))
         metrics, refs, cands = compare_instances(
-            lambda outputs, c, max_det: self.decode(outputs, metadata, c, max_det=max_det), reference, candidate,
+            lambda outputs, c, max_det: self.decode_each(outputs, metadata, c, max_det=max_det), reference, candidate,
             similarity=self.similarity(metadata), conf=conf, margin=margin, prefix=self.metric_prefix,
             box_map50=self.box_map50, ranked_max_det=self.ranked_max_det)
         return {**metrics, **self.decoding_notes(refs, cands)}

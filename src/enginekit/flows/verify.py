@@ -13,6 +13,7 @@ from pathlib import Path
 from enginekit import reporting
 from enginekit.errors import UsageError
 from enginekit.requests import VerifyRequest
+from enginekit.verification.references import engine_accepts_hw, onnx_accepts_hw
 
 
 @dataclass
@@ -188,7 +189,7 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
             try:
                 with onnx_candidate(path) as runner:
                     art = check_candidate(name, "onnx", stage_precision, runner.infer_feed, refs, gates, pipe.adapter,
-                                          metadata)
+                                          metadata, accepts_hw=onnx_accepts_hw(path))
             except Exception as exc:  # noqa: BLE001 - ORT refuses FP8 Q/DQ graphs: say so, and fail
                 first = (str(exc).splitlines() or [""])[0][:160]
                 if type(exc).__module__.startswith("onnxruntime"):
@@ -254,7 +255,8 @@ def verify_engine(entry, pipe, refs, gates, metadata, precision, checked=()):
         return skipped("engine", "engine", precision, f"{reason}; {instead}")
     with backend(engine, io="host") as runner:
         with reporting.stage("verify engine") as s:
-            art = check_candidate("engine", "engine", precision, runner.infer_feed, refs, gates, pipe.adapter, metadata)
+            art = check_candidate("engine", "engine", precision, runner.infer_feed, refs, gates, pipe.adapter, metadata,
+                                  accepts_hw=engine_accepts_hw(m, pipe.adapter.input_name))
             s.status = "pass" if art.passed else "fail"
     return art
 
@@ -291,7 +293,8 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
     try:
         gates = Gates(adapter, overrides, task_required=task_required)
         with onnx_candidate(path) as runner:
-            art = check_candidate(path.name, "onnx", precision, runner.infer_feed, refs, gates, adapter, metadata)
+            art = check_candidate(path.name, "onnx", precision, runner.infer_feed, refs, gates, adapter, metadata,
+                                  accepts_hw=onnx_accepts_hw(path))
     except (KeyError, ValueError) as exc:
         raise UsageError(f"{path.name} does not compute {adapter.variant}'s outputs: {exc}") from None
     report.artifacts.append(art)

@@ -185,6 +185,35 @@ class _YoloInstances(InstanceEvaluation, YoloFamily):
     extra_kind = "values"
     #: rotated boxes (obb): decoded with probiou NMS, drawn as centre, size and angle
     rotated = False
+    # Graphs take any H x W (Ultralytics' dynamic=True export): the runtime then letterboxes each frame to the
+    # smallest stride-aligned rectangle, as YOLO(pt).predict does (LetterBox(auto=True): 640x480 for a 4:3
+    # frame), and gives its boxes on any aspect ratio. Exported at the first profile's size, the graph records
+    # it (export_shape) as the size frames are letterboxed to. Engines take what their profiles cover.
+    export_at_profile_size = True
+
+    #: the stride the rectangle is aligned to (every YOLO of Ultralytics' P5 YAMLs: 32)
+    rect_stride = 32
+
+    def rect_hw(self, image_hw, hw):
+        from enginekit.families.ultralytics.runtime import letterboxed_hw
+
+        return letterboxed_hw(tuple(image_hw), tuple(hw), auto=True, stride=self.rect_stride)
+
+    def preprocess_rect(self, image_rgb, hw):
+        """Ultralytics' ``LetterBox(auto=True)`` at network size ``hw``, as its ``.pt`` predictor."""
+        from enginekit.families.ultralytics.runtime import letterbox
+
+        boxed = letterbox(hw, auto=True, stride=self.rect_stride)(image=image_rgb)
+        return (np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0)[None]
+
+    @property
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        kept = self.nms is not None or ends_in_own_nms(self.variant, self.suffix)  # (B, max_det, 6+): rows, not anchors
+        axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch"} if kept else
+                {0: "batch", 2: "anchors"}}
+        if "output1" in self.output_names:  # mask prototypes at 1/4 of the input
+            axes["output1"] = {0: "batch", 2: "mask_height", 3: "mask_width"}
+        return axes
     # the head's branches that INT8 leaves alone: box/DFL and class branches (as for detectors), and
     # each task's own branch (mask coefficients, keypoints, angle: cv4) and the mask prototypes
     int8_exclude = (
@@ -358,7 +387,6 @@ class YoloSegmentAdapter(_YoloTaskInstances):
     example = "yolo11n-seg"
     summary = "instance masks: output0 boxes + class scores + 32 mask coefficients, output1 prototypes"
     output_names = ("output0", "output1")
-    dynamic_axes = {"images": {0: "batch"}, "output0": {0: "batch"}, "output1": {0: "batch"}}
     extra_part = "mask_coefficients"
     task_gates = instance_gates("mask_map50")
     metric_prefix = "mask_"

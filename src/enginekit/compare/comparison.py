@@ -108,6 +108,17 @@ class Gates:
     def options(self, precision: str) -> dict[str, float]:
         return {k: self.tolerances.get(precision, k, v) for k, v in self.adapter.task_options.items()}
 
+    def ground_truth(self, precision: str) -> dict[str, float]:
+        """Limits on a candidate's loss against labels (``verify --data``): the family's defaults (on its headline
+        metric, ``label_gates``), then the user's ``gt.NAME`` limits, the more specific winning."""
+        from enginekit.compare.metrics import GROUND_TRUTH_PART
+
+        defaults = dict(getattr(self.adapter, "label_gates", {}).get(precision, {}))
+        names = list(defaults) + [lim.name for lim in self.tolerances if lim.part == GROUND_TRUTH_PART
+                                  and lim.name not in defaults]
+        limits = {n: self.tolerances.get(precision, n, defaults.get(n), part=GROUND_TRUTH_PART) for n in names}
+        return {n: float(v) for n, v in limits.items() if v is not None}
+
 
 @dataclass
 class GraphOutputs:

@@ -33,6 +33,9 @@ class ArtifactReport:
     parts: dict[str, dict] = field(default_factory=dict)  # per output part: what it is, worst figures, limits
     notes: list[str] = field(default_factory=list)
     pictures: list[str] = field(default_factory=list)
+    #: verify --data: its figures against the labels, its drops against the FP32 PyTorch model's, the limits
+    ground_truth: dict = field(default_factory=dict)
+    size_bytes: int = 0  # the graph or engine file (verify --data's ladder)
 
     @property
     def passed(self) -> bool:
@@ -48,6 +51,8 @@ class VerifyReport:
     references_status: str
     artifacts: list[ArtifactReport] = field(default_factory=list)
     skipped_images: list[str] = field(default_factory=list)
+    #: verify --data: the labels (dataset, split, images, instances, network size, the headline metric)
+    ground_truth: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:

@@ -26,6 +26,16 @@ def instance_gates(metric: str) -> dict[str, dict[str, tuple[str, float]]]:
             "fp16": dict(default), "int8": dict(default), "fp8": dict(default)}
 
 
+def label_gates(metric: str) -> dict[str, dict[str, float]]:
+    """The most a graph's ``metric`` against labels (``verify --data``) may fall below the FP32 PyTorch model's,
+    per precision (``gt.<metric>_drop``). Measured: see ``LABEL_DROPS_MEASURED`` below."""
+    return {p: {f"{metric}_drop": v} for p, v in LABEL_DROP_LIMITS.items()}
+
+
+# Loss against labels, per precision (verify --data; figures in the README's "Against labels"):
+LABEL_DROP_LIMITS = {"fp32": 0.002, "fp16": 0.01, "int8": 0.03, "fp8": 0.03}
+
+
 class InstanceEvaluation:
     """Tasks whose outputs are instances: boxes (detect), masks (segment), keypoints (pose), rotated boxes (obb)."""
 
@@ -33,6 +43,8 @@ class InstanceEvaluation:
     #: (``compare.instances.instance_metrics``; 0 keeps the plain rule)
     task_options = {"conf": 0.25, "conf_margin": 0.0}
     task_gates = instance_gates("map50")
+    #: against labels (verify --data): the loss of the task's own mAP50-95 (``mask_``, ``pose_`` for those tasks)
+    label_gates = label_gates("map50_95")
     picture_kind = "detections"
     #: the similarity's mAP names (``mask_map50``, ``pose_map50``); "" for boxes
     metric_prefix = ""
@@ -81,6 +93,25 @@ class InstanceEvaluation:
         (first,) = self.decode({k: v[:1] for k, v in outputs.items()}, metadata, conf, hw=hw)
         return first.boxes
 
+    # -- against labels (verify --data): the family reads them (``read_labels``, ``label_truth``) -----------
+    def label_scores(self, names: dict[int, str], metadata: dict[str, str]):
+        """Ultralytics' validator metrics of this task (``compare.ground_truth.InstanceScores``)."""
+        from enginekit.compare.ground_truth import InstanceScores
+        from enginekit.compare.instances import rotated_iou
+
+        box = rotated_iou if getattr(self, "rotated", False) else box_iou
+        extra = self.similarity(metadata) if self.task in ("segment", "pose") else None
+        return InstanceScores(self.task, names, box, extra)
+
+    def add_label_image(self, scores, split, sample, image_bgr, outputs, metadata, letterbox, max_det: int) -> None:
+        """One image into ``scores``: its labels in the input's pixels (``letterbox``: the runtime's for it)
+        against the predictions decoded as Ultralytics' validator decodes them (down to conf 0.001, multi-label)."""
+        from enginekit.compare.instances import CONF_MAP
+
+        truth = self.label_truth(split, sample, image_bgr, letterbox)
+        (pred,) = self.decode(outputs, metadata, CONF_MAP, max_det=max_det, validator=True)
+        scores.add(truth, pred, sample.path.name)
+
     def nothing_to_compare(self, task):
         return (f"the reference has no {self.instances_name} at conf {task.get('conf', 0.25):g} on the photographs; "
                 f"use photographs of {self.photographs_of} (--images) or a lower conf (--tol conf=...)")
@@ -93,6 +124,7 @@ class ClassifyEvaluation:
     _default = {"top1_agreement": (">=", 0.9), "top5_overlap": (">=", 0.8)}
     task_gates = {"fp32": {"top1_agreement": (">=", 1.0), "top5_overlap": (">=", 0.99)},
                   "fp16": dict(_default), "int8": dict(_default), "fp8": dict(_default)}
+    label_gates = label_gates("top1")
     picture_kind = None
 
     def output_parts(self, metadata=None):
@@ -106,6 +138,14 @@ class ClassifyEvaluation:
 
     def nothing_to_compare(self, task):
         return "the reference's top-1 class leads its second by less than 1e-3 on every photograph"
+
+    def label_scores(self, names: dict[int, str], metadata: dict[str, str]):
+        from enginekit.compare.ground_truth import ClassifyScores
+
+        return ClassifyScores()
+
+    def add_label_image(self, scores, split, sample, image_bgr, outputs, metadata, letterbox, max_det: int) -> None:
+        scores.add(sample.class_id, outputs[self.output_names[0]][0])
 
 
 class SemanticEvaluation:

@@ -423,8 +423,8 @@ def write_reports(outcome: VerifyOutcome, report_dir: Path | None, junit: Path |
 
     if report_dir is not None:
         folder = Path(report_dir)
-        outcome.files["json"] = write_json(outcome.reports, folder / "report.json")
-        outcome.files["markdown"] = write_markdown(outcome.reports, folder / "summary.md")
+        outcome.files["json"] = write_json(outcome.reports, folder / "report.json", outcome.ladder)
+        outcome.files["markdown"] = write_markdown(outcome.reports, folder / "summary.md", outcome.ladder)
         outcome.files["junit"] = write_junit(outcome.reports, Path(junit) if junit else folder / "junit.xml")
     elif junit is not None:
         outcome.files["junit"] = write_junit(outcome.reports, Path(junit))

@@ -111,6 +111,9 @@ def _ultralytics_labels(images: list[Path], data: dict, task: str) -> list[dict]
     from ultralytics.data.dataset import YOLODataset
 
     class Labels(YOLODataset):
+        def get_img_files(self, img_path):  # the images chosen (a list of files, not of file lists)
+            return [str(p) for p in img_path]
+
         def _load_or_scan_cache(self, cache_path, cache_hash):  # never beside the user's labels
             return super()._load_or_scan_cache(Path(self._scratch) / "labels.cache", cache_hash)
 

@@ -72,7 +72,8 @@ def main() -> None:
         flat = _val(args.weights, args.data, args.imgsz, note + ", rect=False", rect=False)
         result["ultralytics_val"] = {"default": val, "rect_false": flat}
         if ref is not None:
-            key = {"map50_95": "mAP50-95(B)", "mask_map50_95": "mAP50-95(M)", "pose_map50_95": "mAP50-95(P)"}[ref["metric"]]
+            key = {"map50_95": "mAP50-95(B)", "mask_map50_95": "mAP50-95(M)", "pose_map50_95": "mAP50-95(P)"}.get(
+                ref["metric"], "mAP50-95(B)")
             result["fp32_gap"] = {"enginekit": round(ref["value"], 5), "val_default": val[key],
                                   "abs_gap_default": round(abs(ref["value"] - val[key]), 5),
                                   "val_rect_false": flat[key], "abs_gap_rect_false": round(abs(ref["value"] - flat[key]), 5)}

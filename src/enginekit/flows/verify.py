@@ -48,6 +48,7 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
         from enginekit.verification.ground_truth import LabelRequest
 
         labels = LabelRequest(Path(r.data), r.data_split, r.data_limit)
+        labels.check()  # a dataset without images in that split is refused before any work
     if r.kind == "onnx":
         reports = [verify_onnx_file(Path(r.target), r.reference, r.model, data, overrides, cache, spec=r.build,
                                     task_required=r.task_required, labels=labels)]

@@ -37,6 +37,16 @@ class LabelRequest:
     split: str = "val"
     limit: int | None = None
 
+    def check(self) -> None:
+        """Refuse (one line) a dataset that cannot be read or whose split has no images."""
+        from enginekit.datasets import load_dataset
+
+        dataset = load_dataset(self.source)
+        if dataset.classify_layout:
+            dataset.class_folders(self.split)
+        else:
+            dataset.images(self.split)
+
 
 class GroundTruth:
     """A labelled split for one model, scored per candidate (cached)."""

@@ -25,6 +25,19 @@ def check_weights_choice(weights: Any, random_init: bool, *, names: tuple[str, s
         raise UsageError(f"{names[0]} and {names[1]} exclude each other")
 
 
+def check_weights_path(weights: Path, adapter: ModelAdapter, what: str = "weights") -> None:
+    """A weights path that exists and is what the family reads: a regular file, or a folder where the
+    family loads model folders (``ModelAdapter.weights_folders``). A FIFO or a device is refused
+    before anything opens it (a read could block forever)."""
+    from enginekit.fsutil import refuse_special_file
+
+    if not weights.exists():
+        raise UsageError(f"{what} file not found: {weights}")
+    refuse_special_file(weights, what)
+    if weights.is_dir() and not getattr(adapter, "weights_folders", False):
+        raise UsageError(f"{what} {weights} is a folder: {adapter.variant} loads a checkpoint file ({adapter.family})")
+
+
 @dataclass
 class ModelRequest:
     """A model name, its weights (a file or folder; None: the family's published weights unless
@@ -47,8 +60,8 @@ class ModelRequest:
         self.adapter = resolve(self.name)
         if self.nms:
             self.adapter = self.adapter.with_nms()
-        if self.weights is not None and not self.weights.exists():
-            raise UsageError(f"weights file not found: {self.weights}")
+        if self.weights is not None:
+            check_weights_path(self.weights, self.adapter)
 
     @classmethod
     def recorded(cls, name: str, identity: str, *, nms: bool = False) -> Optional["ModelRequest"]:

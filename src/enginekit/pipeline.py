@@ -9,7 +9,6 @@ first stages need only names, hashes and versions.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,6 +21,7 @@ from enginekit import __version__
 from enginekit.calibration import CalibrationData
 from enginekit.cache import Cache, Entry, key_for, sha256_file
 from enginekit.errors import UsageError
+from enginekit.fsutil import json_text
 from enginekit.families import ModelAdapter
 from enginekit.families.base import LoadedModel
 from enginekit.model import ModelRequest
@@ -357,7 +357,7 @@ class Stages:
                 (tmp / PLAN_FILE).write_bytes(result.plan)
                 s.detail = f"{len(result.plan) / 2**20:.1f} MiB for {', '.join(result.targets) or result.gpu}"
             parity = verify(source.path) if verify is not None else {"checked": False, "reason": "no reference model"}
-            (tmp / "parity.json").write_text(json.dumps(parity, indent=2, sort_keys=True))
+            (tmp / "parity.json").write_text(json_text(parity, indent=2, sort_keys=True))  # strict JSON: NaN is null
             return {
                 **result.to_json(),
                 "source_onnx": {"sha256": source.sha256, "stage": source.stage},

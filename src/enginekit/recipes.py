@@ -40,6 +40,7 @@ RECIPE_SUFFIXES = (".yaml", ".yml")
 VERIFY_ONLY = ("images", "image_count", "require_engine", "task_required", "tolerances", "report_dir", "junit",
                "data", "data_limit", "data_split")  # VerifyRequest names
 DEFAULT_TARGETS = "default"  # a target set meaning: this GPU, else the backend's portable set
+CALIBRATION_OPTIONS = ("calib_data", "calib_count", "calib_method", "calib_cache", "exclude")  # BuildRequest names
 
 Loc = tuple[Union[str, int], ...]
 
@@ -61,7 +62,16 @@ class ModelSection(_Strict):
     weights: Optional[str] = None  # local checkpoint, relative to the recipe file (--weights)
     random_init: bool = False  # seeded random weights, no download: CI and offline use (--random-init)
     seed: int = 0  # --seed
-    opset: int = Field(18, ge=7)  # ONNX opset of the export
+    opset: int = 18  # ONNX opset of the export (--opset)
+
+    @field_validator("opset")
+    @classmethod
+    def _opset(cls, opset: int) -> int:
+        from enginekit.requests import OPSET_MAX, OPSET_MIN
+
+        if not OPSET_MIN <= opset <= OPSET_MAX:
+            raise _problem(("model", "opset"), f"opset {opset}: the exporter writes opsets {OPSET_MIN} to {OPSET_MAX}")
+        return opset
 
 
 class Calibration(_Strict):
@@ -172,11 +182,11 @@ class Builder(_Strict):
     @field_validator("workspace")
     @classmethod
     def _size(cls, workspace: Optional[str]) -> Optional[str]:
-        from enginekit.cache import parse_size
+        from enginekit.requests import workspace_bytes
 
         if workspace is not None:
             try:
-                parse_size(workspace)
+                workspace_bytes(workspace, "workspace")
             except UsageError as exc:
                 raise _problem(("builder", "workspace"), str(exc)) from None
         return workspace
@@ -321,6 +331,10 @@ class Recipe(_Strict):
         if extra.get("random_init"):
             options["weights"] = None
         options.update(extra)
+        if not precision_registry.get(cell.precision).calibrated:
+            # the recipe's calibration (and a --calib-* flag given with it) is for its calibrated cells
+            for name in CALIBRATION_OPTIONS:
+                options.pop(name, None)
         return options
 
     # -- how to verify ----------------------------------------------------------------
@@ -478,13 +492,24 @@ def _compose(text: str, file: str) -> tuple[Any, dict[Loc, int]]:
 # A recipe is a few keys a few levels deep; anything far beyond is not a recipe.
 MAX_RECIPE_CHARS = 1 << 20
 MAX_RECIPE_DEPTH = 32
+# Values once YAML aliases are expanded: a shipped recipe has about 60. Aliases let a few hundred
+# bytes stand for billions of values (9 anchors of 9 aliases each: 9**9), which every later walk
+# of the document (line numbers, validation) would expand.
+MAX_RECIPE_VALUES = 10_000
 
 
 def _check_depth(root: yaml.Node, file: str) -> None:
-    """Refuse a document nested deeper than MAX_RECIPE_DEPTH (iteratively: no recursion)."""
+    """Refuse a document nested deeper than MAX_RECIPE_DEPTH, or holding more than
+    MAX_RECIPE_VALUES values with its aliases expanded (iteratively: no recursion; the count
+    stops the walk, so an alias bomb is refused in bounded time)."""
     stack = [(root, 1)]
+    seen = 0
     while stack:
         node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_RECIPE_VALUES:
+            raise UsageError(f"{file}: more than {MAX_RECIPE_VALUES} values once its aliases (*name) are expanded; "
+                             "a recipe is a few dozen keys")
         if depth > MAX_RECIPE_DEPTH:
             raise UsageError(f"{file}:{node.start_mark.line + 1}: nested deeper than {MAX_RECIPE_DEPTH} levels")
         if isinstance(node, yaml.MappingNode):
@@ -750,15 +775,18 @@ def recipe_files(folder: Path) -> list[Path]:
 
 
 def list_recipes() -> list[RecipeRef]:
-    """Local recipes first (they shadow shipped ones of the same name), then shipped ones."""
+    """Local recipes first, then shipped ones; a local recipe replaces the shipped one of its name
+    (listed once, built once)."""
     refs: list[RecipeRef] = []
     seen: set[Path] = set()
+    names: set[str] = set()
     for origin, folder in (("local", local_dir()), ("shipped", shipped_dir())):
         if folder.resolve() == shipped_dir().resolve():
             origin = "shipped"  # run from the checkout itself
         for path in recipe_files(folder):
-            if path.resolve() not in seen:
+            if path.resolve() not in seen and path.stem not in names:
                 seen.add(path.resolve())
+                names.add(path.stem)
                 refs.append(RecipeRef(path.stem, path, origin))
     return refs
 
@@ -821,4 +849,14 @@ def collect_recipe_files(paths: list[str]) -> list[Path]:
             files.extend(found)
         else:
             files.append(find_recipe(item))
-    return files
+    unique: list[Path] = []
+    for path in files:  # a file named twice (a folder and a file in it): once
+        if all(path.resolve() != other.resolve() for other in unique):
+            unique.append(path)
+    by_name: dict[str, Path] = {}
+    for path in unique:
+        if path.stem in by_name:  # two recipes of one name would be two CI jobs of one name
+            raise UsageError(f"two recipes are named {path.stem}: {display_path(by_name[path.stem])} and "
+                             f"{display_path(path)}; a recipe's name is its file's, and names one job")
+        by_name[path.stem] = path
+    return unique

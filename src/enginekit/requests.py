@@ -47,6 +47,22 @@ def _output(value: Any, what: str, *, folder: bool = False) -> Any:
 
 
 
+# TensorRT takes a workspace limit as a 64-bit size: larger is no machine's and overflows its binding.
+WORKSPACE_MAX = 2**63 - 1
+
+
+def workspace_bytes(text: str, what: str = "--workspace") -> int:
+    """A builder workspace limit (``"4G"``) in bytes: more than 0, at most what TensorRT takes."""
+    from enginekit.cache import parse_size
+
+    size = parse_size(text)
+    if size <= 0:
+        raise UsageError(f"{what} {text}: a workspace of no bytes leaves the builder no memory; give like 4G")
+    if size > WORKSPACE_MAX:
+        raise UsageError(f"{what} {text}: more than TensorRT takes (at most {WORKSPACE_MAX} bytes, 8 EiB); give like 4G")
+    return size
+
+
 def _choice(value: Any, choices: tuple[str, ...], what: str) -> Any:
     if value is not None and value not in choices:
         raise UsageError(f"unknown {what} {value!r}: choose {', '.join(choices)}")
@@ -257,9 +273,7 @@ class BuildRequest(_ModelOptions):
     @classmethod
     def _size(cls, value: Optional[str]) -> Optional[str]:
         if value is not None:
-            from enginekit.cache import parse_size
-
-            parse_size(value)
+            workspace_bytes(value)
         return value
 
     @model_validator(mode="after")
@@ -267,6 +281,22 @@ class BuildRequest(_ModelOptions):
         if self.repair and (self.is_file or not precisions.get(self.precision).repairable):
             can = " and ".join(precisions.names(repairable=True))
             raise UsageError(f"--repair works on {can} builds of a model name (it needs the PyTorch reference)")
+        if self.tolerances and not self.repair:
+            # the build's own parity note uses the family's limits; --tol gates what --repair keeps
+            raise UsageError("--tol sets the gates of --repair: add --repair, or give --tol to "
+                             "`enginekit verify`, which gates the engine")
+        mode = precisions.get(self.precision)
+        if not mode.calibrated:
+            given = [flag for flag, value in (("--calib-data", self.calib_data), ("--calib-cache", self.calib_cache),
+                                              ("--calib-method", self.calib_method), ("--exclude", self.exclude))
+                     if value]
+            if "calib_count" in self.model_fields_set and self.calib_count != 8:
+                given.append("--calib-count")
+            if given:
+                calibrated = ", ".join(precisions.names(calibrated=True))
+                raise UsageError(f"{', '.join(given)} calibrate{'s' if len(given) == 1 else ''} {calibrated} builds; "
+                                 f"a {self.precision} build has nothing to calibrate: drop "
+                                 f"{'it' if len(given) == 1 else 'them'} or build --precision int8")
         if self.nms and self.is_file:
             raise UsageError("--nms applies to a model name: an ONNX file is built as it is (export it with --nms)")
         return self

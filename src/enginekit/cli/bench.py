@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from enginekit.fsutil import json_text
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
         plans = [bench.prepare(s) for s in settings]
         reports, e2e_rows = _measure_with_progress(plans, image_path)
         if as_json:
-            typer.echo(json.dumps(_json(reports, e2e_rows, image_path, image_hw), indent=2))
+            typer.echo(json_text(_json(reports, e2e_rows, image_path, image_hw), indent=2))
         else:
             for report in reports:
                 _render(report)

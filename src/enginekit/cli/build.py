@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
 
           enginekit build depth --random-init --profile 1x3x392x392 --precision fp16
 
-          enginekit build model.onnx --precision int8 --calib-data images/ --calib-cache yolo.calib
+          enginekit build model.onnx --profile 1x3x640x640 --precision int8 --calib-data images/ --calib-cache yolo.calib
 
           enginekit build yolo12n --random-init --backend tensorrt-rtx --target-cc 8.6,8.9,12.0
         """

@@ -109,6 +109,21 @@ def print_error(message: str) -> None:
     console.print(line, soft_wrap=True, highlight=False, emoji=False, markup=False)
 
 
+def failure_summary(failures: list[str], shown: int = 3) -> str:
+    """Failed checks (``"artifact: check = value (limit ...)"``) for one error line: a check that failed
+    alike on several artifacts (a reference with nothing to compare fails every graph the same way)
+    is said once, with the artifacts it failed on; at most ``shown`` of them, then how many more."""
+    groups: dict[str, list[str]] = {}
+    for text in failures:
+        artifact, sep, what = str(text).partition(": ")
+        if not sep:
+            artifact, what = "", artifact
+        groups.setdefault(what, []).append(artifact)
+    items = [f"{', '.join(a for a in dict.fromkeys(artifacts) if a)}: {what}" if any(artifacts) else what
+             for what, artifacts in groups.items()]
+    return "; ".join(items[:shown]) + (f"; and {len(items) - shown} more" if len(items) > shown else "")
+
+
 def quiet_third_party() -> None:
     """Keep library chatter (Ultralytics banners, tracer warnings) off the terminal."""
     import logging

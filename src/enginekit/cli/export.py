@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -47,7 +46,7 @@ def register(app: typer.Typer) -> None:
           enginekit export depth --input 1x3x518x518 --weights depth_anything_v2_vits.pth
         """
         from enginekit import api
-        from enginekit.fsutil import atomic_write_text, check_output_path
+        from enginekit.fsutil import atomic_write_text, check_output_path, json_text
         from enginekit.requests import ExportRequest
 
         check_output_path(report, "--report")
@@ -63,9 +62,11 @@ def register(app: typer.Typer) -> None:
         if result.fp16_share is not None:
             console.print(f"  FP16 share of initializer elements: {result.fp16_share:.1%}")
         if report is not None:
-            atomic_write_text(report, json.dumps(result.to_json(), indent=2) + "\n")
+            atomic_write_text(report, json_text(result.to_json(), indent=2) + "\n")
         if not result.passed:
             from enginekit.errors import ParityError
 
-            raise ParityError("parity gate failed: " + "; ".join(result.failures()) + " (nothing written)")
+            from enginekit.cli.common import failure_summary
+
+            raise ParityError(f"parity gate failed: {failure_summary(result.failures())} (nothing written)")
         emit(str(result.output))

@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         iou: Annotated[float, typer.Option("--iou", help="NMS IoU threshold.")] = 0.7,
         max_frames: Annotated[Optional[int], typer.Option("--max-frames", help="Stop after this many frames.")] = None,
         device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda:N (default: the backend's).")] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="Print what each model found, per frame, as JSON on stdout (as results.json's frames).")] = False,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
     ) -> None:
@@ -52,11 +53,12 @@ def register(app: typer.Typer) -> None:
         summary = run_predict(models, source, save=save, backend=backend, precision=precision,
                               weights=weights or [], random_init=random_init, seed=seed, conf=conf, iou=iou,
                               max_frames=max_frames, device=device)
-        _render(summary, save)
+        _render(summary, save, json_out, source)
 
 
-def _render(summary: dict, save: Path | None) -> None:
-    """Per-stage timings per model on stderr; the folder written, if any, on stdout."""
+def _render(summary: dict, save: Path | None, json_out: bool = False, source: str = "") -> None:
+    """Per-stage timings per model on stderr; on stdout the folder written, if any, or with ``--json``
+    every frame's results (and the folder, as ``save``)."""
     from rich.table import Table
 
     from enginekit.cli.render import console, emit
@@ -67,5 +69,13 @@ def _render(summary: dict, save: Path | None) -> None:
     for model, t in summary["models"].items():
         table.add_row(model, *(f"{t[k]:.2f}" for k in ("preprocess_ms", "infer_ms", "postprocess_ms")))
     console.print(table)
-    if save is not None:
+    console.print("  timings exclude one untimed warm-up frame (start-up: imports, kernels, allocations)")
+    if json_out:
+        from enginekit.fsutil import json_text
+
+        frames = summary.get("records", [])
+        stats = {k: v for k, v in summary.items() if k != "records"}
+        emit(json_text({"source": source, "save": str(save) if save is not None else None, "summary": stats,
+                        "frames": frames}, indent=2))
+    elif save is not None:
         emit(str(save))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from enginekit.fsutil import json_text
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         Example: [bold]enginekit recipes ls --json[/]
         """
         if as_json:
-            typer.echo(json.dumps(recipe_rows(), indent=2))
+            typer.echo(json_text(recipe_rows(), indent=2))
         else:
             list_recipes_table()
 
@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
         jobs = matrix_jobs(paths or [])
         if not jobs:
             raise UsageError("no recipes found: give recipe files or folders")
-        emit(json.dumps({"include": jobs} if fmt == "github" else jobs, separators=(",", ":")))
+        emit(json_text({"include": jobs} if fmt == "github" else jobs, separators=(",", ":")))
 
 
 def recipe_rows() -> list[dict]:

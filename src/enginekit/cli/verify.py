@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (NmsOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt,
+from enginekit.cli.common import (NmsOpt, failure_summary, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt,
                                   handles_errors, quiet_third_party)
 
 
@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
         `build` finds (or builds) that same engine.
         """
         from enginekit import api
-        from enginekit.errors import ParityError
+        from enginekit.errors import ParityError, UsageError
 
         quiet_third_party()
         if target is not None and target.endswith((".yaml", ".yml")):  # a recipe: every cell in it
@@ -82,14 +82,38 @@ def register(app: typer.Typer) -> None:
                 flags.pop(key, None)
             outcomes = verify_recipe(target, flags, report_dir=report, junit=junit)
         else:
-            from enginekit.requests import VerifyRequest
+            from enginekit.requests import VerifyRequest, _target_kind
 
+            kind = _target_kind(target, reference)
+            ignored = [flag for flag, given in (
+                ("--precision", precision is not None and kind in ("all", "key")),
+                ("--profile", bool(profile) and kind != "model"),
+                ("--backend", backend != "auto" and kind != "model"),
+                ("--target-cc", target_cc is not None and kind != "model"),
+                ("--workspace", workspace is not None and kind != "model"),
+                ("--opt-level", opt_level is not None and kind != "model"),
+                ("--calib-data", calib_data is not None and kind != "model"),
+                ("--calib-count", calib_count != 8 and kind != "model"),
+                ("--calib-method", calib_method is not None and kind != "model"),
+                ("--calib-cache", calib_cache is not None and kind != "model"),
+                ("--exclude", bool(exclude) and kind != "model"),
+                ("--repair", repair and kind != "model"),
+                ("--nms", nms and kind != "model"),
+                ("--weights", weights is not None and kind in ("all", "key")),
+                ("--random-init", random_init and kind in ("all", "key")),
+                ("--seed", seed != 0 and kind in ("all", "key")),
+            ) if given]
+            if ignored:
+                what = {"all": "every cached engine (no target)", "key": f"a cache entry ({target})",
+                        "onnx": f"an ONNX file ({target})"}[kind]
+                raise UsageError(f"{', '.join(ignored)} appl{'ies' if len(ignored) == 1 else 'y'} to verify of a model "
+                                 f"name; {what} is checked as it was made: drop {'it' if len(ignored) == 1 else 'them'}")
             build_options = {"profiles": profile or [], "weights": weights, "random_init": random_init, "seed": seed}
-            if target is not None and not target.endswith(".onnx"):
+            if kind == "model":
                 build_options.update(backend=backend, target_cc=target_cc, workspace=workspace, opt_level=opt_level,
                                      calib_data=calib_data, calib_count=calib_count, calib_method=calib_method,
                                      calib_cache=calib_cache, exclude=exclude or [], repair=repair,
-                                     tolerances=tol or [], nms=nms)
+                                     tolerances=(tol or []) if repair else [], nms=nms)
             request = VerifyRequest(target=target, precision=precision, images=images, image_count=image_count,
                                     data=data, data_limit=data_limit, data_split=data_split,
                                     report_dir=report, junit=junit, tolerances=tol or [], reference=reference,
@@ -100,7 +124,7 @@ def register(app: typer.Typer) -> None:
             _render(outcome)
         if not all(o.passed for o in outcomes):
             failed = [str(c) for o in outcomes for r in o.reports for c in r.failures()]
-            raise ParityError(f"{len(failed)} check(s) failed: " + "; ".join(failed[:3]) + (" ..." if len(failed) > 3 else ""))
+            raise ParityError(f"{len(failed)} check(s) failed: {failure_summary(failed)}")
 
 
 def _render(outcome) -> None:

@@ -76,6 +76,8 @@ class Export(ABC):
 
     #: the library that builds the model (its version enters the export key: ``pipeline.model_versions``)
     framework: str = ""
+    #: ``--weights`` may name a model folder (transformers' layout), not only a checkpoint file
+    weights_folders: bool = False
     input_name: str = ""
     output_names: tuple[str, ...] = ()
     #: the shape ``enginekit export`` uses when none is given (N, C, H, W)

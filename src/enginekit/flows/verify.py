@@ -51,6 +51,7 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
         labels.check()  # a dataset without images in that split is refused before any work
     if r.kind == "onnx":
         reports = [verify_onnx_file(Path(r.target), r.reference, r.model, data, overrides, cache, spec=r.build,
+                                    precision=r.precision,
                                     task_required=r.task_required, labels=labels)]
     else:
         found = entries_to_verify(r, cache)
@@ -325,17 +326,23 @@ def verify_engine(entry, pipe, refs, gates, metadata, precision, checked=()):
 
 
 def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=None, *, task_required: bool = True,
-                     labels=None):
-    """Any ONNX against its PyTorch model: an enginekit-written ONNX names its model and weights."""
+                     precision: str | None = None, labels=None):
+    """Any ONNX against its PyTorch model: an enginekit-written ONNX names its model and weights.
+
+    A graph is checked at the precision its metadata records; ``precision`` (``--precision``) names
+    it for a graph that records none, and is refused where it contradicts the recorded one."""
     from enginekit.compare.gate import Gates, VerifyReport, check_candidate
     from enginekit.onnx.graph import input_dims, load_model, output_names
     from enginekit.pipeline import Stages
     from enginekit.verification.references import get_references
 
-    if not path.is_file():
-        raise UsageError(f"ONNX file not found: {path}")
-    onnx_model = load_model(path)
+    onnx_model = load_model(path)  # missing, a folder, a FIFO or not ONNX: one line
     metadata = onnx_metadata(path)
+    # enginekit writes "precision" into FP16 and quantized graphs; its FP32 exports record none
+    recorded = metadata.get("precision") or ("fp32" if metadata.get("enginekit_version") else None)
+    if precision is not None and recorded is not None and precision != recorded:
+        raise UsageError(f"{path.name} is an {recorded} graph (its metadata says so), not {precision}: "
+                         f"drop --precision, or give the {precision} graph")
     request = onnx_model_request(path, metadata, model, reference, spec)
     adapter = request.adapter
     dims = input_dims(onnx_model)
@@ -352,7 +359,7 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
     profile = {adapter.input_name: {"min": list(opt), "opt": list(opt), "max": list(opt)}}
     pipe = Stages(request, cache)
     refs = get_references(pipe, [profile], data)
-    precision = metadata.get("precision", "fp32")
+    precision = recorded or precision or "fp32"
     report = VerifyReport(adapter.variant, None, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
     try:
         gates = Gates(adapter, overrides, task_required=task_required)

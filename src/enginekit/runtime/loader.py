@@ -197,6 +197,9 @@ def plan_load(target, precision: str = "fp32", backend: str = "auto", *, weights
         raise UsageError(f"unknown precision {precision!r}: choose {', '.join(PRECISIONS)}")
     if device is not None and not re.fullmatch(r"cpu|cuda(:[0-9]{1,3})?", device):
         raise UsageError(f"--device {device!r}: expected cpu, cuda or cuda:N")
+    if device is not None and device.startswith("cuda") and _gpu() is None:  # asked for: never the CPU instead
+        raise CapabilityError(f"--device {device}: this machine has no GPU that CUDA can use (`enginekit doctor` "
+                              "says why); leave --device out, or give cpu")
     for flag, value in (("--conf", conf), ("--iou", iou)):
         if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):  # NaN fails this too
             raise UsageError(f"{flag} {value}: expected a number from 0 to 1")
@@ -209,6 +212,8 @@ def plan_load(target, precision: str = "fp32", backend: str = "auto", *, weights
     dev = chosen.default_device(device)
     if chosen.runs_on == "gpu" and dev.startswith("cpu"):
         raise UsageError(f"the {chosen.name} backend runs on a GPU, not on {dev}")
+    if chosen.runs_on == "cpu" and dev.startswith("cuda"):
+        raise UsageError(f"the {chosen.name} backend runs on the CPU, not on {dev}")
     if not t.model:
         raise UsageError(f"{t.label} does not say which model it is: enginekit runs the graphs it wrote")
     adapter = resolve(t.model)

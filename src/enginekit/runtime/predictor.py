@@ -21,15 +21,17 @@ def processor_for(adapter):
 
 
 def read_image(path) -> np.ndarray:
-    """BGR uint8 HxWx3, as OpenCV reads it; UsageError for a missing or unreadable file."""
-    import cv2
+    """BGR uint8 HxWx3, as OpenCV reads it; UsageError for a missing, unreadable or truncated file."""
+    from enginekit.fsutil import refuse_special_file
+    from enginekit.images import read_bgr
 
     p = Path(path)
+    refuse_special_file(p, "image")
     if not p.is_file():
         raise UsageError(f"image not found: {p}")
-    img = cv2.imread(str(p), cv2.IMREAD_COLOR)
+    img, problem = read_bgr(p)
     if img is None:
-        raise UsageError(f"not a readable image: {p}")
+        raise UsageError(f"not a readable image: {p}" + (f" ({problem})" if problem != "not a readable image" else ""))
     return img
 
 

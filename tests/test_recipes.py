@@ -85,7 +85,8 @@ def test_bad_recipe_is_one_line_naming_file_line_and_key(run_cli, tmp_path, case
 
 
 @pytest.mark.parametrize("text, needles", [
-    ("model: {variant: yolo12n}\nprofiles: [1x3x640x640, 1x3x320x320]\n", [":2:", "profiles", "one H x W"]),
+    # YOLO detectors take any H x W (each profile its own); RT-DETR exports at one
+    ("model: {variant: rtdetr-l}\nprofiles: [1x3x640x640, 1x3x320x320]\n", [":2:", "profiles", "one H x W"]),
     ("model: {variant: yolo12n}\nprecisions: [fp16, fp4]\n", [":2:", "precisions[1]", "'fp4'"]),
     ("model: {variant: yolo12n}\nprecisions: [fp16, fp8]\nbackend: tensorrt-rtx\ntargets: ['8.6,8.9']\n",
      [":4:", "targets[0]", "fp8", "8.6"]),

@@ -143,3 +143,36 @@ def load_images(source: Path | None = None, *, limit: int | None = None) -> Imag
     if not result.images:
         raise UsageError(f"no readable images in {source} ({len(result.skipped)} broken)")
     return result
+
+
+def write_video(path: Path, frames: int, size: tuple[int, int] = (1080, 1920), fps: float = 30.0) -> Path:
+    """A video of ``frames`` frames at ``size`` (H, W) made from the embedded photographs: each photograph
+    fills the frame (cropped to its aspect ratio) and the view pans and zooms a little from frame to frame,
+    so no two frames are equal; a new photograph every 30 frames. MJPG in .avi, MP4V otherwise (OpenCV's
+    own encoders: nothing to install). For streaming benchmarks, where a real decoder must read frames."""
+    import cv2
+
+    photos = [cv2.imread(str(p), cv2.IMREAD_COLOR) for p in embedded_image_paths()]
+    photos = [p for p in photos if p is not None]
+    if not photos:
+        raise UsageError("no embedded photograph found: install ultralytics or scikit-image")
+    h, w = size
+    path = Path(path)
+    fourcc = cv2.VideoWriter_fourcc(*("MJPG" if path.suffix.lower() == ".avi" else "mp4v"))
+    writer = cv2.VideoWriter(str(path), fourcc, fps, (w, h))
+    if not writer.isOpened():
+        raise UsageError(f"OpenCV cannot write a video at {path}")
+    try:
+        for i in range(frames):
+            photo = photos[(i // 30) % len(photos)]
+            ph, pw = photo.shape[:2]
+            zoom = 1.0 + 0.1 * ((i % 30) / 30.0)  # the crop narrows: a slow zoom
+            crop_w = min(pw, ph * w / h) / zoom
+            crop_h = crop_w * h / w
+            x0 = (pw - crop_w) * ((i % 30) / 29.0 if ph else 0)  # and pans left to right
+            y0 = (ph - crop_h) / 2
+            window = photo[int(y0):int(y0 + crop_h), int(x0):int(x0 + crop_w)]
+            writer.write(cv2.resize(window, (w, h), interpolation=cv2.INTER_LINEAR))
+    finally:
+        writer.release()
+    return path

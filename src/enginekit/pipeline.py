@@ -131,10 +131,13 @@ class Stages:
             "stage": "export",
             "model": self.adapter.variant,
             "weights": self.request.weights_identity,
-            "shape": format_shape(shape),
+            "shape": format_shape(self.adapter.trace_shape(shape)),
             "opset": opset,
             "versions": model_versions(self.adapter),
         }
+        identity = self.adapter.identity()  # a user module's source, declared outputs and preprocessing
+        if identity:
+            parts["identity"] = identity
         if self.adapter.nms is not None:  # a graph ending in NMS is another graph (absent: the keys of before)
             parts["nms"] = self.adapter.nms.to_json()
         # which axes stay symbolic: a YOLO graph takes any H x W since export keys held them (batch only before)
@@ -147,7 +150,7 @@ class Stages:
         self.adapter.constraint.check(shape, what="--input")
 
         def produce(tmp: Path) -> dict:
-            export_onnx(self.adapter, self.loaded, shape, tmp / ONNX_FILE, opset=opset)
+            export_onnx(self.adapter, self.loaded, self.adapter.trace_shape(shape), tmp / ONNX_FILE, opset=opset)
             return {"weights": self.loaded.weights.identity}
 
         return self.stage("export", self.export_parts(shape, opset), produce, "export")
@@ -155,7 +158,7 @@ class Stages:
     def simplify(self, source: Artifact, shape: Shape, tool: str = "onnxsim") -> Artifact:
         from enginekit.stages.simplify import simplify_onnx
 
-        shapes = self.check_shapes(shape)
+        shapes = self.check_shapes(self.adapter.trace_shape(shape) if self.adapter else shape)
         parts = {"stage": "simplify", "input": source.sha256, "tool": tool, "tool_version": package_version(tool),
                  "checked": [format_shape(s) for s in shapes]}
 

@@ -95,6 +95,7 @@ def _register() -> None:
     for module in (models, export, simplify, build, cache, verify, bench, doctor, recipes):
         module.register(app)
     __import__("enginekit.cli.predict", fromlist=["register"]).register(app)  # runtime verb (issue 9)
+    __import__("enginekit.cli.tune", fromlist=["register"]).register(app)  # settings for a frame budget (issue 18)
 
 
 _register()

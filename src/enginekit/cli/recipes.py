@@ -145,9 +145,18 @@ def given_flags(params: dict) -> dict:
             continue
         if name == "no_verify":
             given["verify"] = not value
+        elif name in _DECLARATION:  # --task, --outputs...: over the recipe's model declaration
+            given.setdefault("declared", {})[name] = value
         else:
             given[_FLAG_TO_KWARG.get(name, name)] = value
+    if "declared" in given:
+        from enginekit.cli.common import declared_of
+
+        given["declared"] = declared_of(given["declared"])
     return given
+
+
+_DECLARATION = ("task", "outputs", "size", "dynamic", "mean", "std", "resize", "bgr", "classes")
 
 
 def _click_context():

@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (NmsOpt, failure_summary, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt,
+from enginekit.cli.common import (BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt,
+                                  declared_of, NmsOpt, failure_summary, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt,
+                                  SeedOpt, TrustOpt, WeightsOpt,
                                   handles_errors, quiet_third_party)
 
 
@@ -27,7 +29,7 @@ def register(app: typer.Typer) -> None:
         junit: Annotated[Optional[Path], typer.Option("--junit", help="JUnit XML path (one test case per artifact x check).")] = None,
         tol: Annotated[Optional[list[str]], typer.Option("--tol", help="Override a tolerance: rel_l2=1e-3, fp16.map50=0.9 (repeatable).")] = None,
         reference: Annotated[Optional[Path], typer.Option("--reference", help="With an ONNX file: its PyTorch checkpoint.")] = None,
-        model: Annotated[Optional[str], typer.Option("--model", help="With an ONNX file that does not name its model.")] = None,
+        model: Annotated[Optional[str], typer.Option("--model", help="With an ONNX file that does not name its model (or a hand-exported one: torchvision:NAME, file.py:factory...).")] = None,
         require_engine: Annotated[bool, typer.Option("--require-engine", help="Fail (exit 3) if the engine cannot run here (GPU CI).")] = False,
         task_required: Annotated[bool, typer.Option("--task-required/--task-optional", help="--task-optional: where the reference has nothing to compare on the photographs (random-weight detectors find nothing), say so instead of failing; parity is gated as always.")] = True,
         backend: Annotated[str, typer.Option("--backend", help="With a model name: as build's (auto, tensorrt, tensorrt-rtx).")] = "auto",
@@ -47,6 +49,15 @@ def register(app: typer.Typer) -> None:
         nms: NmsOpt = False,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
+        task: TaskOpt = None,
+        outputs: OutputsOpt = None,
+        size: SizeOpt = None,
+        dynamic: DynamicOpt = None,
+        mean: MeanOpt = None,
+        std: StdOpt = None,
+        resize: ResizeOpt = None,
+        bgr: BgrOpt = False,
+        classes: ClassesOpt = None,
     ) -> None:
         """Check engines and every ONNX artifact they came from against the PyTorch model.
 
@@ -108,7 +119,8 @@ def register(app: typer.Typer) -> None:
                         "onnx": f"an ONNX file ({target})"}[kind]
                 raise UsageError(f"{', '.join(ignored)} appl{'ies' if len(ignored) == 1 else 'y'} to verify of a model "
                                  f"name; {what} is checked as it was made: drop {'it' if len(ignored) == 1 else 'them'}")
-            build_options = {"profiles": profile or [], "weights": weights, "random_init": random_init, "seed": seed}
+            build_options = {"profiles": profile or [], "weights": weights, "random_init": random_init, "seed": seed,
+                             "declared": declared_of(locals())}
             if kind == "model":
                 build_options.update(backend=backend, target_cc=target_cc, workspace=workspace, opt_level=opt_level,
                                      calib_data=calib_data, calib_count=calib_count, calib_method=calib_method,

@@ -182,10 +182,10 @@ def adapter_from_onnx(path: Path):
     meta = get_metadata(load_model(path))
     name = meta.get("model")
     if name:
-        from enginekit.families import resolve
+        from enginekit.families.registry import resolve_recorded
 
         try:
-            return resolve(name), name
+            return resolve_recorded(name, meta), name
         except UsageError:
             pass
     return None, path.stem

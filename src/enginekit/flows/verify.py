@@ -399,16 +399,20 @@ def onnx_model_request(path: Path, metadata: dict, model, reference, spec):
     weights = Path(reference) if reference is not None else (spec.weights if spec is not None else None)
     random_init = bool(spec is not None and spec.random_init)
     seed = spec.seed if spec is not None else 0
+    from enginekit.families.registry import recorded_declaration
+
     recorded = metadata.get("weights", "")
     nms = metadata.get("nms") == "True"  # a graph ending in NMS is compared with the same model in the same NMS
+    # the declaration the graph records (a user's --task, --outputs...), then the request's own on top
+    declared = {**recorded_declaration(metadata), **(spec.declared if spec is not None else {})}
     if weights is None and not random_init:  # reproducible: the same seeded architecture, or the hub's weights
-        request = ModelRequest.recorded(name, recorded, nms=nms)
+        request = ModelRequest.recorded(name, recorded, nms=nms, declared=declared)
         if request is None:
             known = f" (it was exported from weights {recorded[:23]})" if recorded else ""
             raise UsageError(f"verify of {path.name} needs its PyTorch weights: pass --weights CHECKPOINT or "
                              f"--random-init{known}")
     else:
-        request = ModelRequest(name, weights, random_init, seed, nms=nms)
+        request = ModelRequest(name, weights, random_init, seed, nms=nms, declared=declared)
     if recorded and model in (None, metadata.get("model")):
         if not request.matches(recorded):
             given = f"--weights {weights.name}" if weights is not None else (

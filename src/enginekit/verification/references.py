@@ -89,6 +89,9 @@ def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: in
         parts["nms"] = adapter.nms.to_json()
     if adapter.rect_hw(photo_shape[2:], photo_shape[2:]) is not None:  # each photograph at its rectangle too
         parts["letterbox"] = "rect/1"
+    identity = adapter.identity()  # a user module's source, declared outputs and preprocessing
+    if identity:
+        parts["identity"] = identity
 
     def produce(tmp: Path) -> dict:
         cases = _compute(pipe, images, photo_shape, random_shapes, seed)

@@ -53,7 +53,7 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
               "method": calib_method if precision == "int8" else None, "exclude": sorted(exclude)}
 
     refs = ReferenceCache(pipe.adapter, pipe.loaded)
-    cases = parity_inputs(pipe.adapter, shape, load_images(folder, limit=4), photos=4)
+    cases = parity_inputs(pipe.adapter, shape, load_images(folder, limit=4), photos=4, rect=False)  # trials: full size
 
     def check(artifact):
         result = check_onnx(refs, artifact.path, cases, precision, gates=gates)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -127,7 +125,7 @@ def test_engine_reports_it_cannot_run_here(cache):
 
     outcome = build(cache, "yolo12n", profiles=["1x3x320x320"])
     ok, reason = can_run_here(resolve_backend("tensorrt-rtx"), outcome.manifest, gpu=None)
-    assert not ok and "no GPU" in reason and "1.7" in reason
+    assert not ok and "no GPU" in reason and outcome.manifest["backend_version"] in reason  # the installed version
     other_version = dict(outcome.manifest, backend_version="1.6.0.1")
     from enginekit.trt.backends import GpuInfo
 
@@ -178,25 +176,8 @@ def test_two_concurrent_builds_build_once(tmp_path):
     assert sorted("built" in line for line in engine_lines) == [False, True], engine_lines
 
 
-@pytest.mark.parametrize("delay", [0.5, 3.0, 6.0])
-def test_sigkill_leaves_no_valid_half_entry(tmp_path, delay):
-    from enginekit.cache import Cache
-
-    root = tmp_path / "cache"
-    env = dict(os.environ, ENGINEKIT_CACHE=str(root))
-    args = [sys.executable, "-m", "enginekit", "build", "yolo12n", "--random-init", "--profile", "1x3x256x256",
-            "--no-verify"]
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    time.sleep(delay)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    cache = Cache(root)
-    for info in cache.ls():
-        assert info.valid, info  # complete entries only: half-built ones were never published
-        assert (root / info.kind / info.key / "manifest.json").is_file()
-    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr
-    assert all(info.valid for info in cache.ls())
+# A builder killed mid-build (SIGKILL) leaves no entry: test_cache.py's test_killed_builder_leaves_no_entry
+# kills it at a known point, where a sleep here could only guess one.
 
 
 def test_corrupt_engine_is_reported_and_rebuilt(run_cli, tmp_path):

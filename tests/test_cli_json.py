@@ -66,9 +66,21 @@ def test_recipes_ls_json_reports_shipped_and_broken_local_ones(run_cli, tmp_path
 
 
 def test_doctor_json_lists_every_gpu(run_cli):
-    result = run_cli("doctor", "--json", env={"CUDA_VISIBLE_DEVICES": ""})
+    """Two GPUs through a stand-in NVML (tests/fake_nvml), in CUDA_VISIBLE_DEVICES order; none when hidden."""
+    import os
+
+    fake = str(Path(__file__).parent / "fake_nvml")
+    path = os.pathsep.join(p for p in (fake, os.environ.get("PYTHONPATH")) if p)
+    result = run_cli("doctor", "--json", env={"PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": "1,0"})
     assert result.code == 0, result.stderr
     data = json.loads(result.stdout)
+    assert [(g["name"], g["compute_capability"], g["index"]) for g in data["gpus"]] == [
+        ("NVIDIA L4", "8.9", 1), ("NVIDIA H100 80GB HBM3", "9.0", 0)]
+    assert data["gpus"][1]["memory_bytes"] == 85899345920
+    assert data["gpu"] == {"name": "NVIDIA L4", "compute_capability": "8.9"}  # the first CUDA would use
+    hidden = run_cli("doctor", "--json", env={"PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""})
+    assert hidden.code == 0, hidden.stderr
+    data = json.loads(hidden.stdout)
     assert data["gpus"] == [] and data["gpu"] is None
 
 

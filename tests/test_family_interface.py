@@ -72,6 +72,7 @@ def test_a_new_family_gate_fails_a_candidate_that_changes_its_classes():
     adapter = resolve("tiny-colours")
     logits = np.zeros((2, 3, 32, 32), np.float32)
     logits[:, 0, :, :16], logits[:, 1, :, 16:], logits[:, 2, 8:24, 8:24] = 3, 3, 6
+    logits[1] *= 1.5  # each photograph its own logits (the same classes): a reference that depends on its input
     cases = [Case(f"photo {i}", "photo", {"images": np.full(1, i, np.float32)}, {"logits": logits[i:i + 1]})
              for i in range(2)]
     swapped = logits[:, [1, 0, 2]]  # red and green exchanged

@@ -473,3 +473,33 @@ def test_entropy_calibration_at_320_loses_detections(trained, tmp_path):
     assert not outcome.passed
     assert "task recall" in {c.name for c in report.failures()}
     assert 0.85 < art.task["recall"] < 0.95, art.task
+
+
+def scale_largest_weight(src, dst, share: float = 0.1, factor: float = -3.0):
+    """A tenth of the largest weight tensor multiplied by -3. On a random-weight yolo12n this left every
+    parity figure as it was (boxes rel L2 2.4e-8, scores 5.3e-4: its outputs hardly depend on its weights);
+    the comparison now says such a reference compares nothing (tests/test_comparison_guard.py)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(src))
+    floats = [i for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
+    largest = max(floats, key=lambda i: int(np.prod(i.dims)))
+    arr = numpy_helper.to_array(largest).copy()
+    flat = arr.reshape(-1)
+    flat[: max(1, int(share * flat.size))] *= factor
+    largest.CopyFrom(numpy_helper.from_array(arr, largest.name))
+    onnx.save(model, str(dst))
+    return dst
+
+
+def test_a_tampered_weight_tensor_fails_parity(trained, tmp_path):
+    """The tamper that a random-weight YOLO could not show: on the trained detector, it fails its parity."""
+    bad = scale_largest_weight(trained["fp32"], tmp_path / "tampered.onnx")
+    outcome = _verify(trained, bad, tmp_path)
+    (report,) = outcome.reports
+    assert not outcome.passed
+    failed = {c.name for c in report.failures()}
+    assert {"parity boxes rel_l2", "parity scores rel_l2"} & failed, failed
+    assert not any("nothing to compare" in name for name in failed)  # the reference depends on its input
+    assert not report.artifacts[0].parts["boxes"].get("constant") and not report.artifacts[0].parts["scores"].get("constant")

@@ -121,19 +121,30 @@ def test_depth_equals_pytorch_output_resized(small_photo, cache):
     assert np.std(ref) > 0  # a constant map would compare nothing
 
 
-def test_onnxruntime_cpu_and_torch_cpu_agree(yolo_onnx, cache):
+def test_onnxruntime_cpu_and_torch_cpu_agree(trained_detector, detector_images, cache):
+    """Two backends, one trained detector: the same detections, scores within 1e-4 of each other where
+    the scores themselves spread over tenths (a random YOLO's all sit near 1e-4: no check at all)."""
+    import cv2
+
     import enginekit
 
-    ort_p = enginekit.load(str(yolo_onnx), backend="onnxruntime-cpu", conf=1e-4, max_det=50)
-    torch_p = enginekit.load("yolo12n", random_init=True, backend="torch", device="cpu", conf=1e-4, max_det=50,
-                             cache=cache)
+    kw = dict(weights=trained_detector.weights, conf=0.05, max_det=50, cache=cache)
+    ort_p = enginekit.load(trained_detector.model, backend="onnxruntime-cpu", **kw)
+    torch_p = enginekit.load(trained_detector.model, backend="torch", device="cpu", **kw)
     assert (ort_p.backend, torch_p.backend) == ("onnxruntime-cpu", "torch")
-    bgr = __import__("cv2").imread(str(_bus()))
-    a, b = ort_p([bgr, bgr[:400]]), torch_p([bgr, bgr[:400]])
+    shapes = sorted(p for p in Path(detector_images).iterdir() if p.suffix == ".png")[:2]
+    frames = [cv2.imread(str(p)) for p in shapes]
+    frames.append(frames[0][:400, 80:])  # not square
+    a, b = ort_p(frames), torch_p(frames)
+    scores = np.concatenate([y.scores for y in b])
+    assert len(scores) >= 5 and scores.max() - scores.min() > 0.3, scores  # something to compare
     for x, y in zip(a, b):
+        if len(y) == 0:  # the crop may hold no shape: then neither finds one
+            assert len(x) == 0
+            continue
         _same_detections(x, y.boxes, y.scores, y.class_ids, iou=0.999, score_tol=1e-4)
     # the same image given as RGB with rgb=True gives the same result
-    rgb = np.ascontiguousarray(bgr[..., ::-1])
+    rgb = np.ascontiguousarray(frames[0][..., ::-1])
     c = ort_p(rgb, rgb=True)
     np.testing.assert_allclose(c.boxes, a[0].boxes, atol=1e-3)
     assert json.loads(json.dumps(c.to_json()))["kind"] == "detections"

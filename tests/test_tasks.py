@@ -123,10 +123,12 @@ def seg_outputs(batch: int = 2, nm: int = 4):
     proto = -np.ones((batch, nm, 40, 40), dtype=np.float32)
     for q in range(nm):
         proto[:, q, 20 * (q // 2):20 * (q // 2) + 20, 20 * (q % 2):20 * (q % 2) + 20] = 1.0
+    proto *= (1.0 + 0.25 * np.arange(batch, dtype=np.float32))[:, None, None, None]  # each image its own (same masks)
     coeff = out[:, 6:]
     coeff[:] = 0.0
     for k in range(4):
         coeff[:, k, 3 * k:3 * k + 3] = 1.0
+    coeff *= (1.0 + 0.5 * np.arange(batch, dtype=np.float32))[:, None, None]
     return {"output0": out, "output1": proto}
 
 
@@ -214,7 +216,7 @@ def test_pose_gate_passes_identical_and_fails_on_moved_keypoints():
 def test_obb_gate_passes_identical_and_fails_on_turned_boxes():
     meta = {"names": NAMES2, "end2end": "False"}
     out = instance_output(1, box=lambda k: (30 + 35 * k, 80, 40, 10))  # long thin boxes
-    out[:, 6] = 0.3
+    out[:, 6] = (0.3 + 0.05 * np.arange(len(out), dtype=np.float32))[:, None]  # each image its own angle
     ref = {"output0": out}
     same = gate("yolo11n-obb", ref, {"output0": out.copy()}, meta)
     assert same.passed, same.failures()
@@ -230,7 +232,7 @@ def test_obb_conf_margin_turns_threshold_flips_into_kept_instances():
     threshold flip within a margin of 0.02; 0.04 under it, it is lost either way."""
     meta = {"names": NAMES2, "end2end": "False"}
     out = instance_output(1, box=lambda k: (30 + 35 * k, 80, 40, 10))
-    out[:, 6] = 0.3
+    out[:, 6] = (0.3 + 0.05 * np.arange(len(out), dtype=np.float32))[:, None]  # each image its own angle
     ref = {"output0": out}
     assert np.allclose(out[:, 4, 0], 0.5)  # object 0's best anchor; its others score 0.31 and 0.18
     conf = 0.49
@@ -276,6 +278,7 @@ def test_semantic_gate_passes_identical_and_fails_on_a_grown_class():
     logits[:, 0, :, :32] = 3  # left half class 0, right half class 1, a square of class 2
     logits[:, 1, :, 32:] = 3
     logits[:, 2, 20:40, 20:40] = 6
+    logits[1] *= 1.5  # each image its own logits (the same classes): a reference that depends on its input
     same = gate("yolo26n-sem", {"output0": logits}, {"output0": logits.copy()}, {"names": "{}", "end2end": "False"})
     assert same.passed, same.failures()
     assert same.task["miou"] == 1.0 and same.task["reference_classes"] == 3
@@ -296,6 +299,7 @@ def test_semantic_single_class_reference_has_nothing_to_compare():
 def test_yolo_depth_gate_fails_on_flattened_depth_and_on_constant_reference():
     yy, xx = np.mgrid[0:32, 0:32].astype(np.float32)
     depth = (1.0 + xx / 8 + yy / 16)[None, None].repeat(2, 0)
+    depth[1] *= 1.3  # each image its own depth: a reference that depends on its input
     same = gate("yolo26n-depth", {"output0": depth}, {"output0": depth.copy()}, {"end2end": "False"})
     assert same.passed, same.failures()
     flat = depth.copy()

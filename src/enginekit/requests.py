@@ -352,6 +352,9 @@ class VerifyRequest(Options):
     #: False: a reference with nothing to compare on the photographs (random-weight detectors)
     #: is reported as not compared instead of failing the task gate; parity is gated as always
     task_required: bool = True
+    #: every cached engine (no target): an engine built from an ONNX file, with no PyTorch model to compare
+    #: against, is listed as not checked instead of failing the run
+    allow_unverifiable: bool = False
     build: Optional[BuildRequest] = None
     #: labels to score every candidate and the FP32 PyTorch model against: an Ultralytics dataset YAML or a
     #: folder of images with YOLO labels (``--data``); its split and how many of its images (spread evenly)

@@ -91,6 +91,9 @@ def register(app: typer.Typer) -> None:
         checked = json.loads((outcome.engine.parent / "parity.json").read_text())
         if checked.get("checked") is False and checked.get("reason"):
             console.print(f"[yellow]note:[/] parity not checked at build: {checked['reason']}")
+        elif checked.get("status") == "not-checked":  # an output the same for every input: nothing compared
+            for note in (checked.get("report") or {}).get("notes", []):
+                console.print(f"[yellow]note:[/] {note}")
         if parity.get("passed") is False:
             console.print("[yellow]warning:[/] the graph this engine was built from failed its parity check "
                           "(see parity.json; `enginekit verify` gates on it)")

@@ -170,7 +170,10 @@ def _elapsed(seconds: float) -> str:
 
 def parity_table(results) -> None:
     """One row per artifact x output part: worst errors over all inputs, against that part's limits;
-    failed checks and task metrics below the table, as lines that wrap (80-column logs)."""
+    failed checks and task metrics below the table, as lines that wrap (80-column logs). A part whose
+    reference is the same for every input could not fail: its gate reads n/a, never pass."""
+    from enginekit.compare.comparison import of_part
+
     table = Table(title="parity vs FP32 PyTorch (ONNX Runtime CPU)", title_justify="left", box=box.SIMPLE_HEAD,
                   pad_edge=False, show_edge=False, collapse_padding=True)
     for col in ("graph", "part", "n", "max abs", "rel L2", "cosine", "limit", "gate"):
@@ -182,8 +185,9 @@ def parity_table(results) -> None:
         limits = r.limits() if hasattr(r, "limits") else {}
         for name, w in r.worst().items():
             tol = limits.get(name, r.tolerance)
-            failed = [f for f in r.failures() if f.startswith(f"parity {name} ")]
-            gate = "[bold red]FAIL[/]" if failed else "[green]pass[/]"
+            failed = [f for f in r.failures() if of_part(f, name)]
+            constant = name in getattr(getattr(r, "comparison", None), "constant", {})
+            gate = "[bold red]FAIL[/]" if failed else "[yellow]n/a[/]" if constant else "[green]pass[/]"
             table.add_row(escape(f"{r.artifact} {r.precision}"), escape(name), str(len(r.cases)),
                           _figure(w.get("max_abs"), ".2e"), _figure(w.get("rel_l2"), ".2e"),
                           _figure(w.get("cosine"), ".6f"), _figure(tol.rel_l2, ".0e"), gate)
@@ -217,7 +221,10 @@ def verify_table(report) -> None:
 
     The table holds only short, fixed-width cells, so it fits an 80-column CI log without a
     truncated column; long text (a failure, why an engine did not run) is never squeezed into a cell.
+    A part whose reference is the same for every input could not fail: its gate reads n/a, never pass.
     """
+    from enginekit.compare.comparison import of_part
+
     refs = (f"  (references {report.references_key[:10]}: "
             f"{'stored' if report.references_status in ('hit', 'pulled') else 'computed'})" if report.references_key
             else "  (no references computed)")
@@ -238,8 +245,8 @@ def verify_table(report) -> None:
         rows = list(a.parts.items()) or [("", {"worst": {}})]
         for i, (part, info) in enumerate(rows):
             w = info["worst"]
-            failed = [c for c in a.checks if not c.passed and c.name.startswith(f"parity {part} ")]
-            gate = "[green]pass[/]" if not failed else "[bold red]FAIL[/]"
+            failed = [c for c in a.checks if not c.passed and of_part(c.name, part)]
+            gate = "[bold red]FAIL[/]" if failed else "[yellow]n/a[/]" if "constant" in info else "[green]pass[/]"
             table.add_row(escape(a.name) if i == 0 else "", "yes" if i == 0 else "", escape(part),
                           _figure(w.get("max_abs"), ".2e"), _figure(w.get("rel_l2"), ".2e"),
                           _figure(w.get("cosine"), ".6f"), gate)

@@ -31,7 +31,8 @@ def register(app: typer.Typer) -> None:
         reference: Annotated[Optional[Path], typer.Option("--reference", help="With an ONNX file: its PyTorch checkpoint.")] = None,
         model: Annotated[Optional[str], typer.Option("--model", help="With an ONNX file that does not name its model (or a hand-exported one: torchvision:NAME, file.py:factory...).")] = None,
         require_engine: Annotated[bool, typer.Option("--require-engine", help="Fail (exit 3) if the engine cannot run here (GPU CI).")] = False,
-        task_required: Annotated[bool, typer.Option("--task-required/--task-optional", help="--task-optional: where the reference has nothing to compare on the photographs (random-weight detectors find nothing), say so instead of failing; parity is gated as always.")] = True,
+        task_required: Annotated[bool, typer.Option("--task-required/--task-optional", help="--task-optional: where the reference has nothing to compare (random-weight detectors find nothing on the photographs, and an output part that is the same for every input cannot fail its parity), say so instead of failing.")] = True,
+        allow_unverifiable: Annotated[bool, typer.Option("--allow-unverifiable", help="No target (every cached engine): list an engine built from an ONNX file, with no PyTorch model to compare against, as not checked instead of failing.")] = False,
         backend: Annotated[str, typer.Option("--backend", help="With a model name: as build's (auto, tensorrt, tensorrt-rtx).")] = "auto",
         target_cc: Annotated[Optional[str], typer.Option("--target-cc", help="With a model name: as build's.")] = None,
         workspace: Annotated[Optional[str], typer.Option("--workspace", help="With a model name: as build's.")] = None,
@@ -89,7 +90,7 @@ def register(app: typer.Typer) -> None:
             from enginekit.flows.recipes import verify_recipe
 
             flags = given_flags(locals())
-            for key in ("report", "junit", "reference", "model"):
+            for key in ("report", "junit", "reference", "model", "allow_unverifiable"):
                 flags.pop(key, None)
             outcomes = verify_recipe(target, flags, report_dir=report, junit=junit)
         else:
@@ -130,12 +131,15 @@ def register(app: typer.Typer) -> None:
                                     data=data, data_limit=data_limit, data_split=data_split,
                                     report_dir=report, junit=junit, tolerances=tol or [], reference=reference,
                                     model=model, require_engine=require_engine, task_required=task_required,
-                                    build_options=build_options)
+                                    allow_unverifiable=allow_unverifiable, build_options=build_options)
             outcomes = [api.verify(request)]
         for outcome in outcomes:
             _render(outcome)
         if not all(o.passed for o in outcomes):
-            failed = [str(c) for o in outcomes for r in o.reports for c in r.failures()]
+            failed = [str(c) for o in outcomes for r in o.reports if not r.excused for c in r.failures()]
+            if not failed:
+                reasons = [a.reason for o in outcomes for r in o.reports for a in r.artifacts if a.reason]
+                raise ParityError("no engine could be checked: " + "; ".join(dict.fromkeys(reasons))[:400])
             raise ParityError(f"{len(failed)} check(s) failed: {failure_summary(failed)}")
 
 

@@ -28,6 +28,13 @@ from enginekit.compare.tolerances import Tolerances
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
+#: A reference output part that changes by less than this (rel L2) from one input to another does not
+#: depend on its input, and a parity check on it cannot fail: whatever the candidate's weights, it gives
+#: the same figures. Measured on a random-weight yolo12n (as Ultralytics builds it) at 640 px: its boxes
+#: (the anchor grid) differ by rel L2 7e-9 between bus.jpg and zidane.jpg and its scores are equal bit for
+#: bit; a graph with 10% of its largest weight tensor multiplied by -3 gave the untouched graph's figures.
+VARIES = 1e-6
+
 
 class Family(Protocol):
     """What the comparison needs of a model family (``families.base.ModelAdapter`` offers it)."""
@@ -169,10 +176,25 @@ class Comparison:
     task_gates: dict[str, tuple[str, float]] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: parts whose reference output is the same for every input (:data:`VARIES`), with that variation:
+    #: their parity is not gated (it could not fail), a failed check or a note says so
+    constant: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        return bool(self.checks) and all(c.passed for c in self.checks)
+        return (bool(self.checks) or bool(self.constant)) and all(c.passed for c in self.checks)
+
+    @property
+    def checked(self) -> bool:
+        """Every output part was compared with a reference that depends on its input."""
+        return not self.constant
+
+    @property
+    def status(self) -> str:
+        """The word a step shows: "pass" only where everything it names could have failed."""
+        if not self.passed:
+            return "fail"
+        return "pass" if self.checked else "not-checked"
 
     def failures(self) -> list[str]:
         return [f"{c.name} = {c.value:.4g} (limit {c.op} {c.limit:g})" for c in self.checks if not c.passed]
@@ -183,8 +205,16 @@ class Comparison:
         return max((w["rel_l2"] for w in self.worst.values()), default=float("nan"))
 
     def parts_json(self) -> dict[str, dict]:
-        return {p.name: {"of": p.describe(), "worst": self.worst.get(p.name, {}), "limits": self.limits[p.name].to_json()}
+        """Per part: what it is, its worst figures, its limits, and ``constant`` (its reference's rel L2
+        between inputs) where it was not gated because its reference does not depend on the input."""
+        return {p.name: {"of": p.describe(), "worst": self.worst.get(p.name, {}), "limits": self.limits[p.name].to_json(),
+                         **({"constant": self.constant[p.name]} if p.name in self.constant else {})}
                 for p in self.parts}
+
+
+def of_part(check_name: str, part: str) -> bool:
+    """Whether a check (by name) gates the output part ``part``: "parity boxes rel_l2", "parity boxes: ..."."""
+    return check_name.startswith((f"parity {part} ", f"parity {part}:"))
 
 
 def _worst(acc: dict[str, float], stats) -> None:
@@ -209,6 +239,7 @@ def compare(run: Runner, cases: Iterable[Case], *, adapter: Family, gates: Gates
     result = Comparison(name, precision, parts, {p.name: gates.parity(precision, p.name) for p in parts})
     photo_ref: dict[str, list[np.ndarray]] = {}
     photo_got: dict[str, list[np.ndarray]] = {}
+    ref_parts: dict[str, list[np.ndarray]] = {}
     for case in cases:
         if case.outputs is None:
             raise ValueError(f"case {case.label!r} has no reference outputs")
@@ -224,6 +255,7 @@ def compare(run: Runner, cases: Iterable[Case], *, adapter: Family, gates: Gates
             except KeyError as exc:
                 raise ValueError(f"the candidate has no output {exc}") from None
             stats.append({"part": part.name, **s.to_json()})
+            ref_parts.setdefault(part.name, []).append(np.asarray(part.take(ref_rows)))
             _worst(result.worst.setdefault(part.name, {}), s)
         result.cases.append({"input": case.label, "kind": case.kind, "outputs": stats})
         if case.kind == "photo":
@@ -235,10 +267,46 @@ def compare(run: Runner, cases: Iterable[Case], *, adapter: Family, gates: Gates
         return result
     for part in parts:
         w, tol = result.worst[part.name], result.limits[part.name]
-        for stat, limit in {"finite": 1.0, **tol.limits()}.items():
-            result.checks.append(_check(name, f"parity {part.name} {stat}", w[stat], STATISTICS[stat].op, limit))
+        checks = [_check(name, f"parity {part.name} {stat}", w[stat], STATISTICS[stat].op, limit)
+                  for stat, limit in {"finite": 1.0, **tol.limits()}.items()]
+        variation = input_variation(ref_parts.get(part.name, []))
+        if variation is not None and variation < VARIES:
+            # a failed statistic still shows a difference; a passed one shows nothing, and is not kept
+            result.checks.extend(c for c in checks if not c.passed)
+            _constant_part(result, part.name, variation, require_task)
+            continue
+        result.checks.extend(checks)
     _task_checks(result, adapter, gates, precision, metadata, photo_ref, photo_got, require_task)
     return result
+
+
+def input_variation(outputs: list[np.ndarray]) -> float | None:
+    """How much a reference output changes with its input: the largest rel L2 between the first
+    input's output and another's of the same shape. None where fewer than two can be compared."""
+    same = [np.asarray(o, dtype=np.float64) for o in outputs if np.shape(o) == np.shape(outputs[0])] if outputs else []
+    if len(same) < 2:
+        return None
+    first = same[0]
+    norm = float(np.linalg.norm(first))
+    worst = 0.0
+    for other in same[1:]:
+        diff = float(np.linalg.norm(other - first))
+        if not np.isfinite(diff):
+            return None  # not finite: the finite check says so
+        worst = max(worst, diff / norm if norm > 0 else (0.0 if diff == 0 else float("inf")))
+    return worst
+
+
+def _constant_part(result: Comparison, part: str, variation: float, require_task: bool) -> None:
+    """A part whose reference does not depend on the input: none of its statistics is shown as passed
+    (none could have failed); a gate that must compare something fails, others say so in their notes."""
+    result.constant[part] = variation
+    what = (f"nothing to compare (the reference's {part} is the same for every input: "
+            f"rel L2 {variation:.2g} between inputs)")
+    if require_task:
+        result.checks.append(Check(result.name, f"parity {part}: {what}", variation, ">=", VARIES, False))
+    else:
+        result.notes.append(f"parity {part} not gated: {what}")
 
 
 def _photo_batch(outputs: dict[str, list[np.ndarray]]):

@@ -41,6 +41,18 @@ class ArtifactReport:
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
 
+    @property
+    def checked(self) -> bool:
+        """It ran, and every output part was compared with a reference that depends on its input."""
+        return self.ran and not any("constant" in info for info in self.parts.values())
+
+    @property
+    def status(self) -> str:
+        """"pass" only where everything it names could have failed."""
+        if not self.passed:
+            return "fail"
+        return "pass" if self.checked else "not-checked"
+
 
 @dataclass
 class VerifyReport:
@@ -51,6 +63,8 @@ class VerifyReport:
     references_status: str
     artifacts: list[ArtifactReport] = field(default_factory=list)
     skipped_images: list[str] = field(default_factory=list)
+    #: an engine the user allowed to go unchecked (verify --allow-unverifiable): listed, not in the verdict
+    excused: bool = False
     #: verify --data: the labels (dataset, split, images, instances, network size, the headline metric)
     ground_truth: dict = field(default_factory=dict)
 
@@ -71,6 +85,7 @@ class VerifyReport:
         data["failures"] = [str(c) for c in self.failures()]
         for a, raw in zip(self.artifacts, data["artifacts"]):
             raw["passed"] = a.passed
+            raw["status"] = a.status
         return data
 
 

@@ -46,6 +46,14 @@ class ParityResult:
         return not self.failures()
 
     @property
+    def status(self) -> str:
+        """"pass" only where every output part could have failed; "not-checked" where a part's reference
+        is the same for every input (``Comparison.constant``)."""
+        if not self.passed:
+            return "fail"
+        return "not-checked" if self.comparison is not None and self.comparison.constant else "pass"
+
+    @property
     def task(self) -> dict[str, float]:
         return self.comparison.task if self.comparison else {}
 
@@ -56,6 +64,7 @@ class ParityResult:
             "precision": self.precision,
             "tolerance": self.tolerance.to_json(),
             "passed": self.passed,
+            "status": self.status,
             "failures": self.failures(),
             "parts": c.parts_json() if c else {},
             "worst": self.worst(),

@@ -220,9 +220,9 @@ def source_parity(pipe, precision: str, shape):
                 reason = f"ONNX Runtime cannot run this graph: {str(exc).splitlines()[0][:200]}"
                 s.status = "not-checked"
                 return {"checked": False, "candidate": candidate, "passed": None, "reason": reason}
-            s.status = "pass" if result.passed else "fail"
+            s.status = result.status
         summary = {name: {k: round(v, 8) for k, v in w.items()} for name, w in result.worst().items()}
-        return {"checked": True, "candidate": candidate, "passed": result.passed,
+        return {"checked": True, "candidate": candidate, "passed": result.passed, "status": result.status,
                 "failures": result.failures(), "summary": summary, "report": result.to_json()}
 
     return check

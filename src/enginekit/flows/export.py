@@ -75,7 +75,7 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
                 tol = replace(tol, rel_l2=r.rel_l2)
             result = check_onnx(refs, artifact.path, cases, precision, tol)
             result.artifact = f"{adapter.variant}.{artifact.stage}"
-            s.status = "pass" if result.passed else "fail"
+            s.status = result.status
         results.append(result)
 
     share = None

@@ -148,7 +148,9 @@ def publish_verdicts(cache, found: list, reports: list) -> None:
         if not report.passed and not remote.quietly(remote.store.head, manifest_name("engine", entry.key)):
             continue
         name = remote.quietly(remote.write_report, entry.key, report.to_json(), writing=True)
+        unchecked = [a.name for a in report.artifacts if a.ran and a.passed and not a.checked]
         verdict = {"verify": {"passed": report.passed, "engine_ran": report.engine_ran,
+                              "not_checked": unchecked,  # parts whose reference is the same for every input
                               "gpu": str(gpu) if gpu and report.engine_ran else None,
                               "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "report": name}}
         if report.passed:

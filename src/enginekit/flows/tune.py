@@ -504,10 +504,13 @@ def _verdict(outcome, random_init: bool) -> tuple[str, str]:
     if not outcome.passed:
         return "fail", "; ".join(failures[:3]) or "verify failed"
     ran = [a for r in outcome.reports for a in r.artifacts if a.ran]
-    uncompared = [n for a in ran for n in a.notes if n.startswith("task metrics not")]
+    # task metrics not compared, or an output part whose reference is the same for every input (its parity
+    # could not fail: compare.comparison.VARIES)
+    uncompared = [n for a in ran for n in a.notes if n.startswith(("task metrics not", "parity "))]
     if uncompared:
         why = "random weights: " if random_init else ""
-        return "not checkable", f"{why}{uncompared[0]} (parity passed)"
+        parity = " (parity passed)" if all(a.checked for a in ran) else ""
+        return "not checkable", f"{why}{uncompared[0]}{parity}"
     checked = ", ".join(sorted({a.name for a in ran}))
     return "pass", f"parity and task gates passed ({checked})"
 

@@ -26,7 +26,10 @@ class VerifyOutcome:
 
     @property
     def passed(self) -> bool:
-        return bool(self.reports) and all(r.passed for r in self.reports)
+        """Every engine checked passed, and at least one was (engines the user allowed to go unchecked
+        are listed, and count for nothing either way)."""
+        checked = [r for r in self.reports if not getattr(r, "excused", False)]
+        return bool(checked) and all(r.passed for r in checked)
 
     @property
     def engine_ran(self) -> bool:
@@ -55,7 +58,7 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
                                     task_required=r.task_required, labels=labels)]
     else:
         found = entries_to_verify(r, cache)
-        reports = [verify_corrupt(e) if isinstance(e, CorruptEntry) else
+        reports = [verify_corrupt(e) if isinstance(e, (CorruptEntry, UnverifiableEntry)) else
                    verify_entry(e, data, overrides, cache, r.report_dir, given=given, task_required=r.task_required,
                                 labels=labels)
                    for e, given in found]
@@ -89,6 +92,8 @@ def entries_to_verify(request: VerifyRequest, cache) -> list[tuple]:
                 corrupt.append(CorruptEntry(row.kind, row.key, row.subject, found.reason or "corrupt"))
             elif found.entry is not None and found.entry.manifest.get("model_request"):
                 entries.append(found.entry)
+            elif found.entry is not None:  # built from an ONNX file: no PyTorch model recorded to compare against
+                corrupt.append(UnverifiableEntry(row.kind, row.key, row.subject, request.allow_unverifiable))
         if not entries and not corrupt:
             raise UsageError("no engines in the cache to verify: build one first (enginekit build MODEL)")
         return [(e, None) for e in entries + corrupt]
@@ -118,6 +123,27 @@ class CorruptEntry:
         return f"cache entry {self.kind}/{self.key[:12]} is corrupt ({self.reason}); it was removed"
 
 
+@dataclass
+class UnverifiableEntry:
+    """An engine built from an ONNX file, with no PyTorch model recorded to compare it against: listed
+    with why, and a failure of ``verify`` (every engine) unless the request allows it."""
+
+    kind: str
+    key: str
+    subject: str | None
+    allowed: bool = False
+
+    @property
+    def reason(self) -> str:
+        return "built from an ONNX file with no PyTorch model recorded to compare against"
+
+    def describe(self) -> str:
+        how = ("allowed by --allow-unverifiable" if self.allowed else
+               "verify it by model name (enginekit verify MODEL --weights ... with its build's flags), "
+               "or pass --allow-unverifiable")
+        return f"engine {self.key[:12]} cannot be checked: {self.reason}; {how}"
+
+
 def _resolve_engine(target: str, cache):
     """The engine entry a key prefix names; a corrupt one comes back as a CorruptEntry."""
     prefix = target.strip().lower()
@@ -142,11 +168,23 @@ def corrupt_artifact(name: str, kind: str, precision: str, what: str):
     return report
 
 
-def verify_corrupt(entry: CorruptEntry):
-    from enginekit.compare.gate import VerifyReport
+def verify_corrupt(entry):
+    """The report of an engine that cannot be checked: a corrupt entry, or one with no model to compare
+    against (``UnverifiableEntry``: listed as skipped, and not part of the verdict, where allowed)."""
+    from enginekit.compare.gate import VerifyReport, skipped
 
     report = VerifyReport(entry.subject or "?", entry.key, "?", "", "not computed")
-    report.artifacts.append(corrupt_artifact("engine", "engine", "?", entry.describe()))
+    if isinstance(entry, UnverifiableEntry) and entry.allowed:
+        report.excused = True
+        report.artifacts.append(skipped("engine", "engine", "?", entry.describe()))
+    elif isinstance(entry, UnverifiableEntry):
+        from enginekit.compare.gate import ArtifactReport, Check
+
+        art = ArtifactReport("engine", "engine", "?", ran=False, reason=entry.describe())
+        art.checks.append(Check("engine", entry.describe(), 0.0, ">=", 1.0, False))
+        report.artifacts.append(art)
+    else:
+        report.artifacts.append(corrupt_artifact("engine", "engine", "?", entry.describe()))
     return report
 
 
@@ -214,7 +252,7 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
                 else:  # a fault of the comparison itself is named, never passed off as ORT's refusal
                     why = f"checking it raised {type(exc).__name__}: {first}"
                 art = unrunnable(name, "onnx", stage_precision, why)
-            s.status = "pass" if art.passed else "fail"
+            s.status = art.status
         report.artifacts.append(art)
     checked = [a.name for a in report.artifacts if a.kind == "onnx" and a.ran]
     report.artifacts.append(verify_engine(entry, pipe, refs, gates, metadata, precision, checked))
@@ -321,7 +359,7 @@ def verify_engine(entry, pipe, refs, gates, metadata, precision, checked=()):
         with reporting.stage("verify engine") as s:
             art = check_candidate("engine", "engine", precision, runner.infer_feed, refs, gates, pipe.adapter, metadata,
                                   accepts_hw=engine_accepts_hw(m, pipe.adapter.input_name))
-            s.status = "pass" if art.passed else "fail"
+            s.status = art.status
     return art
 
 

@@ -120,6 +120,8 @@ def why_chosen(record: dict, wanted: Wanted, where: str) -> str:
     if verify.get("passed"):
         check = "verify passed" + (f" running the engine on {verify.get('gpu')}" if verify.get("engine_ran") else
                                    " (graphs checked, engine not run)")
+        if verify.get("not_checked"):  # a reference the same for every input: those parts compared nothing
+            check += f", {', '.join(verify['not_checked'])} not checked"
     elif verdict.get("parity"):
         check = "parity passed at build"
     else:

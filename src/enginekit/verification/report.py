@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+from enginekit.compare.comparison import of_part
 from enginekit.compare.gate import VerifyReport
 from enginekit.compare.metrics import STATISTICS
 
@@ -13,7 +14,8 @@ from enginekit.compare.metrics import STATISTICS
 def write_json(reports: list[VerifyReport], path: Path, ladder: list | None = None) -> Path:
     from enginekit.fsutil import atomic_write_text, json_text
 
-    data = {"passed": all(r.passed for r in reports), "entries": [r.to_json() for r in reports]}
+    checked = [r for r in reports if not r.excused]  # engines allowed to go unchecked count for nothing
+    data = {"passed": bool(checked) and all(r.passed for r in checked), "entries": [r.to_json() for r in reports]}
     if ladder:
         data["ladder"] = ladder  # verify --data: per precision and artifact against the labels
     atomic_write_text(path, json_text(data, indent=2, default=_json_default) + "\n")  # strict JSON: NaN is null
@@ -49,7 +51,9 @@ def write_junit(reports: list[VerifyReport], path: Path) -> Path:
 def write_markdown(reports: list[VerifyReport], path: Path, ladder: list | None = None) -> Path:
     lines = ["# enginekit verify", ""] + ladder_lines(reports, ladder or [])
     for r in reports:
-        state = "PASS" if r.passed else "FAIL"
+        unchecked = [a.name for a in r.artifacts if a.ran and a.passed and not a.checked]
+        state = "FAIL" if not r.passed else (f"PASS, not everything checked ({', '.join(unchecked)}: "
+                                             "a reference output is the same for every input)" if unchecked else "PASS")
         lines += [f"## {r.subject} ({r.precision}): {state}", "",
                   f"references: `{r.references_key[:12]}` ({r.references_status})", "",
                   "| artifact | ran | checks | failed |", "| --- | --- | --- | --- |"]
@@ -105,8 +109,9 @@ def part_lines(report: VerifyReport) -> list[str]:
     for a in report.artifacts:
         for part, info in a.parts.items():
             w = info["worst"]
-            failed = [c.name.split()[-1] for c in a.checks if not c.passed and c.name.startswith(f"parity {part} ")]
-            gate = "FAIL " + ", ".join(failed) if failed else "pass"
+            failed = [c.name[len(f"parity {part}"):].lstrip(": ") for c in a.checks if not c.passed and of_part(c.name, part)]
+            gate = ("FAIL " + ", ".join(failed) if failed
+                    else "not checked (the reference is the same for every input)" if "constant" in info else "pass")
             lines.append(f"| {a.name} | {part}: {info['of']} | {w['max_abs']:.3g} | {w['p99_abs']:.3g} | "
                          f"{w['median_abs']:.3g} | {w['rel_l2']:.3g} | {w['cosine']:.6f} | {w['psnr']:.1f} | "
                          f"{_limit_text(info['limits'])} | {gate} |")

@@ -9,8 +9,11 @@ Detection, as users know it:
   detections kept), precision (share of the candidate's that the reference has), and the shift
   of matched scores;
 - across thresholds: mAP50 and mAP50-95 by Ultralytics' own metric code (its validator's
-  matching, ``ultralytics.utils.metrics.DetMetrics``), candidate detections down to its
-  validator's confidence 0.001 ranked against the reference's detections at the operating point.
+  matching, ``ap_per_class``, as every instance task: ``task_metrics.instance_metrics``), candidate
+  detections down to its validator's confidence 0.001 ranked against the reference's detections at
+  the operating point;
+- with a margin (the task option ``conf_margin``), a detection whose score crosses the operating point
+  by less than it is a threshold flip (``threshold_flips``), neither lost nor extra.
 
 A check that compares nothing fails: a random-weight YOLO scores far below 0.25, so its reference
 has no detections; ``compared`` is then 0 and the gate says so instead of passing.
@@ -106,61 +109,44 @@ def paired_rows(ref_out: np.ndarray, cand_out: np.ndarray, *, xywh: bool = False
     return ref_aligned, cand_aligned
 
 
-def _ultralytics_map(refs: list[Detections], cands: list[Detections]) -> tuple[float, float]:
-    """mAP50 and mAP50-95 of ranked candidate detections against the reference's, computed by
-    Ultralytics' validator matching and ``DetMetrics`` (reference detections as ground truth)."""
-    import torch
-    from ultralytics.engine.validator import BaseValidator
-    from ultralytics.utils.metrics import DetMetrics
-
-    iouv = torch.linspace(0.5, 0.95, 10)
-    matcher = type("Matcher", (), {"iouv": iouv})()
-    classes = sorted({int(c) for r in refs for c in r.classes} | {int(c) for d in cands for c in d.classes})
-    metrics = DetMetrics(names={c: str(c) for c in range(max(classes, default=0) + 1)})
-    for i, (ref, cand) in enumerate(zip(refs, cands)):
-        order = np.argsort(-cand.scores, kind="stable")
-        boxes, scores, pred_cls = cand.boxes[order], cand.scores[order], cand.classes[order]
-        if len(ref) and len(cand):
-            iou = torch.from_numpy(box_iou(ref.boxes, boxes))
-            tp = BaseValidator.match_predictions(matcher, torch.from_numpy(pred_cls), torch.from_numpy(ref.classes),
-                                                 iou).numpy()
-        else:
-            tp = np.zeros((len(cand), len(iouv)), dtype=bool)
-        metrics.update_stats({"tp": tp, "conf": scores, "pred_cls": pred_cls, "target_cls": ref.classes,
-                              "target_img": np.unique(ref.classes), "im_name": f"image{i}"})
-    metrics.process(plot=False)
-    return float(metrics.box.map50), float(metrics.box.map)
-
-
 def detection_metrics(ref_out: np.ndarray, cand_out: np.ndarray, *, end2end: bool = False,
-                      conf: float = CONF_THRESHOLD) -> dict[str, float]:
-    """The candidate's detections against the reference's, at ``conf`` and across thresholds."""
-    refs = nms_detections(ref_out, conf, end2end=end2end)
-    cands = nms_detections(cand_out, conf, end2end=end2end)
-    n_ref = sum(len(r) for r in refs)
-    n_cand = sum(len(c) for c in cands)
-    result = {"conf": conf, "compared": float(n_ref), "reference_detections": float(n_ref),
-              "candidate_detections": float(n_cand)}
-    if n_ref == 0:  # nothing to compare: every figure would be vacuous
-        return {**result, "matched": 0.0, "recall": 0.0, "precision": 0.0, "score_shift_mean": float("nan"),
-                "score_shift_max": float("nan"), "map50": 0.0, "map50_95": 0.0}
+                      conf: float = CONF_THRESHOLD, margin: float = 0.0) -> dict[str, float]:
+    """The candidate's detections against the reference's, at ``conf`` and across thresholds.
+
+    ``margin`` (the task option ``conf_margin``, as segment, pose and obb have it): a detection whose
+    score crosses ``conf`` by less than it, on either side, is a threshold flip (``threshold_flips``),
+    neither lost nor extra; a reference detection between ``conf - margin`` and ``conf`` is "difficult"
+    for mAP. The matching and mAP are the instance tasks' (``task_metrics.instance_metrics``) with box
+    IoU; margin 0 is the plain rule."""
+    from enginekit.compare.task_metrics import instance_metrics
+
+    def rows(detections: list[Detections]) -> list[np.ndarray]:
+        return [np.concatenate([d.boxes, d.scores[:, None], d.classes[:, None]], 1).astype(np.float32)
+                if len(d) else np.zeros((0, 6), np.float32) for d in detections]
+
+    def box_similarity(_: int, ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
+        return box_iou(ref[:, :4], cand[:, :4])
+
+    low = max(conf - margin, CONF_MAP)
+    refs = rows(nms_detections(ref_out, low, end2end=end2end))
+    cands = rows(nms_detections(cand_out, low, end2end=end2end))
+    ranked = rows(nms_detections(cand_out, min(CONF_MAP, conf), end2end=end2end))
+    result = instance_metrics(refs, cands, ranked, box_similarity, conf=conf, margin=margin)
+    shifts = _matched_shifts(refs, cands, conf)
+    result["score_shift_mean"] = float(np.mean(shifts)) if shifts else float("nan")
+    result.pop("similarity_mean", None)
+    return result
+
+
+def _matched_shifts(refs: list[np.ndarray], cands: list[np.ndarray], conf: float) -> list[float]:
+    """Score shifts of the detections both sides keep at ``conf``, matched as the gates match them."""
     shifts: list[float] = []
     for ref, cand in zip(refs, cands):
-        for ci, ri in match_detections(ref, cand):
-            shifts.append(abs(float(cand.scores[ci]) - float(ref.scores[ri])))
-    matched = len(shifts)
-    ranked = nms_detections(cand_out, min(CONF_MAP, conf), end2end=end2end)
-    map50, map50_95 = _ultralytics_map(refs, ranked)
-    return {
-        **result,
-        "matched": float(matched),
-        "recall": matched / n_ref,
-        "precision": matched / n_cand if n_cand else 0.0,
-        "score_shift_mean": float(np.mean(shifts)) if shifts else float("nan"),
-        "score_shift_max": float(np.max(shifts)) if shifts else float("nan"),
-        "map50": map50,
-        "map50_95": map50_95,
-    }
+        ref, cand = ref[ref[:, 4] >= conf], cand[cand[:, 4] >= conf]
+        a = Detections(ref[:, :4], ref[:, 4], ref[:, 5].astype(int))
+        b = Detections(cand[:, :4], cand[:, 4], cand[:, 5].astype(int))
+        shifts += [abs(float(b.scores[ci]) - float(a.scores[ri])) for ci, ri in match_detections(a, b)]
+    return shifts
 
 
 def align_scale_shift(pred: np.ndarray, ref: np.ndarray, mask: np.ndarray) -> np.ndarray:

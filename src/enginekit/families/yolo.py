@@ -186,7 +186,10 @@ class YoloAdapter(ModelAdapter):
         "int8": dict(_DEFAULT_TASK),
         "fp8": dict(_DEFAULT_TASK),
     }
-    task_options = {"conf": 0.25}  # the operating point: Ultralytics predict's default confidence
+    # the operating point: Ultralytics predict's default confidence. conf_margin: a detection whose score
+    # crosses it by less counts as a threshold flip, not as lost or extra (compare.tasks.detection_metrics);
+    # 0 keeps the plain rule, as segment, pose and obb do.
+    task_options = {"conf": 0.25, "conf_margin": 0.0}
 
     def output_parts(self, metadata=None):
         if (metadata or {}).get("end2end") == "True":  # (B, max_det, 6): x1 y1 x2 y2 score class
@@ -219,8 +222,11 @@ class YoloAdapter(ModelAdapter):
         from enginekit.compare.tasks import detection_metrics
 
         end2end = metadata.get("end2end") == "True"
-        conf = (options or {}).get("conf", self.task_options["conf"])
-        return detection_metrics(reference["output0"], candidate["output0"], end2end=end2end, conf=conf)
+        options = options or {}
+        conf = options.get("conf", self.task_options["conf"])
+        margin = options.get("conf_margin", self.task_options["conf_margin"])
+        return detection_metrics(reference["output0"], candidate["output0"], end2end=end2end, conf=conf,
+                                 margin=margin)
 
     def picture_boxes(self, outputs, metadata, hw, conf):
         from enginekit.compare.tasks import nms_detections

@@ -9,7 +9,7 @@ OUT    ?= out
 export YOLO_OFFLINE ?= 1
 export YOLO_CONFIG_DIR ?= $(CURDIR)/$(VENV)/ultralytics-config
 
-.PHONY: setup run test bench bench-pipeline clean
+.PHONY: setup run test bench bench-pipeline bench-store clean
 
 setup: $(STAMP)
 
@@ -84,3 +84,9 @@ clean-cache:
 bench-pipeline: setup
 	mkdir -p $(OUT)
 	$(BIN)/python benchmarks/pipeline.py --json $(OUT)/bench-pipeline.json
+
+# The team store on a real S3 server on loopback (SeaweedFS): a remote hit against a cold build of
+# yolo12n FP16, pull throughput of a 100 MB entry, load() from the store on an empty cache.
+bench-store: setup
+	mkdir -p $(OUT)
+	$(BIN)/python benchmarks/store.py --json $(OUT)/bench-store.json

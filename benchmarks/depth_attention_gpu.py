@@ -65,7 +65,7 @@ def export_graphs(tmp: Path, size: int) -> tuple[dict[str, Path], Path]:
     """The FP16 graph enginekit exports (through its cache), its fused copy, and that copy optimized."""
     from enginekit import api
     from enginekit.onnx.attention import fused_attention_copy
-    from enginekit.runtime.loader import _simplifier
+    from enginekit.flows.load import simplifier as _simplifier
 
     weights = depth_weights(tmp)
     res = api.export("depth", weights=weights, input=f"1x3x{size}x{size}", output=tmp / "depth16.onnx", fp16=True,
@@ -104,15 +104,17 @@ def run_gpu(graphs, weights, batches, size, runs, warmup) -> None:
     import torch
 
     from enginekit.families import resolve
-    from enginekit.runtime.backends import OrtCudaSession, TorchSession
+    from enginekit.backends import Artifact
+    from enginekit.backends.ort import OnnxRuntimeCuda
+    from enginekit.backends.pytorch import Torch
 
     adapter = resolve("depth")
     loaded = adapter.load(weights, random_init=False, seed=0)
     sync = torch.cuda.synchronize
     for batch in batches:
         x = torch.rand((batch, 3, size, size), device="cuda", generator=torch.Generator("cuda").manual_seed(batch))
-        t = TorchSession(loaded.module, adapter.output_names, adapter.input_name, (None, 3, size, size), "cuda:0",
-                         half=True)
+        module = Artifact.of_module(loaded.module, adapter.input_name, adapter.output_names, (None, 3, size, size))
+        t = Torch.open(module, device="cuda:0", precision="fp16")
         ref = t(x)["depth"].clone()
         stats = timed(lambda: t(x), runs, warmup, sync)
         add_row(batch, "PyTorch fp16 + CUDA graph", stats, stats["p50"], 0.0)
@@ -120,7 +122,7 @@ def run_gpu(graphs, weights, batches, size, runs, warmup) -> None:
         del t
         for label, path in graphs.items():
             try:
-                s = OrtCudaSession(Path(path), "cuda:0", cuda_graph=True)
+                s = OnnxRuntimeCuda.open(Path(path), device="cuda:0", cuda_graph=True)
 
                 def net(s=s):
                     with torch.cuda.stream(s.stream):
@@ -142,7 +144,7 @@ def run_cpu(graphs, weights, batches, size, runs, warmup) -> None:
     import torch
 
     from enginekit.families import resolve
-    from enginekit.runtime.backends import OrtCpuSession
+    from enginekit.backends.ort import OnnxRuntimeCpu
 
     adapter = resolve("depth")
     loaded = adapter.load(weights, random_init=False, seed=0)
@@ -158,7 +160,7 @@ def run_cpu(graphs, weights, batches, size, runs, warmup) -> None:
         anchor = stats["p50"]
         for label, path in graphs.items():
             try:
-                s = OrtCpuSession(Path(path))
+                s = OnnxRuntimeCpu.open(Path(path))
                 out = s(x)["depth"]
                 stats = timed(lambda: s(x), runs, warmup, lambda: None)
                 add_row(batch, f"ORT CPU {label}", stats, anchor, rel_l2(out, ref))

@@ -118,8 +118,8 @@ def section_env(ctx) -> None:
     import onnxruntime as ort
     import torch
 
-    from enginekit.runtime.loader import _tensorrt_runs_here
-    from enginekit.runtime.providers import onnxruntime_providers
+    from enginekit.backends.providers import onnxruntime_providers
+    from enginekit.trt.session import engine_runs_here
 
     name = torch.cuda.get_device_name(0)
     ctx["card"] = name
@@ -127,7 +127,8 @@ def section_env(ctx) -> None:
           f"onnxruntime {ort.__version__}", flush=True)
     for p in onnxruntime_providers():
         note(f"ORT provider {p.name}: loads={p.loads} ({p.detail})")
-    ok, why = _tensorrt_runs_here()
+    verdict = engine_runs_here()
+    ok, why = verdict.ok, verdict.reason
     note(f"TensorRT path: {'runs' if ok else 'does not run'} here: {why}")
 
 
@@ -137,7 +138,7 @@ def _models(ctx):
         return
     from enginekit import api
     from enginekit.families import resolve
-    from enginekit.runtime.loader import _simplifier
+    from enginekit.flows.load import simplifier as _simplifier
 
     tmp = Path(ctx["tmp"])
     adapter = resolve("yolo12n")
@@ -316,7 +317,7 @@ def section_fp16(ctx) -> None:
     import onnx
     import torch
 
-    from enginekit.runtime.backends import OrtCudaSession
+    from enginekit.backends.ort import OnnxRuntimeCuda
 
     if not ctx.get("fp16_onnx"):
         note("fp16: no FP16 graph given (--fp16-onnx)")
@@ -339,7 +340,7 @@ def section_fp16(ctx) -> None:
         for nhwc in (False, True):
             for graph in (False, True):
                 try:
-                    s = OrtCudaSession(Path(path), "cuda:0", cuda_graph=graph, prefer_nhwc=nhwc)
+                    s = OnnxRuntimeCuda.open(Path(path), device="cuda:0", cuda_graph=graph, prefer_nhwc=nhwc)
 
                     def net():
                         with torch.cuda.stream(s.stream):
@@ -445,8 +446,10 @@ def section_depth8(ctx) -> None:
 
     from enginekit import api
     from enginekit.families import resolve
-    from enginekit.runtime.backends import OrtCudaSession, TorchSession
-    from enginekit.runtime.loader import _simplifier
+    from enginekit.backends import Artifact
+    from enginekit.backends.ort import OnnxRuntimeCuda
+    from enginekit.backends.pytorch import Torch
+    from enginekit.flows.load import simplifier as _simplifier
 
     _models(ctx)
     tmp = Path(ctx["tmp"])
@@ -467,14 +470,14 @@ def section_depth8(ctx) -> None:
     iters = max(ctx["iters"] // 2, 50)
     for batch in (1, 8):
         x = torch.rand((batch, 3, 518, 518), device="cuda")
-        t = TorchSession(loaded.module, adapter.output_names, adapter.input_name, (None, 3, 518, 518), "cuda:0",
-                         half=True)
+        module = Artifact.of_module(loaded.module, adapter.input_name, adapter.output_names, (None, 3, 518, 518))
+        t = Torch.open(module, device="cuda:0", precision="fp16")
         torch_stats = timed_sync(lambda: t(x), iters)
         row("depth8", f"torch fp16 CUDA graph, batch {batch}", torch_stats)
         for label, path in graphs.items():
             for graph in (False, True):
                 try:
-                    s = OrtCudaSession(Path(path), "cuda:0", cuda_graph=graph)
+                    s = OnnxRuntimeCuda.open(Path(path), device="cuda:0", cuda_graph=graph)
 
                     def net():
                         with torch.cuda.stream(s.stream):

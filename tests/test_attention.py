@@ -131,12 +131,12 @@ def test_a_graph_without_attention_is_left_alone():
 
 
 def test_the_cuda_backend_gets_the_fused_copy_or_the_graph_itself(tmp_path, cache):
-    """What OrtCudaSession(fuse_attention=True) runs: the cached fused copy; the graph itself where nothing
+    """What the onnxruntime-cuda backend runs with fuse_attention: the cached fused copy; the graph itself where nothing
     fuses, or where the rewrite fails (with a warning, not an error)."""
     import onnx
 
     from enginekit import reporting
-    from enginekit.runtime.backends import _fused_graph
+    from enginekit.backends.ort import _fused_graph
 
     graph = tmp_path / "attention.onnx"
     onnx.save(_attention_graph(scale_on="qk", merge=True), str(graph))

@@ -23,6 +23,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from enginekit.backends import registry  # noqa: E402
+
 EXAMPLES = int(os.environ.get("ENGINEKIT_PROPERTY_EXAMPLES", "15"))
 PROPERTY = settings(
     max_examples=EXAMPLES,
@@ -280,7 +282,8 @@ def verbs(world) -> dict[str, tuple[list[str], dict[str, st.SearchStrategy[str]]
                 "--batch": bad_batches(),
                 "--input": bad_shape(),
                 "--precision": bad_choice({"fp32", "fp16"}),
-                "--backend": bad_choice({"torch", "onnxruntime", "tensorrt"}).filter(lambda s: "," not in s),
+                "--backend": bad_choice(set(registry.shorthands()) | set(registry.variants())).filter(
+                    lambda s: "," not in s),
                 "--warmup": st.one_of(st.integers(max_value=-1).map(str), huge_int(), not_int()),
                 "--iters": bad_positive_int(),
                 "--threads": st.one_of(st.integers(max_value=-1).map(str), huge_int(), not_int()),
@@ -307,7 +310,7 @@ def verbs(world) -> dict[str, tuple[list[str], dict[str, st.SearchStrategy[str]]
             {
                 "--save": st.sampled_from([str(world["regular"]), "/proc/enginekit-x", "/sys/enginekit-x",
                                            str(world["regular"] / "under-a-file")]),
-                "--backend": bad_choice({"auto", "tensorrt", "onnxruntime-cuda", "onnxruntime-cpu", "torch"}),
+                "--backend": bad_choice(set(registry.choices())),
                 "--precision": bad_choice({"fp32", "fp16", "int8", "fp8"}),
                 "--weights": bad_in_file(world),
                 "--seed": st.one_of(st.integers(max_value=-1).map(str), huge_int(), not_int()),

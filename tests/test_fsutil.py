@@ -62,3 +62,21 @@ def test_atomic_write_refuses_append(tmp_path: Path):
 ])
 def test_first_line(error, limit, expected):
     assert first_line(error, limit) == expected
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_written_files_follow_the_umask(tmp_path: Path, umask: int):
+    """Not the temporary file's 0600: what a plain open() would give."""
+    import os
+
+    from enginekit.fsutil import current_umask
+
+    old = os.umask(umask)
+    try:
+        assert current_umask() == umask
+        atomic_write_text(tmp_path / "a.txt", "x")
+        atomic_copy(tmp_path / "a.txt", tmp_path / "b.txt")
+    finally:
+        os.umask(old)
+    for name in ("a.txt", "b.txt"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~umask

@@ -24,10 +24,11 @@ LEVELS: list[tuple[str, ...]] = [
     ("pipeline",),
     ("model",),
     ("stages",),
+    ("backends",),
     ("families", "trt"),
     ("compare",),
     ("onnx",),
-    ("cache", "shapes", "images", "calibration", "errors", "reporting", "gpu", "fsutil", "precisions", "__version__"),
+    ("cache", "store", "shapes", "images", "calibration", "errors", "reporting", "gpu", "fsutil", "precisions", "__version__"),
 ]
 LEVEL = {name: depth for depth, names in enumerate(LEVELS) for name in names}
 
@@ -162,6 +163,55 @@ def test_only_trt_imports_tensorrt():
     assert not problems, "only enginekit.trt may import TensorRT:\n" + "\n".join(problems)
 
 
+def test_the_runtime_only_loads():
+    """runtime/ imports no flow (nor the API above them): exporting and building belong to the API layer."""
+    problems = [f"{path.relative_to(SRC)}:{line}: imports {name}"
+                for path in modules() if component(path) == "runtime"
+                for line, target, name in imported_components(path) if target in ("flows", "api")]
+    assert not problems, "\n".join(problems)
+
+
+#: where a backend's name may be written other than its module and the registry, and what it names there
+#: instead: "torch" the Python package, "tensorrt"/"tensorrt-rtx" TensorRT's own families (the build
+#: backends of enginekit.trt's traits table) and distributions
+NAME_ELSEWHERE: dict[str, set[str]] = {
+    "trt": {"tensorrt", "tensorrt-rtx"},  # trt/: the TensorRT families themselves
+    "requests.py": {"tensorrt", "tensorrt-rtx"},  # build --backend: a TensorRT family
+    "recipes.py": {"tensorrt", "tensorrt-rtx"},  # a recipe's build backend
+    "pipeline.py": {"torch", "tensorrt", "tensorrt-rtx"},  # distributions whose versions a manifest records
+    "doctor.py": {"torch", "tensorrt", "tensorrt-rtx"},  # distributions; TensorRT families of the inventory
+    "checks/setup.py": {"torch"},  # a module the setup check imports
+    "runtime/predictor.py": {"torch"},  # the package a tensor comes from
+    "store/identity.py": {"torch"},  # a distribution whose version the provenance line names
+}
+
+
+def backend_names() -> set[str]:
+    from enginekit.backends import names, variants
+
+    return set(names()) | set(variants())
+
+
+def name_literals(path: Path, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) for every string constant in ``path`` that is exactly one of ``names``."""
+    tree = ast.parse(path.read_text(), str(path))
+    return sorted((node.lineno, node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names)
+
+
+def test_backend_names_live_in_their_modules_and_the_registry():
+    """A backend is named once, in its module (and the registry); everything else asks the registry."""
+    names = backend_names()
+    problems = []
+    for path in modules():
+        rel = path.relative_to(SRC).as_posix()
+        if component(path) == "backends":
+            continue
+        allowed = NAME_ELSEWHERE.get(rel, set()) | NAME_ELSEWHERE.get(component(path), set())
+        problems += [f"{rel}:{line}: {name!r}" for line, name in name_literals(path, names) if name not in allowed]
+    assert not problems, "name backends through enginekit.backends, not as literals:\n" + "\n".join(problems)
+
+
 def test_the_checks_find_what_they_look_for(tmp_path):
     """The two walkers above see function-level imports, relative imports and prints."""
     sample = tmp_path / "m.py"
@@ -174,6 +224,8 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     assert _tensorrt_imports(trt_use) == [(1, "polygraphy.backend.trt"), (3, "tensorrt_rtx")]
     fake = SRC / "pipeline.py"
     assert ("pipeline", "reporting") in {("pipeline", t) for _, t, _ in imported_components(fake)}
+    sample.write_text("A = 'onnxruntime-cpu'\nB = 'onnxruntime-cpu is fast'\nC = ('torch-fp16',)\n")
+    assert name_literals(sample, backend_names()) == [(1, "onnxruntime-cpu"), (3, "torch-fp16")]
 
 
 def _precision_lists(tree: ast.AST) -> list[tuple[int, str]]:

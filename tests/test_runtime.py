@@ -50,7 +50,7 @@ def _cuda() -> bool:
 @pytest.fixture(scope="module")
 def yolo_onnx(tmp_path_factory, cache):
     from enginekit import api
-    from enginekit.runtime.loader import _simplifier
+    from enginekit.flows.load import simplifier as _simplifier
 
     out = tmp_path_factory.mktemp("rt-yolo")
     return api.export("yolo12n", random_init=True, output=out / "yolo12n.onnx", cache=cache, quiet=True,
@@ -229,7 +229,7 @@ def test_shape_outside_every_profile_is_a_usage_error():
 
 
 def test_providers_report_loading_not_just_compiled():
-    from enginekit.runtime.providers import onnxruntime_providers
+    from enginekit.backends.providers import onnxruntime_providers
 
     found = {p.name: p for p in onnxruntime_providers()}
     assert found["CPUExecutionProvider"].loads is True

@@ -173,7 +173,7 @@ def test_classify_device_preprocessing_matches_the_host_transforms():
 
     from enginekit.families import resolve
     from enginekit.images import embedded_image_paths
-    from enginekit.runtime.backends import SessionInfo
+    from enginekit.backends import SessionInfo
     from enginekit.runtime.yolo_tasks import ClassifyProcessor
 
     bus = next(p for p in embedded_image_paths() if p.name == "bus.jpg")
@@ -189,14 +189,14 @@ def test_classify_device_preprocessing_matches_the_host_transforms():
 def test_family_without_runtime_is_refused_before_any_export(monkeypatch):
     import enginekit
     from enginekit.errors import UsageError
-    from enginekit.runtime import loader
+    from enginekit.flows import load
 
     def no_export(*a, **k):
         raise AssertionError("exported a model the runtime cannot run")
 
     from enginekit.families.yolo_tasks import YoloSemanticAdapter
 
-    monkeypatch.setattr(loader, "_export_onnx", no_export)
+    monkeypatch.setattr(load, "export_onnx", no_export)
     monkeypatch.setattr(YoloSemanticAdapter, "runtime_processor", "")  # a family that declares no runtime
     with pytest.raises(UsageError, match="does not run yolo-sem models") as err:
         enginekit.load("yolo26n-sem", random_init=True, backend="onnxruntime-cpu")

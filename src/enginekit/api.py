@@ -59,12 +59,19 @@ def verify(target: VerifyRequest | str | None = None, /, *, cache=None, quiet: b
     return run(run_verify, coerce(VerifyRequest, target, options, "target"), cache, quiet=quiet)
 
 
-def load(target, precision: str = "fp32", backend: str = "auto", **options: Any):
-    """Frames -> predictions over an engine, ONNX Runtime or PyTorch: ``enginekit.runtime.load``.
+def load(target, precision: str = "fp32", backend: str = "auto", *, remote: str | None = None,
+         remote_read_only: bool = False, **options: Any):
+    """Frames -> predictions over an engine, ONNX Runtime or PyTorch (or any registered backend).
 
+    A model name is exported or built through the cache as its backend needs (``enginekit.flows.load``),
+    then the runtime loads the artifact (``enginekit.runtime.loader``, which only loads).
     ``predictor(images)`` returns per image the family's results in the original image's pixels;
-    ``predictor.backend`` and ``predictor.reason`` say which backend runs and why.
+    ``predictor.backend`` and ``predictor.reason`` say which backend runs and why (and, for an
+    engine found by identity in the team store, which entry and why). ``remote``: the store's URL
+    (default ``$ENGINEKIT_REMOTE``), ``remote_read_only``: never write to it.
     """
-    from enginekit.runtime.loader import load as run_load
+    from enginekit.flows.load import load as run_load
+    from enginekit.store.settings import using
 
-    return run_load(target, precision, backend, **options)
+    with using(remote, read_only=remote_read_only):
+        return run_load(target, precision, backend, **options)

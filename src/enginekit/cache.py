@@ -9,6 +9,8 @@ Layout under the root (``default_root()``)::
     .locks/<kind>-<key>.lock      one lock per key, held while the key is built or removed
     .tmp/<kind>-<key>-<pid>-<r>/  an entry being built; renamed into place when complete
     .trash/                       entries moved aside before deletion
+    .inuse/<kind>-<key>/<pid>-<r> a run using the entry holds a lock on this file: gc and purge
+                                  keep the entry (the kernel drops the lock when the run ends)
 
 A reader never sees half an entry: an entry folder only appears by ``os.rename`` of a complete
 temp folder that already holds its ``manifest.json``, and only disappears by a rename into
@@ -21,7 +23,13 @@ and, for "corrupt", the reason. ``get_or_create`` returns ``(entry, status)`` wi
 (rebuilt on request). Both also leave the reason of the last corruption they found in
 ``Cache.last_corruption`` (None when there was none), so a caller can report it.
 
-Only the standard library and ``filelock``: no torch, onnx or tensorrt here.
+Under it, optionally, the team store (``enginekit.store``): lookups go local -> store -> build,
+a pulled entry is checked file by file against its sha256 before it is renamed into place, and
+what is built is pushed back (engines only once their gates passed: ``publish``). A store that
+fails never fails the lookup: one warning, then local only.
+
+Only the standard library, ``filelock`` and ``psutil`` (and the store's client when one is
+configured): no torch, onnx or tensorrt here.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import os
 import re
 import secrets
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,7 +49,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
+from filelock import FileLock, Timeout, lock_descriptor
 
 from enginekit.errors import EnginekitError, UsageError
 from enginekit.fsutil import fsync_dir as _fsync_dir, fsync_file as _fsync_file
@@ -50,6 +59,9 @@ MANIFEST = "manifest.json"
 RESERVED_FIELDS = ("kind", "key", "parts", "files", "created", "subject")
 # Waiting for another process's build: an engine build of a large model can take an hour.
 DEFAULT_LOCK_TIMEOUT = 4 * 3600.0
+# Kinds the store receives only from the flows, once their gates passed (``Cache.publish``);
+# every other kind is pushed as soon as it is built.
+PUBLISHED_BY_FLOWS = ("engine",)
 # A temp folder younger than this may belong to a build on another host sharing the cache.
 STALE_TMP_SECONDS = 3600.0
 MIN_PREFIX = 6
@@ -196,7 +208,8 @@ class Entry:
 
 @dataclass
 class LookupResult:
-    """What ``Cache.lookup`` found: status "hit" (with entry), "miss", or "corrupt" (reason)."""
+    """What ``Cache.lookup`` found: status "hit" or "pulled" (from the store; with entry), "miss",
+    or "corrupt" (reason)."""
 
     status: str
     entry: Entry | None = None
@@ -204,7 +217,7 @@ class LookupResult:
 
     @property
     def hit(self) -> bool:
-        return self.status == "hit"
+        return self.status in ("hit", "pulled")
 
 
 @dataclass
@@ -238,12 +251,15 @@ class EntryInfo:
     last_used: datetime
     valid: bool
     reason: str | None = None
+    verified: bool = False  # every file's sha256 checked (else sizes only)
+    parity: bool | None = None  # engines: the parity verdict their manifest records
 
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind, "key": self.key, "subject": self.subject, "size_bytes": self.size,
             "created": self.created.isoformat(timespec="seconds") if self.created else None,
             "last_used": self.last_used.isoformat(timespec="seconds"), "valid": self.valid, "reason": self.reason,
+            "verified": self.verified,
         }
 
 
@@ -258,9 +274,13 @@ class Cache:
         root: str | os.PathLike[str] | None = None,
         *,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        remote: Any = "settings",
     ) -> None:
+        """``remote``: "settings" (ENGINEKIT_REMOTE, or a verb's --remote: ``enginekit.store.using``),
+        None (local only), or an ``enginekit.store.tier.Remote``."""
         self.root = Path(root).expanduser() if root is not None else default_root()
         self.lock_timeout = lock_timeout
+        self._remote_arg = remote
         self.last_corruption: str | None = None
         self._origin = _root_origin() if root is None else None
         self._location_checked: set[bool] = set()  # modes (writable or not) found fine
@@ -282,6 +302,21 @@ class Cache:
             fix = f"; set {self._origin} to a writable directory" if self._origin else ""
             raise UsageError(f"cannot use the cache at {self.root}{hint}: {problem}{fix}")
         self._location_checked.add(writable)
+
+    @property
+    def remote(self):
+        """The store under this cache (``enginekit.store.tier.Remote``), or None. Read from the
+        settings at each use, so ``store.using`` applies to caches made before it."""
+        if self._remote_arg != "settings":
+            return self._remote_arg
+        from enginekit.store.settings import current
+
+        settings = current()
+        if settings is None:
+            return None
+        from enginekit.store.tier import remote_for
+
+        return remote_for(settings)
 
     # ----- paths
 
@@ -349,24 +384,31 @@ class Cache:
 
     # ----- lookup
 
-    def lookup(self, kind: str, key: str, verify: bool = True) -> LookupResult:
+    def lookup(self, kind: str, key: str, verify: bool = True, *, remote: bool = True) -> LookupResult:
         """Find an entry. With ``verify``, every file's size and sha256 is checked.
 
         A corrupt entry is moved aside and deleted (under the key's lock, after checking
         again, since a concurrent rebuild can make a lock-free read look corrupt); the result
         then has status "corrupt" and the reason, also kept in ``self.last_corruption``.
+        With a store (and ``remote``), an entry missing here is pulled from it: status "pulled".
         """
         self.last_corruption = None
         result = self._inspect(kind, key, verify)
         if result.status == "corrupt":
             with self.lock(kind, key):
                 result = self._inspect_and_discard(kind, key, verify)
+        if result.entry is None and remote:
+            pulled = self._pull_if_missing(kind, key)
+            if pulled is not None:
+                result = LookupResult("pulled", pulled)
         if result.entry is not None:
             _touch(result.entry.path)
+            self._mark_in_use(kind, key)
         return result
 
-    def _inspect(self, kind: str, key: str, verify: bool) -> LookupResult:
-        """Look at an entry without changing anything."""
+    def _inspect(self, kind: str, key: str, verify: bool | str) -> LookupResult:
+        """Look at an entry without changing anything. ``verify``: True hashes every file, "size"
+        compares sizes only, False reads the manifest alone."""
         self.check_location(writable=False)
         path = self.entry_dir(kind, key)
         if not os.path.lexists(path):
@@ -375,12 +417,12 @@ class Cache:
         if manifest is not None:
             reason = _check_manifest(manifest, kind, key)
         if reason is None and verify:
-            reason = _verify_files(path, manifest["files"])
+            reason = _verify_files(path, manifest["files"], hash=verify is True)
         if reason is not None:
             return LookupResult("corrupt", reason=reason)
         return LookupResult("hit", Entry(kind, key, path, manifest))
 
-    def _inspect_and_discard(self, kind: str, key: str, verify: bool) -> LookupResult:
+    def _inspect_and_discard(self, kind: str, key: str, verify: bool | str) -> LookupResult:
         """``_inspect``, and move a corrupt entry aside. Call with the key's lock held."""
         result = self._inspect(kind, key, verify)
         if result.status == "corrupt":
@@ -412,19 +454,30 @@ class Cache:
             found = self._inspect(kind, key, verify=True)
             if found.entry is not None:
                 _touch(found.entry.path)
+                self._mark_in_use(kind, key)
                 return found.entry, "hit"
         with self.lock(kind, key):
             # Another process may have built it while we waited for the lock.
             found = self._inspect_and_discard(kind, key, verify=True)
             if found.entry is not None and not force:
                 _touch(found.entry.path)
+                self._mark_in_use(kind, key)
                 return found.entry, "hit"
             status = "forced" if found.entry is not None else found.status
+            if not force:
+                pulled = self._pull(kind, key)
+                if pulled is not None:
+                    self._mark_in_use(kind, key)
+                    return pulled, "pulled"
             if status == "corrupt":  # shown, not only rebuilt
                 from enginekit import reporting
 
                 reporting.warning(f"cache entry {kind}/{key[:12]} was corrupt ({found.reason}): removed it, rebuilding")
-            return self._build(kind, key, parts, produce, subject), status
+            entry = self._build(kind, key, parts, produce, subject)
+            self._mark_in_use(kind, key)
+            if kind not in PUBLISHED_BY_FLOWS:
+                self._push_quietly(entry)
+            return entry, status
 
     def _build(
         self, kind: str, key: str, parts: dict[str, Any], produce: Produce, subject: str | None
@@ -471,6 +524,174 @@ class Cache:
         except FileNotFoundError:
             return
         _remove(aside)  # if this fails halfway, gc empties .trash later
+
+    # ----- the store under this cache
+
+    def _pull_if_missing(self, kind: str, key: str) -> Entry | None:
+        """Pull a missing entry from the store (under the key's lock), or None. Never raises for
+        the store's faults: they are reported once and the caller goes on locally."""
+        remote = self.remote
+        if remote is None or not remote.available():
+            return None
+        if self.location_problem(writable=True) is not None:
+            return None  # a read-only cache serves what it has
+        with self.lock(kind, key):
+            found = self._inspect(kind, key, verify=True)
+            if found.entry is not None:  # another process got it first
+                return found.entry
+            return self._pull(kind, key)
+
+    def _pull(self, kind: str, key: str, *, strict: bool = False) -> Entry | None:
+        """Fetch ``kind/key`` from the store into a temp folder and rename it into place. Lock held.
+
+        Quiet (the default): a store fault is one warning for the run, a corrupt or truncated
+        object one warning naming entry and object; both give None (nothing is used). ``strict``
+        raises them instead (``StoreError``; ``UsageError`` for a corrupt object)."""
+        remote = self.remote
+        if remote is None or (not strict and not remote.available()):
+            return None
+        from enginekit import reporting
+        from enginekit.store.tier import CorruptObject
+
+        tmp = self._new_tmp(kind, key)
+        try:
+            try:
+                if strict:
+                    manifest = remote.fetch(kind, key, tmp)
+                else:
+                    manifest = remote.quietly(remote.fetch, kind, key, tmp)
+            except CorruptObject as exc:
+                if strict:
+                    raise UsageError(f"{exc}: not used") from None
+                reporting.warning(f"{exc}: not used")
+                manifest = None
+            if manifest is None:
+                shutil.rmtree(tmp, ignore_errors=True)
+                return None
+            # Not flushed to disk as a build is: what a power cut could tear is found by the size and
+            # sha256 check of every hit, and pulled again (it was checked once already, on arrival).
+            path = self._publish(tmp, kind, key)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        size = sum(int(r.get("size", 0)) for r in manifest["files"].values())
+        reporting.note(f"pulled {kind}/{key[:12]} from {remote.url} ({size / 2**20:.1f} MiB, sha256 checked)", level=1)
+        return Entry(kind, key, path, manifest)
+
+    def _pull_prefix(self, prefix: str) -> Entry | None:
+        """The store's one entry whose key starts with ``prefix``, pulled; None when it has none."""
+        remote = self.remote
+        rows = remote.quietly(remote.entries, manifests=False) or []
+        matches = sorted({(r.kind, r.key) for r in rows if r.key.startswith(prefix)})
+        if len(matches) > 1:
+            listed = ", ".join(f"{k}/{key[:12]}" for k, key in matches[:5])
+            raise UsageError(f"cache key prefix {prefix!r} is ambiguous in the store {remote.url}: matches {listed}")
+        if not matches:
+            return None
+        return self.lookup(*matches[0]).entry
+
+    def _push_quietly(self, entry: Entry) -> None:
+        remote = self.remote
+        if remote is not None and remote.writable:
+            remote.quietly(remote.publish, entry.path, entry.manifest, writing=True)
+
+    def publish(self, entries: list[Entry], *, engine: Entry | None = None,
+                verdict: dict | None = None) -> bool | None:
+        """Push ``entries`` (a build's chain) and then ``engine`` with its index record, where a
+        store is configured for writing. For the flows, once the engine passed its gates; never
+        raises for the store's faults. Returns True when this call published the engine, False
+        when the store had it, None when nothing could be pushed."""
+        remote = self.remote
+        if remote is None or not remote.writable:
+            return None
+        for entry in entries:
+            if entry is not None:
+                self._push_quietly(entry)
+        if engine is None:
+            return None
+        done = remote.quietly(remote.publish, engine.path, engine.manifest, writing=True)
+        if done is not None:
+            remote.quietly(remote.write_index, engine.manifest, verdict, writing=True)
+        return done
+
+    def push(self, entry: Entry) -> bool:
+        """``cache push``: publish one entry (an engine with its index record). Raises ``StoreError``.
+        True when this call published it, False when the store had it."""
+        remote = self.require_remote(write=True)
+        done = remote.publish(entry.path, entry.manifest)
+        if entry.kind == "engine":
+            remote.write_index(entry.manifest)
+        return done
+
+    def pull(self, kind: str, key: str) -> tuple[Entry, str]:
+        """``cache pull``: the entry, from here ("hit") or from the store ("pulled"). Raises
+        ``StoreError`` for the store's faults, ``UsageError`` when it has no such entry or a
+        corrupt object."""
+        self.require_remote(write=False)
+        found = self._inspect(kind, key, verify=True)
+        if found.entry is not None:
+            return found.entry, "hit"
+        with self.lock(kind, key):
+            found = self._inspect_and_discard(kind, key, verify=True)
+            if found.entry is not None:
+                return found.entry, "hit"
+            entry = self._pull(kind, key, strict=True)
+        if entry is None:
+            raise UsageError(f"the store {self.remote.url} has no entry {kind}/{key[:12]}")
+        return entry, "pulled"
+
+    def require_remote(self, *, write: bool):
+        """The configured store (for the verbs that need one), else a one-line ``UsageError``."""
+        remote = self.remote
+        if remote is None:
+            raise UsageError("no store configured: set ENGINEKIT_REMOTE=s3://BUCKET/PREFIX or pass --remote URL")
+        if write and not remote.settings.writable:
+            raise UsageError(f"the store {remote.url} is read-only here (--remote-read-only or "
+                             "ENGINEKIT_REMOTE_MODE=read): nothing is pushed")
+        return remote
+
+    # ----- entries in use
+
+    def _mark_in_use(self, kind: str, key: str) -> None:
+        """While a run (``holding_entries``) goes on, hold a lock that tells gc and purge this entry is
+        in use. Nothing outside a run; a cache that cannot be written is simply not marked."""
+        if not _SCOPE["depth"]:
+            return
+        folder = self.root / ".inuse" / f"{kind}-{key}"
+        with _USE_LOCK:
+            if folder in _USES:
+                return
+            for _ in range(3):  # gc may remove an empty folder between mkdir and open
+                staged = folder / f".{os.getpid()}-{secrets.token_hex(4)}"
+                try:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    fd = os.open(staged, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+                except FileNotFoundError:
+                    continue
+                except OSError:
+                    return
+                try:
+                    lock_descriptor(fd, blocking=False)
+                    final = folder / staged.name[1:]
+                    os.rename(staged, final)  # only locked markers carry a final name
+                except OSError:
+                    os.close(fd)
+                    with contextlib.suppress(OSError):
+                        staged.unlink()
+                    continue
+                _USES[folder] = (final, fd)
+                return
+
+    def _in_use(self, kind: str, key: str) -> bool:
+        """Whether a live run holds a marker of this entry; markers of ended runs are removed."""
+        return _markers_held(self.root / ".inuse" / f"{kind}-{key}")
+
+    def _clean_inuse(self) -> None:
+        folder = self.root / ".inuse"
+        if folder.is_symlink() or not folder.is_dir():
+            return
+        for name in os.listdir(folder):
+            _markers_held(folder / name)
 
     # ----- explain
 
@@ -521,10 +742,20 @@ class Cache:
             if manifest is not None and _check_manifest(manifest, k, key) is None:
                 yield Entry(k, key, path, manifest)
 
-    def ls(self, verify: bool = True) -> list[EntryInfo]:
-        """Every entry, most recently used first. With ``verify``, file hashes are checked.
+    def entries(self, kind: str | None = None) -> list[Entry]:
+        """Entries whose manifest reads and matches its folder (no hashing, no use recorded)."""
+        return list(self._entries(kind))
 
-        Listing changes nothing: a corrupt entry shows as ``valid=False`` with its reason.
+    def has(self, kind: str, key: str) -> bool:
+        """Whether a complete-looking entry is here (its manifest only; no use recorded)."""
+        return self._inspect(kind, key, verify=False).entry is not None
+
+    def ls(self, verify: bool = False) -> list[EntryInfo]:
+        """Every entry, most recently used first. Files are checked by size; with ``verify``, by
+        sha256 too (which reads every byte).
+
+        Listing changes nothing and is no use: last-used times stay as they were, and a corrupt
+        entry shows as ``valid=False`` with its reason.
         """
         rows = []
         for kind, key, path in self._entry_dirs():
@@ -533,8 +764,9 @@ class Cache:
             except FileNotFoundError:
                 continue  # removed while we listed
             manifest, _ = _read_manifest(path)
-            result = self._inspect(kind, key, verify)
+            result = self._inspect(kind, key, True if verify else "size")
             manifest = manifest or {}
+            parity = manifest.get("parity") if kind == "engine" else None
             rows.append(
                 EntryInfo(
                     kind=kind,
@@ -545,6 +777,8 @@ class Cache:
                     last_used=datetime.fromtimestamp(last_used, timezone.utc),
                     valid=result.status == "hit",
                     reason=result.reason,
+                    verified=bool(verify),
+                    parity=parity.get("passed") if isinstance(parity, dict) else None,
                 )
             )
         rows.sort(key=lambda row: row.last_used, reverse=True)
@@ -565,6 +799,10 @@ class Cache:
                 f"give at least {MIN_PREFIX} characters"
             )
         matches = [(k, key) for k, key, _ in self._entry_dirs() if key.startswith(prefix)]
+        if not matches and self.remote is not None:  # read through: the store's entry, pulled
+            pulled = self._pull_prefix(prefix)
+            if pulled is not None:
+                return pulled
         if not matches:
             raise UsageError(f"no cache entry has a key starting with {prefix!r}")
         if len(matches) > 1:
@@ -588,18 +826,21 @@ class Cache:
         max_age_seconds: float | None = None,
         *,
         stale_tmp_seconds: float = STALE_TMP_SECONDS,
+        dry_run: bool = False,
     ) -> list[str]:
         """Remove entries unused for longer than ``max_age_seconds``, then least recently used
-        ones until the total is at most ``max_size_bytes``. Returns the removed keys.
+        ones until the total is at most ``max_size_bytes``. Returns the removed keys (with
+        ``dry_run``, those it would remove, removing nothing).
 
-        An entry whose lock another process holds is never removed (it still counts toward
-        the size). Also removes orphaned temp folders (older than ``stale_tmp_seconds``,
-        builder gone, lock free) and leftovers in ``.trash``.
+        An entry whose lock another process holds, or that a run is using (``holding_entries``),
+        is never removed (it still counts toward the size). Also removes orphaned temp folders
+        (older than ``stale_tmp_seconds``, builder gone, lock free) and leftovers in ``.trash``.
         """
-        if os.path.lexists(self.root):
+        if os.path.lexists(self.root) and not dry_run:
             self.check_location(writable=True)
-        self._clean_tmp(stale_tmp_seconds)
-        _remove_children(self._trash_root)
+        if not dry_run:
+            self._clean_tmp(stale_tmp_seconds)
+            _remove_children(self._trash_root)
         rows = []
         for kind, key, path in self._entry_dirs():
             try:
@@ -613,10 +854,18 @@ class Cache:
         for last_used, kind, key, size in rows:
             too_old = max_age_seconds is not None and now - last_used > max_age_seconds
             too_big = max_size_bytes is not None and total > max_size_bytes
-            if (too_old or too_big) and self._remove_if_free(kind, key):
+            if not (too_old or too_big):
+                continue
+            if dry_run:
+                gone = not self._in_use(kind, key)
+            else:
+                gone = self._remove_if_free(kind, key)
+            if gone:
                 removed.append(key)
                 total -= size
-        self._clean_locks()
+        if not dry_run:
+            self._clean_locks()
+            self._clean_inuse()
         return removed
 
     def purge(self) -> list[str]:
@@ -628,14 +877,28 @@ class Cache:
         self._clean_tmp(0)
         _remove_children(self._trash_root)
         self._clean_locks()
+        self._clean_inuse()
         return removed
 
     def _remove_if_free(self, kind: str, key: str) -> bool:
-        """Remove an entry unless someone holds its lock; say whether it went."""
+        """Remove an entry unless someone holds its lock or a run is using it; say whether it went.
+
+        Checked again after the entry is moved aside: a run that began using it meanwhile gets it
+        back (no build can recreate it in between: the key's lock is held)."""
         with self._try_lock(kind, key) as got:
-            if not got or not os.path.lexists(self.entry_dir(kind, key)):
+            path = self.entry_dir(kind, key)
+            if not got or not os.path.lexists(path) or self._in_use(kind, key):
                 return False
-            self._discard(kind, key)
+            self._trash_root.mkdir(parents=True, exist_ok=True)
+            aside = self._trash_root / f"{kind}-{key}-{secrets.token_hex(4)}"
+            try:
+                os.rename(path, aside)
+            except FileNotFoundError:
+                return False
+            if self._in_use(kind, key):
+                os.rename(aside, path)
+                return False
+            _remove(aside)
             return True
 
     def _clean_tmp(self, stale_seconds: float) -> None:
@@ -681,37 +944,102 @@ class Cache:
     def _clean_locks(self) -> None:
         """Remove empty lock files no process holds (each finished or failed run leaves one).
 
-        Taken with a non-blocking ``flock`` on the file itself, then unlinked while held: a
-        process that opened the old file meanwhile finds it unlinked once it gets the lock and
-        opens the path again (filelock checks ``st_nlink``). Symlinks are never followed.
+        Taken with filelock's own primitive on the file (``lock_descriptor``, non-blocking), then
+        unlinked while held: a process that opened the old file meanwhile finds it unlinked once it
+        gets the lock and opens the path again (filelock checks ``st_nlink``). Symlinks are never
+        followed.
         """
         locks = self.root / ".locks"
         if locks.is_symlink() or not locks.is_dir():
             return
-        try:
-            import fcntl
-        except ImportError:  # no flock here: leave lock files alone
-            return
-        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
         for name in os.listdir(locks):
             if not name.endswith(".lock"):
                 continue
             path = locks / name
             try:
-                fd = os.open(path, flags)
+                fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
             except OSError:
                 continue  # gone, a symlink, or unreadable
             try:
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    if not lock_descriptor(fd, blocking=False):
+                        continue  # held by a live process
                 except OSError:
-                    continue  # held by a live process
+                    return  # no locking primitive here: leave lock files alone
                 st = os.fstat(fd)
                 with contextlib.suppress(FileNotFoundError):
                     if st.st_size == 0 and os.path.samestat(os.lstat(path), st):
                         path.unlink()
             finally:
                 os.close(fd)
+
+
+# --------------------------------------------------------------------------- entries in use
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_USE_LOCK = threading.Lock()
+_USES: dict[Path, tuple[Path, int]] = {}  # this process's markers: folder -> (marker, locked fd)
+_SCOPE = {"depth": 0}
+
+
+@contextlib.contextmanager
+def holding_entries() -> Iterator[None]:
+    """Every entry the cache hands out inside this block stays in use until the outermost block
+    ends: ``gc`` and ``purge`` (in any process) keep it. The CLI's verbs and ``flows.run`` hold one."""
+    with _USE_LOCK:
+        _SCOPE["depth"] += 1
+    try:
+        yield
+    finally:
+        with _USE_LOCK:
+            _SCOPE["depth"] -= 1
+            if _SCOPE["depth"] == 0:
+                for marker, fd in _USES.values():
+                    with contextlib.suppress(OSError):
+                        marker.unlink()
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                    with contextlib.suppress(OSError):
+                        marker.parent.rmdir()
+                _USES.clear()
+
+
+def _markers_held(folder: Path) -> bool:
+    """Whether any marker in ``folder`` is locked by a live run. Markers whose run ended are
+    removed (while locked here, so no other cleaner races on them), then the folder if empty.
+    A staged marker (dot name: being locked and renamed) counts as held for a minute."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    held = False
+    for name in os.listdir(folder):
+        path = folder / name
+        if name.startswith("."):
+            try:
+                age = time.time() - path.lstat().st_mtime
+            except FileNotFoundError:
+                continue
+            if age < 60:
+                held = True
+            else:
+                _remove(path)
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            if not lock_descriptor(fd, blocking=False):
+                held = True
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        except OSError:
+            held = True  # cannot tell: keep the entry
+        finally:
+            os.close(fd)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+    return held
 
 
 # --------------------------------------------------------------------------- helpers
@@ -753,8 +1081,8 @@ def _check_manifest(manifest: dict[str, Any], kind: str, key: str) -> str | None
     return None
 
 
-def _verify_files(path: Path, files: dict[str, Any]) -> str | None:
-    """Reason the first listed file fails its recorded size or sha256, or None."""
+def _verify_files(path: Path, files: dict[str, Any], *, hash: bool = True) -> str | None:
+    """Reason the first listed file fails its recorded size (or, with ``hash``, sha256), or None."""
     for name, record in files.items():
         if not isinstance(record, dict) or Path(name).is_absolute() or ".." in Path(name).parts:
             return f"{MANIFEST} has a bad record for {name!r}"
@@ -765,7 +1093,7 @@ def _verify_files(path: Path, files: dict[str, Any]) -> str | None:
             return f"{name} is missing"
         if size != record.get("size"):
             return f"{name} has {size} bytes, {record.get('size')} recorded"
-        if sha256_file(file) != record.get("sha256"):
+        if hash and sha256_file(file) != record.get("sha256"):
             return f"{name} does not match its recorded sha256"
     return None
 
@@ -844,15 +1172,9 @@ def _tree_size(path: Path) -> int:
 
 
 def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
+    import psutil
+
+    return pid > 0 and psutil.pid_exists(pid)
 
 
 def _changed_parts(new: dict[str, Any], old: dict[str, Any]) -> list[str]:

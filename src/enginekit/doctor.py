@@ -1,25 +1,22 @@
 """What this machine has, what it can build and run, and which combinations are known to break.
 
-``inventory()`` gathers facts (package versions, GPU, ONNX Runtime providers, TensorRT
-modules, cache); everything after it is a pure function of that dict, so each check can be
-tried against a made-up machine:
+``inventory()`` gathers facts (package versions, GPU, cache, and what each registered backend
+asks for: torch's CUDA build, ONNX Runtime's providers, TensorRT's modules); everything after it
+is a pure function of that dict, so each check can be tried against a made-up machine:
 
     inv = inventory()
-    capabilities(inv)   # one row per backend: installed? can build? can run? why
+    capabilities(inv)   # each backend's rows (enginekit.backends): installed? can build? can run? why
     warnings(inv)       # known bad combinations, one line each
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import platform
-import re
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from enginekit.errors import first_line
 
 #: distributions whose versions matter to enginekit (metadata only: nothing is imported)
 PACKAGES = (
@@ -37,20 +34,25 @@ RTX_DISTRIBUTIONS = ("tensorrt-rtx", "tensorrt-rtx-cu13-libs", "tensorrt-rtx-cu1
 def inventory() -> dict[str, Any]:
     """Everything the checks look at, as plain JSON-ready data."""
     from enginekit import __version__
+    from enginekit.backends import backends
 
-    return {
+    inv: dict[str, Any] = {
         "enginekit": __version__,
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",
         "packages": {name: _dist_version(name) for name in PACKAGES},
-        "torch_cuda": _torch_cuda_version(),
         "gpu": _gpu(),  # the one builds and runs use
         "gpus": _gpus(),  # every GPU CUDA sees, with memory
-        "onnxruntime_providers": _onnxruntime_providers(),  # compiled in
-        "onnxruntime_provider_status": _onnxruntime_provider_status(),  # and whether each one loads here
-        "tensorrt_modules": _tensorrt_modules(),
-        "cache": _cache_facts(),
     }
+    for backend in backends():  # torch_cuda, onnxruntime_providers (+ _status), tensorrt_modules, ...
+        for key, value in backend.inventory(inv).items():
+            if isinstance(value, dict) and isinstance(inv.get(key), dict):
+                inv[key] = {**inv[key], **value}
+            else:
+                inv[key] = value
+    inv["cache"] = _cache_facts()
+    inv["store"] = _store_facts()
+    return inv
 
 
 def _dist_version(name: str) -> str | None:
@@ -58,19 +60,6 @@ def _dist_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _torch_cuda_version() -> str | None:
-    """The CUDA version torch was built for, read from torch/version.py without importing torch."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    version_file = Path(list(spec.submodule_search_locations)[0]) / "version.py"
-    try:
-        match = re.search(r"^cuda(?:: \S+)? = '([^']+)'", version_file.read_text(), re.MULTILINE)
-    except OSError:
-        return None
-    return match.group(1) if match else None
 
 
 def _gpu() -> dict[str, str] | None:
@@ -84,48 +73,6 @@ def _gpus() -> list[dict[str, Any]]:
     from enginekit.gpu import gpus
 
     return [{**g.to_json(), "index": g.index, "memory_bytes": g.memory_bytes} for g in gpus()]
-
-
-def _onnxruntime_providers() -> list[str] | None:
-    if importlib.util.find_spec("onnxruntime") is None:
-        return None
-    try:
-        import onnxruntime as ort
-
-        return list(ort.get_available_providers())
-    except Exception:  # noqa: BLE001 - a broken install is reported as no providers
-        return []
-
-
-def _onnxruntime_provider_status() -> list[dict[str, Any]]:
-    """Each compiled-in provider, and whether its libraries load (and a session starts, on a GPU)."""
-    if importlib.util.find_spec("onnxruntime") is None:
-        return []
-    from enginekit.runtime.providers import onnxruntime_providers
-
-    return [status.to_json() for status in onnxruntime_providers()]
-
-
-def _tensorrt_modules() -> dict[str, dict[str, Any]]:
-    """For each TensorRT family: does its module import, and at which version."""
-    from enginekit.trt.backends import TRAITS
-
-    modules: dict[str, dict[str, Any]] = {}
-    for row in TRAITS.values():
-        if row.family in modules:
-            continue
-        modules[row.family] = _import_version(row.module)
-    return modules
-
-
-def _import_version(module_name: str) -> dict[str, Any]:
-    if importlib.util.find_spec(module_name) is None:
-        return {"module": module_name, "version": None, "error": "not installed"}
-    try:
-        module = __import__(module_name)
-    except Exception as exc:  # noqa: BLE001 - the wheel is there, its libraries are not
-        return {"module": module_name, "version": None, "error": first_line(exc, 200)}
-    return {"module": module_name, "version": str(getattr(module, "__version__", "0")), "error": None}
 
 
 def _cache_facts() -> dict[str, Any]:
@@ -146,6 +93,34 @@ def _cache_facts() -> dict[str, Any]:
     writable = os.access(root if root.exists() else _existing_parent(root), os.W_OK)
     return {"root": str(root), "exists": root.is_dir(), "size_bytes": size, "entries": entries,
             "writable": writable, "problem": None}
+
+
+def _store_facts() -> dict[str, Any]:
+    """The team store (ENGINEKIT_REMOTE): its URL, mode, and whether it answers (bucket and
+    credentials checked; nothing is written)."""
+    from enginekit.errors import EnginekitError
+    from enginekit.store.settings import current
+
+    try:
+        settings = current()
+    except EnginekitError as exc:
+        return {"url": os.environ.get("ENGINEKIT_REMOTE"), "mode": None, "reachable": False, "problem": str(exc)}
+    if settings is None:
+        return {"url": None, "mode": None, "reachable": None, "problem": None}
+    facts = {"url": settings.url, "mode": settings.mode, "timeout_s": settings.timeout, "endpoint": None,
+             "reachable": False, "problem": None}
+    try:
+        from enginekit.store.tier import open_store
+
+        store = open_store(settings)
+        facts["endpoint"] = getattr(store, "endpoint", None)
+        store.check()
+        facts["reachable"] = True
+    except EnginekitError as exc:
+        facts["problem"] = str(exc)
+    except ImportError as exc:
+        facts["problem"] = f"cannot import {exc.name or 'the store client'}: pip install boto3"
+    return facts
 
 
 def _file_size(path: Path) -> int:
@@ -177,94 +152,17 @@ def _cc_tuple(cc: str) -> tuple[int, int]:
 
 
 def capabilities(inv: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per backend: torch, ONNX Runtime providers, and each TensorRT row of the traits table."""
-    return [*_torch_rows(inv), *_onnxruntime_rows(inv), *_tensorrt_rows(inv)]
+    """Each registered backend's rows (torch, ONNX Runtime's providers, each TensorRT of the traits table)."""
+    from enginekit.backends import backends
 
-
-def _row(name: str, version: str | None, can_build: bool | None, can_run: bool, reason: str) -> dict[str, Any]:
-    return {"name": name, "installed": version is not None, "version": version, "can_build": can_build,
-            "can_run": can_run, "reason": reason}
-
-
-def _torch_rows(inv: dict[str, Any]) -> list[dict[str, Any]]:
-    version = inv["packages"].get("torch")
-    gpu, cuda = inv.get("gpu"), inv.get("torch_cuda")
-    cpu_reason = "eager PyTorch on the CPU" if version else "torch is not installed"
-    cpu = _row("torch-cpu", version, None, version is not None, cpu_reason)
-    if version is None:
-        reason = "torch is not installed"
-    elif cuda is None:
-        reason = "torch is a CPU-only build"
-    elif gpu is None:
-        reason = f"torch is built for CUDA {cuda}, but this machine has no GPU"
-    else:
-        reason = f"torch CUDA {cuda} on {gpu['name']}"
-    gpu_row = _row("torch-cuda", version, None, bool(version and cuda and gpu), reason)
-    return [cpu, gpu_row]
-
-
-def _onnxruntime_rows(inv: dict[str, Any]) -> list[dict[str, Any]]:
-    providers = inv.get("onnxruntime_providers")
-    packages = inv["packages"]
-    version = packages.get("onnxruntime-gpu") or packages.get("onnxruntime")
-    if providers is None:
-        version = None
-    cpu_ok = bool(providers) and "CPUExecutionProvider" in providers
-    cpu = _row("onnxruntime-cpu", version, None, cpu_ok,
-               "CPU provider" if cpu_ok else "onnxruntime is not installed (or does not load)")
-    has_cuda = bool(providers) and "CUDAExecutionProvider" in providers
-    status = {s["name"]: s for s in inv.get("onnxruntime_provider_status") or []}.get("CUDAExecutionProvider")
-    loads = status is None or status["loads"] is not False  # not checked (older inventories): trust the list
-    if not has_cuda:
-        reason = "no CUDA provider: pip install onnxruntime-gpu"
-    elif not loads:
-        reason = f"CUDA provider compiled in but it does not load: {status['detail']}"
-    elif inv.get("gpu") is None:
-        detail = f" ({status['detail']})" if status else ""
-        reason = f"CUDA provider installed, but this machine has no GPU{detail}"
-    else:
-        reason = f"CUDA provider on {inv['gpu']['name']}"
-    return [cpu, _row("onnxruntime-cuda", version, None, has_cuda and loads and inv.get("gpu") is not None, reason)]
-
-
-def _tensorrt_rows(inv: dict[str, Any]) -> list[dict[str, Any]]:
-    from enginekit.trt.backends import TRAITS
-
-    return [_tensorrt_row(row, inv) for row in TRAITS.values()]
-
-
-def _tensorrt_row(row, inv: dict[str, Any]) -> dict[str, Any]:
-    """Can this traits row build and run here? TensorRT needs the GPU for both; RTX only to run."""
-    module = inv.get("tensorrt_modules", {}).get(row.family, {})
-    version = module.get("version")
-    if version is None:
-        why = f"{row.module}: {module.get('error') or 'not installed'}; {row.pip_install}"
-        return _row(row.name, None, False, False, why)
-    if _major(version) not in row.majors:
-        majors = "/".join(map(str, row.majors))
-        return _row(row.name, None, False, False, f"{row.label} {version} is installed; this row is {majors}.x")
-    gpu = inv.get("gpu")
-    can_build = gpu is not None or not row.needs_gpu_to_build
-    if gpu is None:
-        run_reason = "this machine has no GPU"
-        can_run = False
-    elif row.supports_compute_capability_targets and gpu["compute_capability"] not in row.compute_capabilities:
-        can_run = False
-        run_reason = (f"{row.label} cannot run engines on compute capability {gpu['compute_capability']} "
-                      f"(targets: {', '.join(row.compute_capabilities)})")
-    else:
-        can_run = True
-        run_reason = f"runs on {gpu['name']} ({gpu['compute_capability']})"
-    build_reason = ("builds ahead of time for chosen compute capabilities" if not row.needs_gpu_to_build
-                    else "builds on this GPU" if gpu else "building needs a GPU")
-    return _row(row.name, version, can_build, can_run, f"{build_reason}; {run_reason}")
+    return [row for backend in backends() for row in backend.doctor_rows(inv)]
 
 
 def warnings(inv: dict[str, Any]) -> list[str]:
     """Known bad combinations on this machine, one line each."""
     found: list[str] = []
     for check in (_warn_onnxruntime_twice, _warn_rtx_gpu, _warn_old_tensorrt, _warn_rtx_versions,
-                  _warn_torch_cpu_build, _warn_cache, _warn_missing_model_libraries):
+                  _warn_torch_cpu_build, _warn_cache, _warn_missing_model_libraries, _warn_store):
         found.extend(check(inv))
     return found
 
@@ -323,6 +221,13 @@ def _warn_cache(inv: dict[str, Any]) -> list[str]:
         return [f"cannot use the cache at {cache['root']}: {cache['problem']}; set ENGINEKIT_CACHE to a writable folder"]
     if cache and not cache.get("writable", True):
         return [f"the cache {cache['root']} is not writable: set ENGINEKIT_CACHE to a folder you can write"]
+    return []
+
+
+def _warn_store(inv: dict[str, Any]) -> list[str]:
+    store = inv.get("store") or {}
+    if store.get("problem"):
+        return [f"{store['problem']}: builds and loads go on with the local cache only"]
     return []
 
 

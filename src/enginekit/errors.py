@@ -30,6 +30,13 @@ class CapabilityError(EnginekitError):
     exit_code = EXIT_CAPABILITY
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread where the CLI catches it: everything that cleans up on
+    Ctrl-C (temporary folders, locks) cleans up on it too; the CLI then exits 143 (128 + 15)."""
+
+    exit_code = 143
+
+
 class ParityError(EnginekitError):
     """A candidate does not compute what its reference computes."""
 

@@ -2,7 +2,9 @@
 
 Every writer in enginekit goes through ``atomic_write``: the data lands in a temporary file
 with a unique name in the destination's folder, is flushed to disk, and replaces the
-destination in one rename. Two writers of the same path never share a temporary file.
+destination in one rename. Two writers of the same path never share a temporary file. The
+file gets the mode a plain ``open`` would give it (0666 less the umask), not the temporary
+file's 0600.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())
         fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -61,6 +64,36 @@ def atomic_copy(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Pa
     with atomic_path(dest) as tmp:
         shutil.copyfile(src, tmp)
     return Path(dest)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (/proc), else by
+    setting and restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An error that says the disk (or the quota) is full, raised here or wrapped by a library."""
+    import errno
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            return True
+        if "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def fsync_file(path: str | os.PathLike[str]) -> None:

@@ -205,10 +205,7 @@ class Stages:
             raise UsageError(f"unknown calibration method {method!r}: choose {', '.join(CALIBRATION_METHODS)}")
         excludes = sorted(set(self.adapter.int8_exclude if self.adapter else ()) | set(exclude or []))
         user_cache = calibration_cache if calibration_cache is not None and calibration_cache.is_file() else None
-        if user_cache is not None:
-            calibration = {"cache": sha256_file(user_cache)}
-        else:
-            calibration = {"data": self._data_digest(data, shape)}
+        calibration = self._calibration_key(source, data, shape, method, user_cache)
         calib_parts = {"stage": "calibration", "input": source.sha256, "method": method, **calibration,
                        "versions": quantizer_versions()}
         parts = {"stage": "int8", "input": source.sha256, "method": method, "exclude": excludes,
@@ -226,20 +223,43 @@ class Stages:
             )
             if found is None:
                 self._store_calibration(calib_parts, tmp / CALIB_FILE)
-            elif calibration_cache is None:
+            else:
                 shutil.copyfile(found, tmp / CALIB_FILE)
-            if calibration_cache is not None and user_cache is None:
-                copy_file_atomic(tmp / CALIB_FILE, calibration_cache)
             return {"calibrated": report.calibrated, "qdq_nodes": report.n_qdq_nodes, "exclude": excludes,
                     "method": method, "calibration_seconds": round(report.seconds, 3),
-                    "calibration_data": "user cache" if user_cache else data.describe(),
-                    "calibration_source": "user cache" if user_cache else ("calibration cache" if found else data.describe())}
+                    "calibration_data": "user cache" if "cache" in calibration else data.describe(),
+                    "calibration_source": "user cache" if "cache" in calibration else (
+                        "calibration cache" if found else data.describe())}
 
         artifact = self.stage("int8", parts, produce, f"int8 ({method})")
-        if artifact.status != "hit":
+        if artifact.status not in ("hit", "pulled"):
             how = "calibrated" if artifact.manifest.get("calibrated") else "from calibration cache (no calibration)"
             reporting.note(f"calibration: {how}; {artifact.manifest.get('qdq_nodes')} Q/DQ pairs", level=1)
+        if calibration_cache is not None and user_cache is None:  # the user's file, also on a cache hit
+            ranges = artifact.entry.file(CALIB_FILE)
+            copy_file_atomic(ranges if ranges.is_file() else self._calibration_entry(calib_parts), calibration_cache)
         return artifact
+
+    def _calibration_key(self, source: Artifact, data: CalibrationData, shape: Shape, method: str,
+                         user_cache: Path | None) -> dict:
+        """What INT8 is calibrated from, for the keys: the calibration data; or a user's calibration
+        cache file, unless it holds exactly the ranges this data gave (the file an earlier run with
+        ``--calib-cache`` wrote): then the same key as that run, so an identical build hits."""
+        try:
+            by_data = {"data": self._data_digest(data, shape)}
+        except UsageError:
+            if user_cache is None:
+                raise
+            return {"cache": sha256_file(user_cache)}
+        if user_cache is None:
+            return by_data
+        parts = {"stage": "calibration", "input": source.sha256, "method": method, **by_data,
+                 "versions": quantizer_versions()}
+        known = self.cache.lookup("calibration", key_for(parts))
+        user_sha = sha256_file(user_cache)
+        if known.entry is not None and known.entry.manifest["files"].get(CALIB_FILE, {}).get("sha256") == user_sha:
+            return by_data
+        return {"cache": user_sha}
 
     def fp8(self, source: Artifact, shape: Shape, data: CalibrationData, *, exclude: list[str] | None = None) -> Artifact:
         """FP8 E4M3 Q/DQ through ModelOpt (max calibration at ``shape``), family excludes as INT8's."""

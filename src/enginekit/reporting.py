@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 # Stage statuses a renderer knows how to draw; any other text is shown as is. A Collector
 # records a stage that raised as "error".
-STATUSES = ("hit", "miss", "forced", "corrupt", "pass", "fail", "not-checked")
+STATUSES = ("hit", "pulled", "miss", "forced", "corrupt", "pass", "fail", "not-checked")
 
 
 @dataclass

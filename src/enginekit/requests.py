@@ -230,6 +230,12 @@ class BuildRequest(_ModelOptions):
             parse_profile(text)
         return value
 
+    @field_validator("calib_cache")
+    @classmethod
+    def _calib_cache(cls, value: Optional[Path]) -> Optional[Path]:
+        # read when it is a file, else written: refused up front when it cannot be (a folder, no access)
+        return value if value is None or Path(value).is_file() else _output(value, "--calib-cache")
+
     @field_validator("calib_method")
     @classmethod
     def _method(cls, value: Optional[str]) -> Optional[str]:

@@ -19,7 +19,7 @@ import numpy as np
 
 from enginekit.bench.measure import BenchReport, latency_stats
 from enginekit.bench.plan import BenchPlan, Planned
-from enginekit.bench.runners import Tick
+from enginekit.backends.timing import Tick
 from enginekit.errors import UsageError, first_line
 
 STAGES = ("decode", "preprocess", "infer", "postprocess")
@@ -91,25 +91,22 @@ def _network_p50(report: BenchReport, backend: str) -> float | None:
 
 def _load(plan: BenchPlan, item: Planned):
     """A predictor over what ``item``'s network-only rows timed; a reason string when it cannot be made."""
+    from enginekit.backends.base import ENGINE, MODULE
     from enginekit.runtime.loader import load
 
     s = plan.settings
-    hw = tuple(plan.image_shape[1:])
-    common = dict(input_size=hw, cache=plan.pipeline.cache, quiet=True)
-    name = item.name
-    if name.startswith("torch-"):
-        import torch
-
-        device = "cuda:0" if torch.cuda.is_available() else "cpu"
-        return load(s.model, "fp16" if name.startswith("torch-fp16") else "fp32", "torch", weights=s.weights,
-                    random_init=s.random_init, seed=s.seed, device=device,
-                    cuda_graph=name.endswith("cudagraph"), **common)
-    if name.startswith("onnxruntime-"):
-        return load(item.onnx, backend=name, **common)
-    engine = item.engines.get(1)
-    if engine is None:
-        return f"no batch-1 engine: {item.engine_skips.get(1, 'add 1 to --batch')}"
-    return load(engine, backend="tensorrt", **common)
+    backend, options = item.backend, item.variant.options
+    common = dict(input_size=tuple(plan.image_shape[1:]), cache=plan.pipeline.cache)
+    if MODULE in backend.runs:
+        return load(s.model, item.variant.precision or "fp32", backend.name, weights=s.weights,
+                    random_init=s.random_init, seed=s.seed, device=backend.default_device(None),
+                    cuda_graph=bool(options.get("cuda_graph")), **common)
+    if ENGINE in backend.runs:
+        engine = item.engines.get(1)
+        if engine is None:
+            return f"no batch-1 engine: {item.engine_skips.get(1, 'add 1 to --batch')}"
+        return load(engine, backend=backend.name, **common)
+    return load(item.onnx, backend=backend.name, **common)
 
 
 def _time_frames(run, image: Path, warmup: int, iters: int, tick: Tick):

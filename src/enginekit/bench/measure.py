@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from enginekit.bench.plan import BenchPlan, Planned, input_batch
-from enginekit.bench.runners import Runner, Tick, onnxruntime_runner, tensorrt_runner, torch_runner
+from enginekit.backends.timing import Runner, Tick
 from enginekit.bench.settings import BenchSettings
 from enginekit.errors import first_line
 
@@ -144,14 +144,10 @@ def _measure_one(plan: BenchPlan, item: Planned, batch: int, tick: Tick) -> Benc
 
 
 def _make_runner(plan: BenchPlan, item: Planned, batch: int) -> Runner:
-    data = input_batch(plan, batch)
-    if item.name.startswith("torch-"):
-        return torch_runner(item.name, plan.pipeline.loaded.module, data, plan.settings.include_copies,
-                            plan.settings.threads)
-    if item.name.startswith("onnxruntime-"):
-        return onnxruntime_runner(item.name, item.onnx, plan.adapter.input_name, data, plan.settings.threads)
-    return tensorrt_runner(item.backend, item.engines[batch], plan.adapter.input_name, data,
-                           plan.settings.include_copies)
+    """The backend's runner over what ``item`` runs at ``batch``, timed the backend's way."""
+    backend = item.backend(item.artifact(plan, batch), **item.variant.options)
+    return backend.timed(input_batch(plan, batch), include_copies=plan.settings.include_copies,
+                         threads=plan.settings.threads)
 
 
 def cpu_name() -> str:
@@ -168,12 +164,12 @@ def cpu_name() -> str:
 def machine_info(gpu) -> dict[str, Any]:
     import os
 
+    from enginekit.backends.registry import distributions
     from enginekit.pipeline import package_version
 
     return {
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "gpu": gpu.to_json() if gpu is not None else None,
-        "versions": {name: package_version(name) for name in
-                     ("torch", "onnxruntime", "onnxruntime-gpu", "tensorrt", "tensorrt-rtx")},
+        "versions": {name: package_version(name) for name in distributions()},
     }

@@ -1,6 +1,9 @@
 """bench planning: which runners can run here, and the ONNX graphs and engines they need.
 
-Engines are built through the build flow (``enginekit.flows.build``) (the cache makes a second run free).
+A runner is a backend's variant (``enginekit.backends``): whether it runs here is its backend's
+``check``; what it needs follows from what the backend runs (the PyTorch module, the ONNX graph, an
+engine per batch size). Engines are built through the build flow (``enginekit.flows.build``; the
+cache makes a second run free).
 """
 
 from __future__ import annotations
@@ -25,13 +28,36 @@ class Planned:
     onnx: Path | None = None
     engines: dict[int, Path] = field(default_factory=dict)
     engine_skips: dict[int, str] = field(default_factory=dict)  # per-batch reasons
-    backend: Any = None  # trt.backends.Backend for engine rows
+    manifests: dict[int, dict] = field(default_factory=dict)  # per batch: the engine's manifest
+    variant: Any = None  # enginekit.backends.Variant: the backend and its options
+
+    def __post_init__(self) -> None:
+        if self.variant is None:
+            from enginekit.backends import variants
+
+            self.variant = variants()[self.name]
+
+    @property
+    def backend(self):
+        """The backend class this runner is a variant of."""
+        return self.variant.backend
 
     @property
     def precision(self) -> str:
-        if self.name.startswith("torch-"):
-            return self.name.split("-")[1]
-        return ""
+        """The precision the runner itself runs at (torch's rows); "": the plan's graphs and engines."""
+        return self.variant.precision or ""
+
+    def artifact(self, plan: "BenchPlan", batch: int):
+        """What the backend runs at ``batch``: the loaded module, the ONNX graph, or that batch's engine."""
+        from enginekit.backends.base import ENGINE, MODULE, Artifact
+
+        adapter = plan.adapter
+        if MODULE in self.backend.runs:
+            return Artifact.of_module(plan.pipeline.loaded.module, adapter.input_name, adapter.output_names,
+                                      (None, *plan.image_shape))
+        if ENGINE in self.backend.runs:
+            return Artifact.engine(self.engines[batch], self.manifests[batch], adapter.input_name)
+        return Artifact.onnx(self.onnx)
 
 
 @dataclass
@@ -68,7 +94,7 @@ def prepare(settings: BenchSettings, *, cache=None, quiet: bool = False) -> Benc
     items = [Planned(name) for name in settings.backends]
     plan = BenchPlan(settings, adapter, pipe, image_shape, inputs, items, gpu, request.weights_identity)
     for item in items:
-        item.skip = _skip_reason(item.name, gpu)
+        item.skip = item.backend.why_not(gpu=gpu, **item.variant.options)
         if item.skip is None:
             _prepare_item(plan, item)
     return plan
@@ -79,67 +105,19 @@ def _prepare_item(plan: BenchPlan, item: Planned) -> None:
 
     A failure here fails this item's rows; the other backends still run.
     """
+    from enginekit.backends.base import ENGINE, MODULE, ONNX
+
     try:
-        if item.name.startswith("torch-"):
+        if MODULE in item.backend.runs:
             plan.pipeline.loaded  # load once, before the progress bar: a step of its own
-        elif item.name.startswith("onnxruntime-"):
+        elif ONNX in item.backend.runs:
             item.onnx = _onnx_for(plan)
-        else:
+        elif ENGINE in item.backend.runs:
             _prepare_engines(plan, item)
     except UsageError:
         raise  # bad weights or input: the user's to fix, exit 2
     except Exception as exc:  # noqa: BLE001 - reported in the rows
         item.failure = f"preparing it failed: {first_line(exc, 200)}"
-
-
-def _skip_reason(name: str, gpu) -> str | None:
-    """Why ``name`` cannot run on this machine, before any work; None when it can."""
-    if name.startswith("torch-"):
-        return _torch_skip_reason(name)
-    if name.startswith("onnxruntime-"):
-        return _onnxruntime_skip_reason(name, gpu)
-    return _engine_skip_reason(name, gpu)
-
-
-def _torch_skip_reason(name: str) -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if name == "torch-fp32" or torch.cuda.is_available():
-        return None
-    what = "CUDA graphs need" if "cudagraph" in name else "FP16 eager timing needs"
-    return f"{what} a CUDA GPU; torch sees none (CPU FP16 says nothing about deployment)"
-
-
-def _onnxruntime_skip_reason(name: str, gpu) -> str | None:
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        return "onnxruntime is not installed: pip install onnxruntime-gpu"
-    if name == "onnxruntime-cpu":
-        return None
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return "this onnxruntime has no CUDA provider: pip install onnxruntime-gpu"
-    if gpu is None:
-        return "no GPU on this machine: the CUDA provider needs one"
-    return None
-
-
-def _engine_skip_reason(name: str, gpu) -> str | None:
-    """Predict ``can_run_here`` for the engine a build would make, before building it."""
-    from enginekit.trt.backends import resolve_backend, resolve_targets
-    from enginekit.trt.builder import BuiltFor, can_run_here
-
-    try:
-        backend = resolve_backend("auto" if name == "tensorrt" else name)
-    except (CapabilityError, UsageError) as exc:
-        return "no GPU on this machine; " + str(exc) if gpu is None else str(exc)
-    if gpu is None:
-        return f"no GPU on this machine: {backend.label} engines run only on an NVIDIA GPU"
-    targets = resolve_targets(backend, None, gpu)
-    ok, reason = can_run_here(backend, BuiltFor(backend.name, backend.version, targets, gpu), gpu)
-    return None if ok else f"no engine it builds would run here: {reason}"
 
 
 def _onnx_for(plan: BenchPlan) -> Path:
@@ -151,26 +129,26 @@ def _onnx_for(plan: BenchPlan) -> Path:
 
 def _prepare_engines(plan: BenchPlan, item: Planned) -> None:
     """One static engine per batch size (static shapes are the fast case; see TensorRT#3364)."""
+    from enginekit.backends.base import Artifact
     from enginekit.flows import run
     from enginekit.flows.build import run_build
     from enginekit.requests import BuildRequest
-    from enginekit.trt.backends import resolve_backend
-    from enginekit.trt.builder import can_run_here
 
     s = plan.settings
-    requested = "auto" if item.name == "tensorrt" else item.name
-    item.backend = resolve_backend(requested)
+    build = item.backend.build_options(**item.variant.options)
     for batch in s.batches:
         profile = format_shape((batch, *plan.image_shape))
         try:
-            request = BuildRequest(target=s.model, profiles=[profile], precision=s.precision, backend=requested,
-                                   weights=s.weights, random_init=s.random_init, seed=s.seed, opset=s.opset)
+            request = BuildRequest(target=s.model, profiles=[profile], precision=s.precision, weights=s.weights,
+                                   random_init=s.random_init, seed=s.seed, opset=s.opset, **build)
             outcome = run(run_build, request, plan.pipeline.cache, quiet=plan.pipeline.quiet)
         except (CapabilityError, UsageError) as exc:
             item.engine_skips[batch] = f"build failed: {exc}"
             continue
-        ok, reason = can_run_here(item.backend, outcome.manifest, plan.gpu)
-        if ok:
+        engine = Artifact.engine(outcome.engine, outcome.manifest, plan.adapter.input_name)
+        reason = item.backend.why_not(engine, gpu=plan.gpu)
+        if reason is None:
             item.engines[batch] = outcome.engine
+            item.manifests[batch] = outcome.manifest
         else:
             item.engine_skips[batch] = reason

@@ -10,39 +10,39 @@ from enginekit.errors import UsageError
 from enginekit.precisions import names as precision_names
 from enginekit.shapes import Shape, parse_shape
 
-#: every runner, in the order rows are reported
-RUNNERS = (
-    "torch-fp32",
-    "torch-fp16",
-    "torch-fp16-cudagraph",
-    "onnxruntime-cpu",
-    "onnxruntime-cuda",
-    "tensorrt",
-    "tensorrt-rtx",
-)
-#: what ``--backend`` accepts beyond runner names
-FAMILIES = {
-    "torch": ("torch-fp32", "torch-fp16", "torch-fp16-cudagraph"),
-    "onnxruntime": ("onnxruntime-cpu", "onnxruntime-cuda"),
-    "ort": ("onnxruntime-cpu", "onnxruntime-cuda"),
-}
 PRECISIONS = precision_names(exported=True)
+
+
+def runner_names() -> list[str]:
+    """Every runner (a backend's variant, ``enginekit.backends``), in the order rows are reported."""
+    from enginekit.backends import variants
+
+    return list(variants())
+
+
 def parse_backends(text: str) -> list[str]:
-    """``"torch,onnxruntime-cpu"`` -> runner names in report order; UsageError for unknown names."""
+    """``"torch,onnxruntime-cpu"`` -> runner names in report order; UsageError for unknown names.
+
+    A word is a runner (torch-fp16, onnxruntime-cpu, tensorrt-rtx...) or stands for several
+    (torch: its three; onnxruntime or ort: both ONNX Runtime runners).
+    """
+    from enginekit.backends.registry import BENCH_DEFAULT, shorthands
+
+    runners, words = runner_names(), shorthands()
     chosen: set[str] = set()
     for item in (part.strip().lower() for part in text.split(",")):
         if not item:
             continue
-        if item in FAMILIES:
-            chosen.update(FAMILIES[item])
-        elif item in RUNNERS:
+        if item in words:
+            chosen.update(words[item])
+        elif item in runners:
             chosen.add(item)
         else:
-            known = ", ".join(list(FAMILIES) + list(RUNNERS))
+            known = ", ".join(list(words) + runners)
             raise UsageError(f"unknown backend {item!r}: choose from {known}")
     if not chosen:
-        raise UsageError("--backend names no backend: try torch,onnxruntime,tensorrt")
-    return [name for name in RUNNERS if name in chosen]
+        raise UsageError(f"--backend names no backend: try {BENCH_DEFAULT}")
+    return [name for name in runners if name in chosen]
 
 
 def parse_batches(text: str) -> list[int]:
@@ -76,7 +76,7 @@ class BenchSettings:
     batches: tuple[int, ...] = (1,)
     image_shape: Shape | None = None  # (C, H, W); None: the family's default
     precision: str = "fp32"  # of the ONNX graph and engines; torch rows carry their own
-    backends: tuple[str, ...] = ("torch-fp32", "onnxruntime-cpu")
+    backends: tuple[str, ...] = ()  # runner names; empty: bench's default (enginekit.backends.registry.BENCH_DEFAULT)
     warmup: int = 10
     iters: int = 50
     include_copies: bool = False  # GPU rows: time host->device input and device->host output copies
@@ -95,9 +95,14 @@ class BenchSettings:
             raise UsageError(f"--threads must be positive, not {self.threads}")
         if self.warmup < 0:
             raise UsageError(f"--warmup must not be negative, not {self.warmup}")
-        unknown = [b for b in self.backends if b not in RUNNERS]
+        if not self.backends:
+            from enginekit.backends.registry import BENCH_DEFAULT
+
+            object.__setattr__(self, "backends", tuple(parse_backends(BENCH_DEFAULT)))
+        runners = runner_names()
+        unknown = [b for b in self.backends if b not in runners]
         if unknown:
-            raise UsageError(f"unknown backend {unknown[0]!r}: choose from {', '.join(RUNNERS)}")
+            raise UsageError(f"unknown backend {unknown[0]!r}: choose from {', '.join(runners)}")
         if not self.batches or min(self.batches) <= 0:
             raise UsageError("--batch needs positive batch sizes")
 

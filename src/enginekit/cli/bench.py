@@ -8,9 +8,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
+from enginekit.backends import registry
+from enginekit.cli.common import (RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
+                                  quiet_third_party)
 
-DEFAULT_BACKENDS = "torch,onnxruntime"
+
+def _backend_help() -> str:
+    """--backend's help, from the registry: the words that stand for several runners, then every runner."""
+    words = ", ".join(registry.shorthands())
+    return f"Comma list of runners ({', '.join(registry.variants())}), or of {words} (each: all its runners)."
 
 
 def register(app: typer.Typer) -> None:
@@ -21,7 +27,7 @@ def register(app: typer.Typer) -> None:
         batch: Annotated[Optional[str], typer.Option("--batch", "-b", help="Batch sizes, e.g. 1,8,16 (default: the N of --input, else 1).")] = None,
         input: Annotated[Optional[str], typer.Option("--input", "-i", help="Image size HxW, CxHxW or NxCxHxW (default: the family's, e.g. 640x640).")] = None,
         precision: Annotated[str, typer.Option("--precision", help="fp32 or fp16: the graph ONNX Runtime runs and engines are built from (torch rows name their own).")] = "fp32",
-        backend: Annotated[str, typer.Option("--backend", help="Comma list of torch, onnxruntime, tensorrt, tensorrt-rtx, or single runners: torch-fp32, torch-fp16, torch-fp16-cudagraph, onnxruntime-cpu, onnxruntime-cuda.")] = DEFAULT_BACKENDS,
+        backend: Annotated[str, typer.Option("--backend", help=_backend_help())] = registry.BENCH_DEFAULT,
         warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs before timing.")] = 10,
         iters: Annotated[int, typer.Option("--iters", "-n", help="Timed runs per backend and batch size.")] = 50,
         include_copies: Annotated[bool, typer.Option("--include-copies", help="GPU rows: time the host-to-device input copy and the outputs' copy back (default: inputs already on the GPU).")] = False,
@@ -34,6 +40,8 @@ def register(app: typer.Typer) -> None:
         trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
+        remote: RemoteOpt = None,
+        remote_read_only: RemoteReadOnlyOpt = False,
     ) -> None:
         """Time a model on PyTorch, ONNX Runtime and TensorRT, fed the same seeded inputs.
 

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import NmsOpt, ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import (NmsOpt, ForceOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt,
+                                  handles_errors, quiet_third_party)
 
 
 def register(app: typer.Typer) -> None:
@@ -38,6 +39,8 @@ def register(app: typer.Typer) -> None:
         tol: Annotated[Optional[list[str]], typer.Option("--tol", help="Gate tolerance for --repair: rel_l2=1e-4, fp16.cosine=0.9999 (repeatable).")] = None,
         output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also copy the plan here.")] = None,
         force: ForceOpt = False,
+        remote: RemoteOpt = None,
+        remote_read_only: RemoteReadOnlyOpt = False,
     ) -> None:
         """Build a TensorRT engine (strongly typed; precision lives in the ONNX graph), cached by content.
 

@@ -1,4 +1,5 @@
-"""enginekit cache: list, inspect, locate and clean cached artifacts and engines."""
+"""enginekit cache: list, inspect, locate and clean cached artifacts and engines; push to and pull
+from the team store."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import handles_errors
+from enginekit.cli.common import RemoteOpt, RemoteReadOnlyOpt, handles_errors
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
 
 
 def register(app: typer.Typer) -> None:
-    cache_app = typer.Typer(help="Inspect and clean the local cache ($ENGINEKIT_CACHE, else ~/.cache/enginekit).",
+    cache_app = typer.Typer(help="Inspect and clean the local cache ($ENGINEKIT_CACHE, else ~/.cache/enginekit); "
+                                 "push to and pull from the team store ($ENGINEKIT_REMOTE).",
                             no_args_is_help=True)
     app.add_typer(cache_app, name="cache")
 
@@ -22,25 +24,24 @@ def register(app: typer.Typer) -> None:
     def ls_cmd(
         kind: Annotated[Optional[str], typer.Option("--kind", help="Only this kind (engine, onnx-export, ...).")] = None,
         as_json: JsonOpt = False,
+        verify: Annotated[bool, typer.Option("--verify", help="Check every file's sha256 (reads every byte; by default sizes only).")] = False,
+        remote_list: Annotated[bool, typer.Option("--remote", help="List the store's entries instead (set the store with ENGINEKIT_REMOTE or --store).")] = False,
+        store: Annotated[Optional[str], typer.Option("--store", help="With --remote: the store's URL (default $ENGINEKIT_REMOTE).")] = None,
     ) -> None:
-        """List entries, most recently used first, with validity and parity.
+        """List entries, most recently used first, with validity and parity. Listing is no use: it
+        changes no entry's last-used time.
 
         Example: [bold]enginekit cache ls --kind engine[/]
         """
+        if remote_list:
+            return _ls_remote(kind, as_json, store)
         from enginekit.cache import Cache
 
-        cache = Cache()
-        rows = []
-        for info in cache.ls():
-            if kind and info.kind != kind:
-                continue
-            parity = None
-            if info.kind == "engine" and info.valid:
-                parity = cache.lookup(info.kind, info.key, verify=False).entry.manifest.get("parity", {}).get("passed")
-            rows.append((info, parity))
+        cache = Cache(remote=None)
+        rows = [info for info in cache.ls(verify=verify) if not kind or info.kind == kind]
         if as_json:
             typer.echo(json.dumps({"root": str(cache.root),
-                                   "entries": [{**info.to_json(), "parity_passed": parity} for info, parity in rows]},
+                                   "entries": [{**info.to_json(), "parity_passed": info.parity} for info in rows]},
                                   indent=2))
             return
         from rich.table import Table
@@ -50,9 +51,9 @@ def register(app: typer.Typer) -> None:
         table = Table(title=f"cache {cache.root}")
         for col in ("key", "kind", "subject", "size", "last used", "state", "parity"):
             table.add_column(col)
-        for info, passed in rows:
-            parity = {True: "[green]pass[/]", False: "[red]fail[/]"}.get(passed, "-") if info.kind == "engine" and info.valid else ""
-            state = "[green]valid[/]" if info.valid else f"[red]corrupt[/] ({info.reason})"
+        for info in rows:
+            parity = {True: "[green]pass[/]", False: "[red]fail[/]"}.get(info.parity, "-") if info.kind == "engine" and info.valid else ""
+            state = ("[green]valid[/]" if info.verified else "[green]complete[/]") if info.valid else f"[red]corrupt[/] ({info.reason})"
             table.add_row(info.key[:12], info.kind, info.subject or "", _size(info.size),
                           info.last_used.strftime("%Y-%m-%d %H:%M"), state, parity)
         out.print(table)
@@ -66,7 +67,7 @@ def register(app: typer.Typer) -> None:
         """Print an entry's manifest (JSON)."""
         from enginekit.cache import Cache
 
-        typer.echo(json.dumps(Cache().resolve(key).manifest, indent=2, sort_keys=True))
+        typer.echo(json.dumps(Cache(remote=None).resolve(key).manifest, indent=2, sort_keys=True))
 
     @cache_app.command("path")
     @handles_errors
@@ -74,7 +75,7 @@ def register(app: typer.Typer) -> None:
         """Print the path of an entry's main file (engine.plan, model.onnx, ...)."""
         from enginekit.cache import Cache
 
-        entry = Cache().resolve(key)
+        entry = Cache(remote=None).resolve(key)
         files = list(entry.manifest.get("files", {}))
         main = next((f for f in ("engine.plan", "model.onnx", "calibration.cache") if f in files), None)
         typer.echo(str(entry.file(main) if main else entry.path))
@@ -83,16 +84,22 @@ def register(app: typer.Typer) -> None:
     @handles_errors
     def gc_cmd(
         max_size: Annotated[Optional[str], typer.Option("--max-size", help="Keep the cache under this size, e.g. 20G.")] = None,
-        max_age: Annotated[Optional[str], typer.Option("--max-age", help="Remove entries unused for this long, e.g. 30d.")] = None,
+        max_age: Annotated[Optional[str], typer.Option("--max-age", help="Remove entries unused (in the store: published) for this long, e.g. 30d.")] = None,
+        remote_gc: Annotated[bool, typer.Option("--remote", help="Clean the store instead: entries by publication time, then the objects no entry names.")] = False,
+        store: Annotated[Optional[str], typer.Option("--store", help="With --remote: the store's URL (default $ENGINEKIT_REMOTE).")] = None,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
     ) -> None:
         """Remove least recently used entries; never one in use by a running build."""
         from enginekit.cache import Cache, parse_age, parse_size
         from enginekit.cli.render import console
 
         # "" is a value given (and refused by the parsers), not an option left out
-        removed = Cache().gc(parse_size(max_size) if max_size is not None else None,
-                             parse_age(max_age) if max_age is not None else None)
-        console.print(f"removed {len(removed)} entries")
+        size = parse_size(max_size) if max_size is not None else None
+        age = parse_age(max_age) if max_age is not None else None
+        if remote_gc:
+            return _gc_remote(size, age, dry_run, store)
+        removed = Cache(remote=None).gc(size, age, dry_run=dry_run)
+        console.print(f"{'would remove' if dry_run else 'removed'} {len(removed)} entries")
 
     @cache_app.command("purge")
     @handles_errors
@@ -101,8 +108,116 @@ def register(app: typer.Typer) -> None:
         from enginekit.cache import Cache
         from enginekit.cli.render import console
 
-        removed = Cache().purge()
+        removed = Cache(remote=None).purge()
         console.print(f"removed {len(removed)} entries")
+
+    @cache_app.command("push")
+    @handles_errors
+    def push_cmd(
+        keys: Annotated[Optional[list[str]], typer.Argument(help="Keys or unique prefixes (an engine brings the entries it came from).")] = None,
+        push_all: Annotated[bool, typer.Option("--all", help="Every complete entry of the local cache.")] = False,
+        remote: RemoteOpt = None,
+    ) -> None:
+        """Publish local entries to the team store: files first (by sha256), the manifest last.
+        Engines whose parity gate failed stay local.
+
+        Example: [bold]ENGINEKIT_REMOTE=s3://team-engines/enginekit enginekit cache push --all[/]
+        """
+        from enginekit.cache import Cache
+        from enginekit.cli.render import console
+        from enginekit.flows.store import push
+
+        if keys and push_all:
+            from enginekit.errors import UsageError
+
+            raise UsageError("cache push: name entries or pass --all, not both")
+        cache = Cache()
+        result = push(cache, keys or [], everything=push_all)
+        console.print(f"pushed {len(result['pushed'])} entries to {cache.remote.url} "
+                      f"({len(result['present'])} already there"
+                      + (f", {len(result['refused'])} failed engines kept local" if result["refused"] else "") + ")")
+
+    @cache_app.command("pull")
+    @handles_errors
+    def pull_cmd(
+        target: Annotated[str, typer.Argument(help="A key (6+ hex digits) in the store, or a recipe .yaml: the engines of every cell that serve this machine.")],
+        remote: RemoteOpt = None,
+    ) -> None:
+        """Fetch entries from the team store into the local cache, every file checked against its sha256.
+        Prints the path of each engine (or main file) pulled.
+
+        A recipe resolves by identity: model, weights, precision and profiles, plus this machine's GPU (or
+        target set) and TensorRT version; the builder's library versions may differ.
+
+        Example: [bold]enginekit cache pull recipes/yolo12n.yaml[/]
+        """
+        from enginekit.cache import Cache
+        from enginekit.cli.render import emit
+        from enginekit.flows.store import pull_key, pull_recipe
+
+        cache = Cache()
+        if target.endswith((".yaml", ".yml")):
+            entries = pull_recipe(cache, target)
+        else:
+            entries = pull_key(cache, target)[:1]
+        for entry in entries:
+            files = list(entry.manifest.get("files", {}))
+            main = next((f for f in ("engine.plan", "model.onnx", "calibration.cache") if f in files), None)
+            emit(str(entry.file(main) if main else entry.path))
+
+
+def _remote_of(store: Optional[str]):
+    from enginekit.cache import Cache
+    from enginekit.store.settings import using
+
+    with using(store):
+        remote = Cache().remote
+    if remote is None:
+        from enginekit.errors import UsageError
+
+        raise UsageError("no store configured: set ENGINEKIT_REMOTE=s3://BUCKET/PREFIX or pass --store URL")
+    return remote
+
+
+def _ls_remote(kind: Optional[str], as_json: bool, store: Optional[str]) -> None:
+    remote = _remote_of(store)
+    rows = [r for r in remote.entries() if not kind or r.kind == kind]
+    rows.sort(key=lambda r: str(r.info.modified or ""), reverse=True)
+    if as_json:
+        typer.echo(json.dumps({"store": remote.url, "entries": [r.to_json() for r in rows]}, indent=2))
+        return
+    from rich.table import Table
+
+    from enginekit.cli.render import out
+    from enginekit.store.identity import describe_hardware
+
+    table = Table(title=f"store {remote.url}")
+    for col in ("key", "kind", "subject", "size", "published", "engine for", "parity"):
+        table.add_column(col)
+    for row in rows:
+        data = row.to_json()
+        hw = describe_hardware(data["hardware"]) if "hardware" in data else ""
+        parity = {True: "[green]pass[/]", False: "[red]fail[/]"}.get(data.get("parity_passed"), "-") if row.kind == "engine" else ""
+        table.add_row(row.key[:12], row.kind, data["subject"] or ("[red]unreadable manifest[/]" if row.manifest is None else ""),
+                      _size(row.size), (data["published"] or "")[:16].replace("T", " "), hw, parity)
+    out.print(table)
+
+
+def _gc_remote(size: Optional[int], age: Optional[float], dry_run: bool, store: Optional[str]) -> None:
+    from enginekit.cli.render import console
+
+    remote = _remote_of(store)
+    if not dry_run and not remote.settings.writable:
+        from enginekit.errors import UsageError
+
+        raise UsageError(f"the store {remote.url} is read-only here (ENGINEKIT_REMOTE_MODE=read): use --dry-run")
+    plan = remote.gc(age, size, dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for row in plan.entries:
+        console.print(f"  {verb} {row.kind}/{row.key[:12]} {(row.manifest or {}).get('subject') or ''} {_size(row.size)}",
+                      markup=False)
+    console.print(f"{verb} {len(plan.entries)} entries and {len(plan.blobs)} objects ({_size(plan.freed)}) from "
+                  f"{remote.url}; {plan.kept} entries kept", markup=False)
 
 
 def _size(n: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from pathlib import Path
@@ -15,15 +16,23 @@ from enginekit.errors import EnginekitError
 def handles_errors(fn: Callable) -> Callable:
     """Expected failures become one red line on stderr and their exit code; no traceback.
 
-    The verb runs with the terminal renderer listening to the library's reports."""
+    The verb runs with the terminal renderer listening to the library's reports, its ``--remote``
+    flags applied, the cache entries it uses kept from gc (``cache.holding_entries``), and SIGTERM
+    handled as Ctrl-C is (temporary files removed), then exit 143 where Ctrl-C gives 130. A full
+    disk is one line and exit 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from enginekit import reporting
+        from enginekit.cache import holding_entries
         from enginekit.cli.render import RichReporter, console
+        from enginekit.errors import Terminated
+        from enginekit.store.settings import using
 
         try:
-            with reporting.using(RichReporter()), _trust(kwargs.get("trust_checkpoint", False)):
+            with reporting.using(RichReporter()), _trust(kwargs.get("trust_checkpoint", False)), \
+                    using(kwargs.get("remote"), read_only=bool(kwargs.get("remote_read_only"))), \
+                    holding_entries(), _sigterm_interrupts():
                 return fn(*args, **kwargs)
         except EnginekitError as exc:
             print_error(str(exc))
@@ -34,16 +43,47 @@ def handles_errors(fn: Callable) -> Callable:
             missing = getattr(exc, "name", None) or "a library"
             print_error(f"cannot import {missing}, which this step needs: {exc} (`enginekit doctor` lists what is installed)")
             raise typer.Exit(CapabilityError.exit_code) from None
+        except Terminated:
+            raise typer.Exit(Terminated.exit_code) from None
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        except Exception as exc:
+            from enginekit.fsutil import is_disk_full
+
+            if not is_disk_full(exc):
+                raise
+            where = getattr(exc, "filename", None)
+            print_error(f"no space left on the device{f' writing {where}' if where else ''}: nothing was kept; "
+                        "free some space (enginekit cache gc --max-size ...) or write elsewhere (ENGINEKIT_CACHE, -o)")
+            raise typer.Exit(2) from None
 
     return wrapper
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises ``Terminated`` in the main thread while the verb runs."""
+    import signal
+    import threading
+
+    from enginekit.errors import Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _trust(trusted: bool):
     """``--trust-checkpoint``: Ultralytics pickles load with Ultralytics' own unpickler."""
-    import contextlib
-
     if not trusted:
         return contextlib.nullcontext()
     from enginekit.families.checkpoints import trusting
@@ -107,3 +147,8 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --random-init and 
 ForceOpt = Annotated[bool, typer.Option("--force", help="Rebuild even when the cache has the result.")]
 NmsOpt = Annotated[bool, typer.Option(
     "--nms", help="Detectors: NMS in the graph, as Ultralytics' nms=True (per class, conf 0.25, IoU 0.7, 300 kept boxes).")]
+RemoteOpt = Annotated[Optional[str], typer.Option(
+    "--remote", help="The team store under the local cache: s3://BUCKET/PREFIX (endpoint, region and credentials "
+                     "from the standard AWS settings) or file:///PATH; default $ENGINEKIT_REMOTE, 'none' for no store.")]
+RemoteReadOnlyOpt = Annotated[bool, typer.Option(
+    "--remote-read-only", help="Read from the store, never write to it (also ENGINEKIT_REMOTE_MODE=read).")]

@@ -64,6 +64,13 @@ def _render(data: dict) -> None:
     out.print(f"cache: {cache['root']}  {cache['entries']} entries, {cache['size_bytes'] / 2**20:.1f} MiB"
               + (f" (unusable: {cache['problem']})" if cache.get("problem") else
                  "" if cache["exists"] else " (not created yet)"))
+    store = data.get("store") or {}
+    if store.get("url"):
+        state = "[green]answers[/]" if store.get("reachable") else "[red]not usable (see the warning)[/]"
+        via = f" via {store['endpoint']}" if store.get("endpoint") else ""
+        out.print(f"store: {store['url']}{via}  mode {store.get('mode') or '?'}  {state}")
+    else:
+        out.print("store: none (set ENGINEKIT_REMOTE=s3://BUCKET/PREFIX to share engines)")
     for line in data["warnings"]:
         out.print(f"[yellow]warning:[/] {line}")
     if not data["warnings"]:

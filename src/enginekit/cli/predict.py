@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import RandomInitOpt, SeedOpt, TrustOpt, handles_errors, quiet_third_party
+from enginekit.backends import AUTO, choices
+from enginekit.cli.common import RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
@@ -17,7 +18,7 @@ def register(app: typer.Typer) -> None:
         models: Annotated[str, typer.Argument(help="Model name(s), comma-separated (yolo12n,depth), a cache key, an engine plan or an ONNX file.")],
         source: Annotated[str, typer.Argument(help="An image, a folder of images, a video file, or a camera index (0).")],
         save: Annotated[Optional[Path], typer.Option("--save", help="Write overlays and results.json here (default: write nothing).")] = None,
-        backend: Annotated[str, typer.Option("--backend", help="auto, tensorrt, onnxruntime-cuda, onnxruntime-cpu or torch.")] = "auto",
+        backend: Annotated[str, typer.Option("--backend", help=f"{', '.join(choices())}.")] = AUTO,
         precision: Annotated[str, typer.Option("--precision", help="fp32, fp16, int8 or fp8 (int8/fp8: tensorrt).")] = "fp32",
         weights: Annotated[Optional[list[Path]], typer.Option("--weights", "-w", help="Weights, once per model, in the order of MODELS.")] = None,
         random_init: RandomInitOpt = False,
@@ -27,6 +28,8 @@ def register(app: typer.Typer) -> None:
         iou: Annotated[float, typer.Option("--iou", help="NMS IoU threshold.")] = 0.7,
         max_frames: Annotated[Optional[int], typer.Option("--max-frames", help="Stop after this many frames.")] = None,
         device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda:N (default: the backend's).")] = None,
+        remote: RemoteOpt = None,
+        remote_read_only: RemoteReadOnlyOpt = False,
     ) -> None:
         """Run one or several models on each frame and write what they see.
 
@@ -44,7 +47,7 @@ def register(app: typer.Typer) -> None:
 
         check_output_path(save, "--save", folder=True)  # before any work
         quiet_third_party()
-        from enginekit.runtime.predict import run_predict
+        from enginekit.flows.predict import run_predict
 
         summary = run_predict(models, source, save=save, backend=backend, precision=precision,
                               weights=weights or [], random_init=random_init, seed=seed, conf=conf, iou=iou,

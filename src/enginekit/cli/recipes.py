@@ -13,7 +13,7 @@ from enginekit.errors import UsageError
 
 # build's CLI parameter -> BuildRequest name, for flags that override a recipe
 _FLAG_TO_KWARG = {"profile": "profiles", "tol": "tolerances"}
-_NOT_OVERRIDES = ("target", "trust_checkpoint")
+_NOT_OVERRIDES = ("target", "trust_checkpoint", "remote", "remote_read_only")
 
 
 def register(app: typer.Typer) -> None:

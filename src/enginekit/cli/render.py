@@ -21,6 +21,7 @@ out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)  # st
 
 STATUS_TAGS = {
     "hit": "[green]cached[/]",
+    "pulled": "[green]pulled from the store[/]",
     "miss": "[yellow]built[/]",
     "forced": "[yellow]rebuilt (--force)[/]",
     "corrupt": "[yellow]rebuilt: the cached entry was corrupt[/]",
@@ -60,7 +61,11 @@ class RichReporter(reporting.Reporter):
         self.console.print("  " * (level + 1) + text, markup=False)
 
     def warning(self, text: str) -> None:
-        self.console.print(f"[yellow]warning:[/] {text}")
+        from rich.text import Text
+
+        line = Text("warning:", style="yellow")
+        line.append(" " + " ".join(text.split()))
+        self.console.print(line, soft_wrap=True, highlight=False)  # one line, however long: logs grep it
 
     def progress_started(self, progress: reporting.Progress) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -121,7 +126,7 @@ def _task_text(task: dict) -> str:
 def verify_table(report) -> None:
     """One row per artifact: what ran, the worst figures, and the gate."""
     table = Table(title=f"verify {report.subject} {report.precision}  (references {report.references_key[:10]}: "
-                        f"{'stored' if report.references_status == 'hit' else 'computed'})",
+                        f"{'stored' if report.references_status in ('hit', 'pulled') else 'computed'})",
                   title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("artifact", "ran", "part", "max abs", "rel L2", "cosine", "task", "gate"):
         table.add_column(col, no_wrap=col not in ("task", "gate"), overflow="fold")

@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import NmsOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import (NmsOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt,
+                                  handles_errors, quiet_third_party)
 
 
 def register(app: typer.Typer) -> None:
@@ -41,6 +42,8 @@ def register(app: typer.Typer) -> None:
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
         nms: NmsOpt = False,
+        remote: RemoteOpt = None,
+        remote_read_only: RemoteReadOnlyOpt = False,
     ) -> None:
         """Check engines and every ONNX artifact they came from against the PyTorch model.
 

@@ -5,6 +5,8 @@
     repair.py   a failing fp16/int8 graph -> the fewest nodes moved back to high precision
     verify.py   engines and their ONNX artifacts against the PyTorch reference; pictures, reports
     recipes.py  every (precision, target set) of a recipe: build, verify, CI matrix
+    load.py     enginekit.load: a model name exported or built as its backend needs, then the runtime loads it
+    predict.py  enginekit predict: sources -> predictors -> overlays + results.json
 
 Each flow takes a request (``enginekit.requests``) and a cache, reports through
 ``enginekit.reporting`` and returns a result object; ``enginekit.api`` is the facade over them.
@@ -22,7 +24,9 @@ R = TypeVar("R")
 def run(flow: Callable[..., R], request, cache=None, *, quiet: bool = False) -> R:
     """Run ``flow(request, cache)`` with its reports collected into the result's ``events``
     (and passed on to whoever listens, unless ``quiet``)."""
-    with reporting.collecting(quiet) as collector:
+    from enginekit.cache import holding_entries
+
+    with reporting.collecting(quiet) as collector, holding_entries():  # gc keeps what the run uses
         result = flow(request, cache)
     result.events = collector.events
     return result

@@ -22,6 +22,7 @@ class BuildOutcome:
     artifacts: list
     explanations: list[tuple[str, str]] = field(default_factory=list)
     events: list = field(default_factory=list)  # reporting.Event, what the run reported
+    resolution: str | None = None  # found by identity in the cache or store: which entry and why
 
     @property
     def manifest(self) -> dict:
@@ -83,6 +84,11 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
             export_shape = (largest, *export_shape[1:])
         if r.explain:
             explain(pipe, "onnx-export", pipe.export_parts(export_shape, r.opset))
+        from enginekit.flows.store import engine_by_identity
+
+        found = engine_by_identity(cache, pipe, r, bound, be, targets, pipe.export_parts(export_shape, r.opset))
+        if found is not None and found.entry is not None:
+            return BuildOutcome(found.entry.file("engine.plan"), found.entry, found.status, [], resolution=found.reason)
         chain = [pipe.export(export_shape, r.opset)]
         chain.append(pipe.simplify(chain[-1], export_shape))
 
@@ -133,6 +139,9 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         explain(pipe, "engine", parts)
     entry, status = pipe.engine(source, bound, be, options, mode.key(method, exclude, calibration, repaired_nodes),
                                 verify_fn, chain, extra=extra or None)
+    from enginekit.flows.store import publish_build
+
+    publish_build(cache, chain, entry)
     return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
 
 
@@ -182,8 +191,11 @@ def source_parity(pipe, precision: str, shape):
     """Parity of the graph an engine is built from, against PyTorch, for its manifest."""
 
     def check(onnx_path: Path) -> dict:
+        from enginekit.backends import ONNX, verifier
         from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
         from enginekit.images import load_images
+
+        candidate = verifier(ONNX).name  # check_onnx runs the graph on ONNX Runtime's CPU provider
 
         with reporting.stage(f"parity {precision} (ONNX Runtime)") as s:
             refs = ReferenceCache(pipe.adapter, pipe.loaded)
@@ -193,10 +205,10 @@ def source_parity(pipe, precision: str, shape):
             except Exception as exc:  # noqa: BLE001 - ORT refuses some graphs (FP8 Q/DQ around Transpose)
                 reason = f"ONNX Runtime cannot run this graph: {str(exc).splitlines()[0][:200]}"
                 s.status = "not-checked"
-                return {"checked": False, "candidate": "onnxruntime-cpu", "passed": None, "reason": reason}
+                return {"checked": False, "candidate": candidate, "passed": None, "reason": reason}
             s.status = "pass" if result.passed else "fail"
         summary = {name: {k: round(v, 8) for k, v in w.items()} for name, w in result.worst().items()}
-        return {"checked": True, "candidate": "onnxruntime-cpu", "passed": result.passed,
+        return {"checked": True, "candidate": candidate, "passed": result.passed,
                 "failures": result.failures(), "summary": summary, "report": result.to_json()}
 
     return check

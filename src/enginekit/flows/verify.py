@@ -48,6 +48,9 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
         reports = [verify_corrupt(e) if isinstance(e, CorruptEntry) else
                    verify_entry(e, data, overrides, cache, r.report_dir, given=given, task_required=r.task_required)
                    for e, given in found]
+        from enginekit.flows.store import publish_verdicts
+
+        publish_verdicts(cache, found, reports)
     outcome = VerifyOutcome(reports)
     write_reports(outcome, r.report_dir, r.junit)
     if r.require_engine and not outcome.engine_ran:
@@ -135,6 +138,8 @@ def model_of(entry, given):
 
     m = entry.manifest
     if m.get("model_request"):
+        if given is not None and given[0].weights_identity == m["model_request"].get("identity"):
+            return given[0], m.get("chain", [])  # the same weights, where this machine has them
         return ModelRequest.from_json(m["model_request"]), m.get("chain", [])
     if given is None:
         raise UsageError(f"engine {entry.key[:12]} was built from an ONNX file with no PyTorch model to compare "
@@ -149,7 +154,7 @@ def model_of(entry, given):
 
 
 def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_required: bool = True):
-    from enginekit.compare.gate import Gates, VerifyReport, check_candidate, onnx_runner, skipped, unrunnable
+    from enginekit.compare.gate import Gates, VerifyReport, check_candidate, skipped, unrunnable
     from enginekit.pipeline import Stages
     from enginekit.precisions import of_stage
     from enginekit.verification.references import get_references
@@ -181,8 +186,9 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
             metadata = onnx_metadata(path)
         with reporting.stage(f"verify {name}") as s:
             try:
-                art = check_candidate(name, "onnx", stage_precision, onnx_runner(path), refs, gates, pipe.adapter,
-                                      metadata)
+                with onnx_candidate(path) as runner:
+                    art = check_candidate(name, "onnx", stage_precision, runner.infer_feed, refs, gates, pipe.adapter,
+                                          metadata)
             except Exception as exc:  # noqa: BLE001 - ORT refuses FP8 Q/DQ graphs: say so, and fail
                 first = (str(exc).splitlines() or [""])[0][:160]
                 if type(exc).__module__.startswith("onnxruntime"):
@@ -223,37 +229,39 @@ def note_calibration(report, calibrated_on: str | None) -> None:
                              "calibrate on a folder of them (--calib-data DIR)")
 
 
+def onnx_candidate(path: Path):
+    """The runner verify checks an ONNX candidate on: the registry's verifier of ONNX graphs (ONNX Runtime
+    on the CPU, whose results do not depend on the machine). Use as a context manager; ``infer_feed``."""
+    from enginekit.backends import ONNX, Artifact, verifier
+
+    return verifier(ONNX)(Artifact.onnx(path))
+
+
 def verify_engine(entry, pipe, refs, gates, metadata, precision, checked=()):
     """The engine itself, where it can run here; else said skipped, and why."""
+    from enginekit.backends import ENGINE, Artifact, verifier
     from enginekit.compare.gate import check_candidate, skipped
-    from enginekit.trt.backends import resolve_backend
-    from enginekit.trt.builder import can_run_here
 
     m = entry.manifest
-    family = "tensorrt-rtx" if m["backend"] == "tensorrt-rtx" else "tensorrt"
-    try:
-        backend = resolve_backend(family)
-    except Exception:  # noqa: BLE001 - not installed: can_run_here says so
-        backend = None
-    ok, reason = can_run_here(backend, m)
-    if not ok:
+    backend = verifier(ENGINE)
+    engine = Artifact.engine(entry.file("engine.plan"), m, pipe.adapter.input_name)
+    reason = backend.why_not(engine)
+    if reason is not None:
         if checked:
             instead = f"its source graph{'s' if len(checked) > 1 else ''} {', '.join(checked)} checked instead"
         else:
             instead = "and none of its source graphs could be checked either"
         return skipped("engine", "engine", precision, f"{reason}; {instead}")
-    from enginekit.trt.runner import engine_runner
-
-    with engine_runner(entry.file("engine.plan"), backend, m["profiles"], pipe.adapter.input_name) as run:
+    with backend(engine, io="host") as runner:
         with reporting.stage("verify engine") as s:
-            art = check_candidate("engine", "engine", precision, run, refs, gates, pipe.adapter, metadata)
+            art = check_candidate("engine", "engine", precision, runner.infer_feed, refs, gates, pipe.adapter, metadata)
             s.status = "pass" if art.passed else "fail"
     return art
 
 
 def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=None, *, task_required: bool = True):
     """Any ONNX against its PyTorch model: an enginekit-written ONNX names its model and weights."""
-    from enginekit.compare.gate import Gates, VerifyReport, check_candidate, onnx_runner
+    from enginekit.compare.gate import Gates, VerifyReport, check_candidate
     from enginekit.onnx.graph import input_dims, load_model, output_names
     from enginekit.pipeline import Stages
     from enginekit.verification.references import get_references
@@ -282,7 +290,8 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
     report = VerifyReport(adapter.variant, None, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
     try:
         gates = Gates(adapter, overrides, task_required=task_required)
-        art = check_candidate(path.name, "onnx", precision, onnx_runner(path), refs, gates, adapter, metadata)
+        with onnx_candidate(path) as runner:
+            art = check_candidate(path.name, "onnx", precision, runner.infer_feed, refs, gates, adapter, metadata)
     except (KeyError, ValueError) as exc:
         raise UsageError(f"{path.name} does not compute {adapter.variant}'s outputs: {exc}") from None
     report.artifacts.append(art)

@@ -1,4 +1,10 @@
-"""ONNX Runtime sessions: the reference executor of every ONNX artifact."""
+"""ONNX Runtime sessions: the one place they are set up (every executor of an ONNX graph comes here).
+
+``session`` makes one over a file, a serialized model or a ModelProto, on the providers asked for
+(the CPU by default), with enginekit's log level and, where asked, a number of intra-op threads.
+Export parity, simplify, the repair search, verify, the runtime's and bench's ONNX Runtime
+backends (``enginekit.backends.ort``) and doctor's provider probe all make their sessions here.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,9 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
 
 
 @lru_cache(maxsize=1)
@@ -16,20 +25,45 @@ def providers() -> list[str]:
     from enginekit.gpu import gpu_info
 
     available = ort.get_available_providers()
-    chosen = ["CPUExecutionProvider"]
-    if "CUDAExecutionProvider" in available and gpu_info() is not None:
-        chosen.insert(0, "CUDAExecutionProvider")
+    chosen = [CPU]
+    if CUDA in available and gpu_info() is not None:
+        chosen.insert(0, CUDA)
     return chosen
 
 
-def session(path: Path, *, cpu_only: bool = True):
+_available = providers  # ``session``'s argument of that name hides the function
+
+
+def options(*, threads: int | None = None, log_level: int = 3):
+    """Session options: ONNX Runtime's warnings off (level 3: errors only), ``threads`` intra-op threads."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(
-        str(path), sess_options=opts, providers=["CPUExecutionProvider"] if cpu_only else providers()
-    )
+    opts.log_severity_level = log_level
+    if threads:
+        opts.intra_op_num_threads = threads
+    return opts
+
+
+def session(model, *, cpu_only: bool = True, providers: list | None = None, threads: int | None = None,
+            log_level: int = 3):
+    """An InferenceSession over ``model`` (a path, serialized bytes or a ModelProto).
+
+    ``providers``: the providers in order of preference (entries may be ``(name, options)``);
+    default: the CPU, or with ``cpu_only=False`` CUDA too where a GPU exists (``providers()``).
+    A ModelProto's IR version is capped for ONNX Runtime.
+    """
+    import onnxruntime as ort
+
+    if hasattr(model, "SerializeToString"):
+        from enginekit.onnx.graph import MAX_IR_VERSION
+
+        model.ir_version = min(model.ir_version, MAX_IR_VERSION)
+        model = model.SerializeToString()
+    elif not isinstance(model, bytes):
+        model = str(Path(model))
+    chosen = providers if providers is not None else ([CPU] if cpu_only else _available())
+    return ort.InferenceSession(model, sess_options=options(threads=threads, log_level=log_level), providers=chosen)
 
 
 def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -39,11 +73,4 @@ def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def session_from_model(model):
     """A CPU session over an in-memory ModelProto (IR version capped for ONNX Runtime)."""
-    import onnxruntime as ort
-
-    from enginekit.onnx.graph import MAX_IR_VERSION
-
-    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), sess_options=opts, providers=["CPUExecutionProvider"])
+    return session(model)

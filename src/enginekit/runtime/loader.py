@@ -1,24 +1,33 @@
-"""``load(target, ...)``: a model name, cache key, recipe, engine plan or ONNX file -> a Predictor."""
+"""``load(target, ...)``: an ONNX file, engine plan, cache key, or a model's weights -> a Predictor.
+
+The runtime only loads: what ``target`` names must exist (an ONNX graph or engine plan, in the cache
+or beside it; a model's PyTorch weights for the torch backend). ``plan_load`` resolves the target
+and chooses its backend; ``open_plan`` loads it. A model name on a backend that runs graphs or
+engines is made by the API layer (``enginekit.load``: ``enginekit.flows.load`` exports or builds
+it, then comes back here with the artifact).
+"""
 
 from __future__ import annotations
 
 import json
 import re
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+from enginekit import backends
+from enginekit.backends.base import ENGINE, KIND_WORDS, MODULE, ONNX, Artifact
 from enginekit.errors import CapabilityError, UsageError
 from enginekit.model import ModelRequest, check_weights_choice
-from enginekit.precisions import NAMES as PRECISIONS, names as precision_names
-from enginekit.runtime.backends import BACKENDS
+from enginekit.precisions import NAMES as PRECISIONS
+
 
 
 @dataclass
 class Target:
     """What ``load`` was given, resolved: a model (to export/build), an ONNX file, or an engine."""
 
-    kind: str  # "model" | "onnx" | "engine"
+    kind: str  # "model" | ONNX | ENGINE
     label: str
     model: str | None = None  # model name (for "model"; and what an ONNX/engine says it is)
     path: Path | None = None
@@ -55,7 +64,7 @@ def _engine_target(plan: Path, manifest: dict, label: str, cache) -> Target:
                 break
     model = request.get("name") or metadata.get("model")
     precision = (manifest.get("precision") or {}).get("mode")
-    return Target("engine", label, model, plan, manifest, metadata, precision=precision)
+    return Target(ENGINE, label, model, plan, manifest, metadata, precision=precision)
 
 
 def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=None) -> Target:
@@ -66,7 +75,7 @@ def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=Non
         if not path.is_file():
             raise UsageError(f"ONNX file not found: {path}")
         meta = _onnx_metadata(path)
-        return Target("onnx", path.name, meta.get("model"), path, metadata=meta, precision=meta.get("precision"))
+        return Target(ONNX, path.name, meta.get("model"), path, metadata=meta, precision=meta.get("precision"))
     if path.suffix in (".plan", ".engine"):
         if not path.is_file():
             raise UsageError(f"engine plan not found: {path}")
@@ -95,150 +104,94 @@ def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=Non
     if not onnx_file.is_file():
         raise UsageError(f"cache entry {entry.key[:12]} is a {entry.kind}, neither an engine nor an ONNX graph")
     meta = _onnx_metadata(onnx_file)
-    return Target("onnx", f"{entry.kind} {entry.key[:12]}", meta.get("model"), onnx_file, entry.manifest, meta,
+    return Target(ONNX, f"{entry.kind} {entry.key[:12]}", meta.get("model"), onnx_file, entry.manifest, meta,
                   precision=meta.get("precision"))
 
 
 # -- backend choice ---------------------------------------------------------------------------------
+def choose_backend(target: Target, requested: str, device: str | None) -> tuple[type[backends.Backend], str]:
+    """(backend, reason). ``auto``: the registry's backends by rank (TensorRT where it runs, else ONNX
+    Runtime CUDA, else PyTorch on the GPU, else ONNX Runtime on the CPU), each where it can run
+    what ``target`` is or becomes; the reason says what was passed over and why."""
+    chosen = backends.get(requested) if requested != backends.AUTO else None
+    if target.kind == ENGINE:
+        runners = backends.running(ENGINE)
+        if chosen is not None and chosen not in runners:
+            only = " or ".join(b.name for b in runners)
+            raise UsageError(f"{target.label} is a TensorRT engine: it runs on the {only} backend only")
+        chosen = chosen or runners[0]
+        return chosen, f"an engine plan runs on {chosen.label}"
+    if chosen is not None:
+        refused = chosen.refuses(target)
+        if refused:
+            raise UsageError(refused)
+        return chosen, "asked for"
+    cpu_only = device is not None and device.startswith("cpu")
+    gpu = None if cpu_only else _gpu()
+    notes: list[str] = []
+    for candidate in backends.auto_order():
+        if target.kind != "model" and target.kind not in candidate.runs:
+            continue
+        if candidate.runs_on != "cpu":
+            if cpu_only:
+                continue
+            if gpu is None:
+                if "no GPU" not in notes:
+                    notes.append("no GPU")
+                continue
+            verdict = candidate.check(device="cuda:0", gpu=gpu)
+        else:
+            verdict = candidate.check(device="cpu", gpu=gpu)
+        if verdict.ok:
+            return candidate, "; ".join(notes + [verdict.reason])
+        notes.append(f"{candidate.label}: {verdict.reason}")
+    raise CapabilityError(f"no backend can run {target.label} here: " + "; ".join(notes))
+
+
 def _gpu():
     from enginekit.gpu import gpu_info
 
     return gpu_info()
 
 
-def _tensorrt_runs_here() -> tuple[bool, str]:
-    from enginekit.trt.backends import TRAITS, resolve_backend
+# -- what to load ------------------------------------------------------------------------------------
+@dataclass
+class LoadPlan:
+    """A resolved target on its chosen backend: what ``open_plan`` loads (and, for a model name on a
+    backend that runs graphs or engines, what must be made first: ``missing``)."""
 
-    gpu = _gpu()
-    if gpu is None:
-        return False, "no GPU"
-    reasons = []
-    for family in ("tensorrt", "tensorrt-rtx"):
-        try:
-            be = resolve_backend(family)
-        except Exception:  # noqa: BLE001
-            reasons.append(f"{family} is not installed")
-            continue
-        if be.traits.supports_compute_capability_targets:
-            from enginekit.trt.backends import RTX_COMPUTE_CAPABILITIES
+    target: Target
+    backend: type[backends.Backend]
+    reason: str
+    precision: str
+    device: str
+    adapter: Any
 
-            if gpu.compute_capability not in RTX_COMPUTE_CAPABILITIES:
-                reasons.append(f"{be.label} does not run on compute capability {gpu.compute_capability} ({gpu.name})")
-                continue
-        return True, f"{be.label} runs on {gpu}"
-    del TRAITS
-    return False, "; ".join(reasons)
+    @property
+    def missing(self) -> str | None:
+        """ONNX or ENGINE: the artifact a model name needs made before this backend loads it; None: it exists."""
+        if self.target.kind != "model" or MODULE in self.backend.runs:
+            return None
+        return self.backend.runs[0]
 
+    def with_onnx(self, path: Path) -> "LoadPlan":
+        """This plan over ``path``, the graph made for it (what its metadata says the model is)."""
+        meta = _onnx_metadata(path)
+        t = self.target
+        graph = Target(ONNX, path.name, t.model, path, metadata=meta, request=t.request,
+                       precision=meta.get("precision"))
+        return replace(self, target=graph)
 
-def _cuda_provider_loads() -> tuple[bool, str]:
-    try:
-        from enginekit.runtime.providers import require_cuda_provider
-
-        require_cuda_provider()
-        return True, "ONNX Runtime's CUDA provider loads"
-    except CapabilityError as exc:
-        return False, str(exc)
-
-
-def _torch_cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        return False
+    def with_engine(self, plan: Path, manifest: dict, label: str, cache) -> "LoadPlan":
+        """This plan over an engine built for it."""
+        return replace(self, target=_engine_target(plan, manifest, label, cache))
 
 
-def choose_backend(target: Target, requested: str, device: str | None) -> tuple[str, str]:
-    """(backend, reason). ``auto``: TensorRT where it runs, else ONNX Runtime CUDA, else PyTorch on the
-    GPU, else ONNX Runtime on the CPU (PyTorch on the CPU for a model ONNX Runtime cannot take)."""
-    if requested not in BACKENDS:
-        raise UsageError(f"unknown backend {requested!r}: choose one of {', '.join(BACKENDS)}")
-    if target.kind == "engine":
-        if requested not in ("auto", "tensorrt"):
-            raise UsageError(f"{target.label} is a TensorRT engine: it runs on the tensorrt backend only")
-        return "tensorrt", "an engine plan runs on TensorRT"
-    if requested == "torch" and target.kind != "model":
-        if not target.model or not (target.metadata.get("weights", "").startswith("random:")):
-            raise UsageError(f"{target.label} is an ONNX file: the torch backend needs a model name (and --weights)")
-    if requested != "auto":
-        return requested, "asked for"
-    cpu_only = device is not None and device.startswith("cpu")
-    notes = []
-    if not cpu_only and _gpu() is not None:
-        if target.kind == "model":
-            ok, why = _tensorrt_runs_here()
-            if ok:
-                return "tensorrt", why
-            notes.append(f"TensorRT: {why}")
-        ok, why = _cuda_provider_loads()
-        if ok:
-            return "onnxruntime-cuda", "; ".join(notes + [why])
-        notes.append(why)
-        if target.kind == "model" and _torch_cuda():
-            return "torch", "; ".join(notes + ["PyTorch on the GPU"])
-    elif not cpu_only:
-        notes.append("no GPU")
-    return "onnxruntime-cpu", "; ".join(notes + ["ONNX Runtime on the CPU"])
-
-
-# -- building what the backend runs ---------------------------------------------------------------------
-def _simplifier() -> str:
-    import importlib.util
-
-    return "onnxsim" if importlib.util.find_spec("onnxsim") else "onnxslim"
-
-
-def _export_onnx(target: Target, precision: str, cache, quiet: bool) -> Path:
-    from enginekit.flows import run
-    from enginekit.flows.export import run_export
-    from enginekit.requests import ExportRequest
-
-    if precision not in precision_names(exported=True):
-        raise UsageError(f"ONNX Runtime runs fp32 and fp16 graphs of a model name; {precision} needs the tensorrt "
-                         "backend (or load the ONNX file `enginekit build` wrote)")
-    with tempfile.TemporaryDirectory() as tmp:
-        request = ExportRequest(model=target.model, fp16=precision == "fp16", output=Path(tmp) / "model.onnx",
-                                weights=target.weights, random_init=target.random_init, seed=target.seed,
-                                simplifier=_simplifier())
-        result = run(run_export, request, cache, quiet=quiet)
-    if not result.passed:
-        from enginekit.errors import ParityError
-
-        raise ParityError(f"{target.model} {precision} failed its parity gate: " + "; ".join(result.failures()))
-    return result.artifacts[-1].path
-
-
-def _torch_module(target: Target):
+def plan_load(target, precision: str = "fp32", backend: str = "auto", *, weights=None, random_init: bool = False,
+              seed: int = 0, device: str | None = None, conf: float = 0.25, iou: float = 0.7, cache=None) -> LoadPlan:
+    """Check the arguments, resolve ``target`` and choose its backend; nothing heavy is loaded."""
     from enginekit.families import resolve
-
-    adapter = resolve(target.model)
-    weights = target.weights
-    random_init = target.random_init
-    seed = target.seed
-    ident = target.metadata.get("weights", "")
-    if target.kind == "onnx" and ident.startswith("random:"):  # rebuild the same seeded weights
-        random_init, seed = True, int(ident.rsplit("@", 1)[-1])
-    loaded = adapter.load(weights, random_init=random_init, seed=seed)
-    meta = dict(loaded.metadata)
-    return adapter, loaded.module, meta
-
-
-def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None, random_init: bool = False,
-         seed: int = 0, device: str | None = None, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
-         input_size=None, cuda_graph: bool | None = None, fuse_attention: bool | None = None, cache=None,
-         quiet: bool = True, **build_options):
-    """A predictor over ``target``: ``predictor(images)`` -> results in the original image's pixels.
-
-    ``target``: a model name (exported or built through the cache as needed, with ``weights`` or
-    ``random_init``), a cache key, a recipe, an engine plan (with its manifest.json) or an ONNX file.
-    ``backend``: auto | tensorrt | onnxruntime-cuda | onnxruntime-cpu | torch; ``predictor.backend``
-    and ``predictor.reason`` say what was chosen and why.
-    ``fuse_attention`` (onnxruntime-cuda): run a copy of the graph with ONNX Runtime's fused attention
-    (``enginekit.onnx.attention``); None: where the family declares its attention fusable.
-    """
-    from enginekit.families import resolve
-    from enginekit.runtime.predictor import Predictor, processor_for
+    from enginekit.runtime.predictor import processor_for
 
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}: choose {', '.join(PRECISIONS)}")
@@ -249,75 +202,92 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
             raise UsageError(f"{flag} {value}: expected a number from 0 to 1")
     check_weights_choice(weights, random_init)
     t = resolve_target(target, weights=weights, random_init=random_init, seed=seed, cache=cache)
-    name, reason = choose_backend(t, backend, device)
+    chosen, reason = choose_backend(t, backend, device)
     if t.kind != "model" and t.precision and precision != "fp32" and precision != t.precision:
         raise UsageError(f"{t.label} is a {t.precision} graph; drop --precision or ask for {t.precision}")
     prec = t.precision if t.kind != "model" and t.precision else precision
-    gpu_backend = name in ("tensorrt", "onnxruntime-cuda") or (name == "torch" and not (device or "").startswith("cpu")
-                                                                 and _gpu() is not None and _torch_cuda())
-    dev = device or ("cuda:0" if gpu_backend else "cpu")
-    if name in ("tensorrt", "onnxruntime-cuda") and dev.startswith("cpu"):
-        raise UsageError(f"the {name} backend runs on a GPU, not on {dev}")
-    if not t.model and name != "onnxruntime-cpu":
-        raise UsageError(f"{t.label} does not say which model it is (no enginekit metadata)")
+    dev = chosen.default_device(device)
+    if chosen.runs_on == "gpu" and dev.startswith("cpu"):
+        raise UsageError(f"the {chosen.name} backend runs on a GPU, not on {dev}")
     if not t.model:
         raise UsageError(f"{t.label} does not say which model it is: enginekit runs the graphs it wrote")
     adapter = resolve(t.model)
-    processor_cls = processor_for(adapter)  # a family the runtime does not run is refused before any export
-    metadata = dict(t.metadata)
+    processor_for(adapter)  # a family the runtime does not run is refused before any export
+    if MODULE in chosen.runs and chosen.precisions and prec not in chosen.precisions:
+        raise UsageError(f"the {chosen.name} backend runs {' and '.join(chosen.precisions)} (FP16 on a GPU), "
+                         f"not {prec}")
+    return LoadPlan(t, chosen, reason, prec, dev, adapter)
 
-    if name == "torch":
-        if prec not in precision_names(exported=True):
-            raise UsageError(f"the torch backend runs fp32 and fp16 (FP16 on a GPU), not {prec}")
+
+def open_plan(p: LoadPlan, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300, input_size=None,
+              cuda_graph: bool | None = None, fuse_attention: bool | None = None, cache=None):
+    """Load what ``p`` names on its backend: a Predictor. The artifact must exist (``p.missing`` is None)."""
+    from enginekit.runtime.predictor import Predictor, processor_for
+
+    t, chosen, adapter = p.target, p.backend, p.adapter
+    processor_cls = processor_for(adapter)
+    metadata = dict(t.metadata)
+    if MODULE in chosen.runs:
         adapter, module, meta = _torch_module(t)
         metadata.update(meta)
-        from enginekit.runtime.backends import TorchSession
-
-        session = TorchSession(module, adapter.output_names, adapter.input_name,
-                               (None, 3, None, None) if 2 in adapter.dynamic_axes.get(adapter.input_name, {})
-                               else (None, *adapter.default_input[1:]),
-                               dev, half=prec == "fp16", cuda_graph=cuda_graph)
+        dynamic_hw = 2 in adapter.dynamic_axes.get(adapter.input_name, {})
+        shape = (None, 3, None, None) if dynamic_hw else (None, *adapter.default_input[1:])
+        artifact = Artifact.of_module(module, adapter.input_name, adapter.output_names, shape)
         source = f"PyTorch module ({t.label})"
-    elif name in ("onnxruntime-cpu", "onnxruntime-cuda"):
-        path = t.path if t.kind == "onnx" else _export_onnx(t, prec, cache, quiet)
-        if not metadata:
-            metadata = _onnx_metadata(path)
-        if name == "onnxruntime-cpu":
-            from enginekit.runtime.backends import OrtCpuSession
-
-            session = OrtCpuSession(path)
+    elif t.kind in chosen.runs:
+        if t.kind == ENGINE:
+            artifact = Artifact.engine(t.path, t.manifest, adapter.input_name)
         else:
-            from enginekit.runtime.backends import OrtCudaSession
-
-            fuse = adapter.fusable_attention if fuse_attention is None else fuse_attention
-            session = OrtCudaSession(path, dev, cuda_graph=cuda_graph, fuse_attention=fuse, cache=cache)
-        source = str(path)
-    else:  # tensorrt
-        if t.kind == "model":
-            from enginekit.flows import run
-            from enginekit.flows.build import run_build
-            from enginekit.requests import BuildRequest
-
-            opts = {k: v for k, v in build_options.items() if v is not None}
-            request = BuildRequest(target=t.model, precision=prec, weights=t.weights, random_init=t.random_init,
-                                   seed=t.seed, **opts)
-            outcome = run(run_build, request, cache, quiet=quiet)
-            from enginekit.cache import Cache
-
-            t = _engine_target(outcome.engine, outcome.manifest, f"engine {outcome.entry.key[:12]}", cache or Cache())
-            metadata = {**metadata, **t.metadata}
-        elif t.kind == "onnx":
-            raise UsageError(f"build an engine from {t.label} first (enginekit build {t.path}), then load the engine")
-        from enginekit.runtime.backends import TensorRTSession
-
-        session = TensorRTSession(t.path, t.manifest, adapter.input_name, dev)
+            artifact = Artifact(t.kind, t.path, t.manifest, input_name=adapter.input_name)
         source = str(t.path)
+    elif t.kind == "model":
+        raise UsageError(f"{t.label} is a model name, and the {chosen.name} backend runs {KIND_WORDS[p.missing]}: "
+                         "enginekit.load exports or builds it (enginekit.runtime.load only loads what exists)")
+    else:
+        raise UsageError(chosen.refuses(t) or f"the {chosen.name} backend cannot run {t.label}")
+    fuse = adapter.fusable_attention if fuse_attention is None else fuse_attention
+    session = chosen(artifact, device=p.device, precision=p.precision, cuda_graph=cuda_graph, fuse_attention=fuse,
+                     cache=cache)
+    session.activate()
     if adapter.family == "yolo" and "names" not in metadata:
         metadata["names"] = str(_coco_names())
     processor = processor_cls(adapter, metadata, session.info, conf=conf, iou=iou, max_det=max_det,
                               input_size=input_size)
-    return Predictor(session, processor, model=adapter.variant, family=adapter.family, reason=reason,
-                     precision=prec or "fp32", source=source)
+    return Predictor(session, processor, model=adapter.variant, family=adapter.family, reason=p.reason,
+                     precision=p.precision or "fp32", source=source)
+
+
+def _torch_module(target: Target):
+    from enginekit.families import resolve
+
+    adapter = resolve(target.model)
+    weights = target.weights
+    random_init = target.random_init
+    seed = target.seed
+    ident = target.metadata.get("weights", "")
+    if target.kind == ONNX and ident.startswith("random:"):  # rebuild the same seeded weights
+        random_init, seed = True, int(ident.rsplit("@", 1)[-1])
+    loaded = adapter.load(weights, random_init=random_init, seed=seed)
+    meta = dict(loaded.metadata)
+    return adapter, loaded.module, meta
+
+
+def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None, random_init: bool = False,
+         seed: int = 0, device: str | None = None, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
+         input_size=None, cuda_graph: bool | None = None, fuse_attention: bool | None = None, cache=None):
+    """A predictor over what exists: ``predictor(images)`` -> results in the original image's pixels.
+
+    ``target``: an ONNX file, an engine plan (with its manifest.json), a cache key, or a model name (a
+    recipe) whose backend runs the PyTorch module. A model name on a backend that runs a graph or an
+    engine is refused: ``enginekit.load`` exports or builds it first. ``backend``: auto or a registered
+    backend (``enginekit.backends``); ``predictor.backend`` and ``predictor.reason`` say what was
+    chosen and why. ``fuse_attention`` (onnxruntime-cuda): run a copy of the graph with ONNX Runtime's
+    fused attention (``enginekit.onnx.attention``); None: where the family declares its attention fusable.
+    """
+    p = plan_load(target, precision, backend, weights=weights, random_init=random_init, seed=seed, device=device,
+             conf=conf, iou=iou, cache=cache)
+    return open_plan(p, conf=conf, iou=iou, max_det=max_det, input_size=input_size, cuda_graph=cuda_graph,
+                     fuse_attention=fuse_attention, cache=cache)
 
 
 def _coco_names() -> dict:

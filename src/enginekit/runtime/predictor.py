@@ -208,7 +208,7 @@ class Predictor:
         return static_out  # rewritten by the next replay, after the session has read it on this stream
 
     def _capture_preprocess(self, tensors: list, hw, rgb: bool, device):
-        from enginekit.runtime.backends import capture_graph
+        from enginekit.backends.pytorch import capture_graph
 
         static_in = [t.clone() for t in tensors]
         try:

@@ -193,7 +193,7 @@ def symmetric_ranges(amaxes: dict[str, np.float32]):
 
 
 def calibration_eps() -> list[str]:
-    """ModelOpt's names for the ORT providers: CUDA only where a GPU exists (see runtime.providers)."""
+    """ModelOpt's names for the ORT providers: CUDA only where a GPU exists (see backends.providers)."""
     from enginekit.onnx.runtime import providers
 
     return ["cuda:0", "cpu"] if "CUDAExecutionProvider" in providers() else ["cpu"]

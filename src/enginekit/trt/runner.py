@@ -1,6 +1,6 @@
 """Run an engine plan through polygraphy's TensorRT runner (TensorRT or TensorRT-RTX).
 
-Needs a GPU the engine was built for; callers ask ``builder.can_run_here`` first.
+Needs a GPU the engine was built for; callers ask ``session.engine_runs_here`` first.
 ``engine_runner`` serves verification (numpy in, numpy out, any profile); ``repeat_runner``
 serves the benchmark (one fixed input, run again and again, copies in or out of the timing).
 """

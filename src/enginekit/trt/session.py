@@ -1,6 +1,10 @@
-"""Run an engine plan with device buffers that stay on the GPU (TensorRT or TensorRT-RTX).
+"""Which TensorRT runs an engine here (``engine_runs_here``), and running a plan with device buffers.
 
-The predictor's hot path: the optimization profile is chosen by the input's shape, output
+``engine_runs_here`` is the one answer to "which installed TensorRT runs this manifest, and can
+it, on this GPU" (or, without a manifest, "would an engine built here run here"): the runtime's
+backend choice, verify, bench and doctor ask it.
+
+``EngineSession`` is the predictor's hot path: the optimization profile is chosen by the input's shape, output
 buffers are allocated once per shape and reused, and work is queued on the caller's CUDA
 stream (``execute_async_v3``); nothing is copied to the host here.
 """
@@ -8,8 +12,9 @@ stream (``execute_async_v3``); nothing is copied to the host here.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from enginekit.errors import CapabilityError, UsageError
 
@@ -27,20 +32,95 @@ def profile_for(shape: tuple[int, ...], profiles: list[dict], input_name: str) -
                      f"({ranges}): rebuild it with a --profile that holds it")
 
 
-def check_runs_here(manifest: dict) -> Any:
-    """The installed backend that runs this engine here, or a CapabilityError saying why not."""
-    from enginekit.trt.backends import resolve_backend
-    from enginekit.trt.builder import can_run_here
+@dataclass(frozen=True)
+class EngineVerdict:
+    """Which installed TensorRT runs (or would run) an engine here, whether it can, and why in one line."""
 
-    family = "tensorrt-rtx" if manifest.get("backend") == "tensorrt-rtx" else "tensorrt"
+    backend: Any  # trt.backends.Backend, or None: no TensorRT of the engine's kind is installed
+    ok: bool
+    reason: str
+
+
+def runs_on(traits, gpu, label: str | None = None) -> tuple[bool, str]:
+    """Whether engines of one TensorRT (a ``TRAITS`` row) can run on ``gpu`` at all: a GPU, and for
+    TensorRT-RTX one of its compute capabilities (it has no 9.0). Pure: doctor asks it of every row."""
+    label = label or traits.label
+    if gpu is None:
+        return False, "this machine has no GPU"
+    if traits.supports_compute_capability_targets and gpu.compute_capability not in traits.compute_capabilities:
+        return False, (f"{label} does not run on compute capability {gpu.compute_capability} ({gpu.name}; "
+                       f"its targets: {', '.join(traits.compute_capabilities)})")
+    return True, f"runs on {gpu}"
+
+
+def engine_runs_here(manifest: Mapping[str, Any] | None = None, *, backend: str = "auto",
+                     gpu: Any = "detect") -> EngineVerdict:
+    """Which TensorRT runs an engine here: the one answer the runtime, verify, bench and doctor ask.
+
+    With ``manifest``: the engine it describes (its TensorRT, version, and targets or GPU). Without:
+    the engine a build with ``backend`` (auto | tensorrt | tensorrt-rtx) would make on this machine.
+    ``gpu``: this machine's (``"detect"``), or a GpuInfo (None: no GPU).
+    """
+    from enginekit.trt.backends import TRAITS, gpu_info, resolve_backend, resolve_targets
+    from enginekit.trt.builder import BuiltFor, can_run_here
+
+    if gpu == "detect":
+        gpu = gpu_info()
+    if manifest is not None:
+        row = TRAITS.get(str(manifest.get("backend")))
+        installed = None
+        if row is not None:
+            try:
+                installed = resolve_backend(row.family)
+            except Exception:  # noqa: BLE001 - not installed (or too old): can_run_here says so
+                installed = None
+        ok, reason = can_run_here(installed, manifest, gpu)
+        return EngineVerdict(installed, ok, reason)
     try:
-        backend = resolve_backend(family)
-    except Exception:  # noqa: BLE001 - not installed: can_run_here says so
-        backend = None
-    ok, reason = can_run_here(backend, manifest)
+        installed = resolve_backend(backend)
+    except (CapabilityError, UsageError) as exc:
+        return EngineVerdict(None, False, ("no GPU on this machine; " if gpu is None else "") + str(exc))
+    if gpu is None:
+        return EngineVerdict(installed, False, f"no GPU on this machine: {installed.label} engines run only on an "
+                                               "NVIDIA GPU")
+    ok, reason = runs_on(installed.traits, gpu, installed.label)
     if not ok:
-        raise CapabilityError(f"the engine cannot run here: {reason}")
-    return backend
+        return EngineVerdict(installed, False, reason)
+    built = BuiltFor(installed.name, installed.version, resolve_targets(installed, None, gpu), gpu)
+    ok, reason = can_run_here(installed, built, gpu)
+    return EngineVerdict(installed, ok, f"{installed.label} runs on {gpu}" if ok else reason)
+
+
+def installed_modules() -> dict[str, dict[str, Any]]:
+    """For each TensorRT family of ``TRAITS``: does its module import, and at which version (doctor's facts)."""
+    import importlib.util
+
+    from enginekit.errors import first_line
+    from enginekit.trt.backends import TRAITS
+
+    modules: dict[str, dict[str, Any]] = {}
+    for row in TRAITS.values():
+        if row.family in modules:
+            continue
+        if importlib.util.find_spec(row.module) is None:
+            modules[row.family] = {"module": row.module, "version": None, "error": "not installed"}
+            continue
+        try:
+            module = importlib.import_module(row.module)
+        except Exception as exc:  # noqa: BLE001 - the wheel is there, its libraries are not
+            modules[row.family] = {"module": row.module, "version": None, "error": first_line(exc, 200)}
+            continue
+        modules[row.family] = {"module": row.module, "version": str(getattr(module, "__version__", "0")),
+                               "error": None}
+    return modules
+
+
+def check_runs_here(manifest: Mapping[str, Any]) -> Any:
+    """The installed backend that runs this engine here, or a CapabilityError saying why not."""
+    verdict = engine_runs_here(manifest)
+    if not verdict.ok:
+        raise CapabilityError(f"the engine cannot run here: {verdict.reason}")
+    return verdict.backend
 
 
 _DTYPES = {"FLOAT": "float32", "HALF": "float16", "INT32": "int32", "INT64": "int64", "BOOL": "bool",
@@ -56,6 +136,8 @@ def torch_dtype_name(trt_dtype: Any) -> str:
 
 
 class EngineSession:
+    """An engine plan on its own CUDA stream (or the caller's): ``session(x)`` -> outputs by name."""
+
     def __init__(self, plan: Path, manifest: dict, input_name: str, *, device: str = "cuda:0", stream=None):
         import torch
 

@@ -113,10 +113,10 @@ def _tiny_model():
 def _session_starts(ort, provider: str) -> tuple[bool, str]:
     import numpy as np
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4
+    from enginekit.onnx.runtime import CPU, session
+
     try:
-        sess = ort.InferenceSession(_tiny_model(), sess_options=opts, providers=[provider, "CPUExecutionProvider"])
+        sess = session(_tiny_model(), providers=[provider, CPU], log_level=4)
         if provider not in sess.get_providers():
             return False, "the session fell back to the CPU"
         sess.run(None, {"x": np.ones((1, 4), np.float32)})
@@ -177,7 +177,7 @@ def require_cuda_provider():
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise CapabilityError(f"onnxruntime {ort.__version__} has no CUDA provider: install onnxruntime-gpu")
     if not _has_gpu():
-        raise CapabilityError("onnxruntime-cuda needs an NVIDIA GPU, and this machine has none")
+        raise CapabilityError("ONNX Runtime's CUDA provider needs an NVIDIA GPU, and this machine has none")
     ort.set_default_logger_severity(3)  # its plugin-EP lookup warns on every CUDA session otherwise
     _preload(ort)
     ok, detail = library_loads(ort, "CUDAExecutionProvider")

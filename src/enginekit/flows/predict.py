@@ -27,7 +27,12 @@ def _frame_sink(kind: str, tmp: Path, stem: str, model: str, fps: float):
     def write(index: int, name: str, image: np.ndarray) -> str:
         if kind in ("image", "folder"):
             path = tmp / f"{Path(name).stem}_{model}.jpg"
-            cv2.imwrite(str(path), image)
+            if not cv2.imwrite(str(path), image):  # OpenCV says False, not why: a full disk is the likely cause
+                import errno
+
+                full = shutil.disk_usage(tmp).free < 4 * image.nbytes
+                raise OSError(errno.ENOSPC if full else errno.EIO, "No space left on device" if full else
+                              "OpenCV could not write the overlay", str(path))
             return path.name
         if "writer" not in state:
             h, w = image.shape[:2]
@@ -45,7 +50,7 @@ def _frame_sink(kind: str, tmp: Path, stem: str, model: str, fps: float):
 
 def run_predict(models: str, source: str, *, save: Path | None, backend: str, precision: str, weights: list[Path],
                 random_init: bool, seed: int, conf: float, iou: float, max_frames: int | None, device: str | None):
-    from enginekit.runtime.loader import load
+    from enginekit.flows.load import load
     from enginekit.runtime.predictor import Pipeline
     from enginekit.runtime.sources import draw, open_source
 
@@ -68,36 +73,41 @@ def run_predict(models: str, source: str, *, save: Path | None, backend: str, pr
         save = Path(save)
         save.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{save.name}.", dir=save.parent))
-    sinks = {p.model: _frame_sink(frames.kind, tmp, frames.name, p.model, frames.fps) for p in predictors} if tmp else {}
-    records = []
-    walls = []
     try:
-        with reporting.progress("predict", total=frames.count) as bar:
-            for index, (name, frame) in enumerate(frames):
-                t0 = time.perf_counter()
-                results = pipeline(frame)
-                walls.append((time.perf_counter() - t0) * 1e3)
-                entry = {"frame": index, "source": name, "wall_ms": round(walls[-1], 3), "results": {}}
-                for p, r in zip(predictors, results):
-                    r.source = name
-                    item = r.to_json()
-                    if tmp is not None:
-                        item["overlay"] = sinks[p.model][0](index, name, draw(frame, r))
-                    entry["results"][p.model] = item
-                records.append(entry)
-                bar.advance(1, detail=f"{1000.0 / np.mean(walls[-30:]):.1f} FPS")
-    finally:
-        pipeline.close()
-        for _, close in sinks.values():
-            close()
-    summary = _summary(predictors, records, walls)
-    if tmp is not None:
-        (tmp / "results.json").write_text(json.dumps({"source": source, "models": [p.describe() for p in predictors],
-                                                      "summary": summary, "frames": records}, indent=2))
-        save.mkdir(parents=True, exist_ok=True)
-        for f in tmp.iterdir():
-            shutil.move(str(f), save / f.name)
-        shutil.rmtree(tmp, ignore_errors=True)
+        sinks = {p.model: _frame_sink(frames.kind, tmp, frames.name, p.model, frames.fps) for p in predictors} if tmp else {}
+        records = []
+        walls = []
+        try:
+            with reporting.progress("predict", total=frames.count) as bar:
+                for index, (name, frame) in enumerate(frames):
+                    t0 = time.perf_counter()
+                    results = pipeline(frame)
+                    walls.append((time.perf_counter() - t0) * 1e3)
+                    entry = {"frame": index, "source": name, "wall_ms": round(walls[-1], 3), "results": {}}
+                    for p, r in zip(predictors, results):
+                        r.source = name
+                        item = r.to_json()
+                        if tmp is not None:
+                            item["overlay"] = sinks[p.model][0](index, name, draw(frame, r))
+                        entry["results"][p.model] = item
+                    records.append(entry)
+                    bar.advance(1, detail=f"{1000.0 / np.mean(walls[-30:]):.1f} FPS")
+        finally:
+            pipeline.close()
+            for _, close in sinks.values():
+                close()
+        summary = _summary(predictors, records, walls)
+        if tmp is not None:
+            (tmp / "results.json").write_text(json.dumps({"source": source, "models": [p.describe() for p in predictors],
+                                                          "summary": summary, "frames": records}, indent=2))
+            save.mkdir(parents=True, exist_ok=True)
+            for f in tmp.iterdir():
+                shutil.move(str(f), save / f.name)
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:  # a full disk, a bad frame, Ctrl-C: nothing half-written is left beside --save
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return summary
 
 

@@ -1,0 +1,89 @@
+"""``enginekit.load``: resolve the target, make what its backend needs, then hand it to the runtime.
+
+The runtime only loads (``enginekit.runtime.loader``). Here a model name becomes the artifact its
+backend runs: an ONNX graph through the export flow, an engine through the build flow, both cached
+(a second load does no work); then ``open_plan`` loads it. ``predictor.backend`` and
+``predictor.reason`` say what was chosen and why, as the runtime's own ``load`` does.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from enginekit import backends
+from enginekit.backends.base import ENGINE, ONNX
+from enginekit.errors import UsageError
+from enginekit.precisions import names as precision_names
+from enginekit.runtime.loader import LoadPlan, open_plan, plan_load
+
+
+
+def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None, random_init: bool = False,
+         seed: int = 0, device: str | None = None, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
+         input_size=None, cuda_graph: bool | None = None, fuse_attention: bool | None = None, cache=None,
+         quiet: bool = True, **build_options):
+    """A predictor over ``target``: ``predictor(images)`` -> results in the original image's pixels.
+
+    ``target``: a model name (exported or built through the cache as its backend needs, with ``weights``
+    or ``random_init``), a cache key, a recipe, an engine plan (with its manifest.json) or an ONNX file.
+    ``backend``: auto or a registered backend (``enginekit.backends.choices()``). ``build_options``:
+    BuildRequest fields for an engine built here (profiles, target_cc, ...). The rest: the runtime's
+    ``load`` (``enginekit.runtime.loader.load``).
+    """
+    p = plan_load(target, precision, backend, weights=weights, random_init=random_init, seed=seed, device=device,
+                  conf=conf, iou=iou, cache=cache)
+    if p.missing == ONNX:
+        p = p.with_onnx(export_onnx(p, cache, quiet))
+    elif p.missing == ENGINE:
+        p = build_engine(p, cache, quiet, build_options)
+    elif p.missing is not None:
+        raise UsageError(f"enginekit makes no {p.missing} artifact for the {p.backend.name} backend")
+    return open_plan(p, conf=conf, iou=iou, max_det=max_det, input_size=input_size, cuda_graph=cuda_graph,
+                     fuse_attention=fuse_attention, cache=cache)
+
+
+def simplifier() -> str:
+    """onnxsim where it is installed, else onnxslim."""
+    import importlib.util
+
+    return "onnxsim" if importlib.util.find_spec("onnxsim") else "onnxslim"
+
+
+def export_onnx(p: LoadPlan, cache, quiet: bool) -> Path:
+    """The cached, parity-checked graph of ``p``'s model at its precision (fp32 or fp16)."""
+    from enginekit.errors import ParityError
+    from enginekit.flows import run
+    from enginekit.flows.export import run_export
+    from enginekit.requests import ExportRequest
+
+    t, precision = p.target, p.precision
+    if precision not in precision_names(exported=True) or (p.backend.precisions and precision not in p.backend.precisions):
+        engines = " or ".join(b.name for b in backends.running(ENGINE))
+        raise UsageError(f"{p.backend.label} runs fp32 and fp16 graphs of a model name; {precision} needs the "
+                         f"{engines} backend (or load the ONNX file `enginekit build` wrote)")
+    with tempfile.TemporaryDirectory() as tmp:
+        request = ExportRequest(model=t.model, fp16=precision == "fp16", output=Path(tmp) / "model.onnx",
+                                weights=t.weights, random_init=t.random_init, seed=t.seed, simplifier=simplifier())
+        result = run(run_export, request, cache, quiet=quiet)
+    if not result.passed:
+        raise ParityError(f"{t.model} {precision} failed its parity gate: " + "; ".join(result.failures()))
+    return result.artifacts[-1].path
+
+
+def build_engine(p: LoadPlan, cache, quiet: bool, build_options: dict) -> LoadPlan:
+    """``p`` over the cached engine of its model at its precision (built here if missing)."""
+    from enginekit.cache import Cache
+    from enginekit.flows import run
+    from enginekit.flows.build import run_build
+    from enginekit.requests import BuildRequest
+
+    t = p.target
+    opts = {k: v for k, v in build_options.items() if v is not None}
+    request = BuildRequest(target=t.model, precision=p.precision, weights=t.weights, random_init=t.random_init,
+                           seed=t.seed, **opts)
+    outcome = run(run_build, request, cache, quiet=quiet)
+    if outcome.resolution:  # found by identity in the team store: which entry and why
+        p = replace(p, reason=f"{p.reason}; {outcome.resolution}")
+    return p.with_engine(outcome.engine, outcome.manifest, f"engine {outcome.entry.key[:12]}", cache or Cache())

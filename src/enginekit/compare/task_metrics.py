@@ -170,7 +170,9 @@ def _masks(proto: np.ndarray, rows: Rows, nm: int) -> "np.ndarray":
     mh, mw = proto.shape[1:]  # 1/4 of the input: the prototypes upsample stride-8 features twice
     masks = process_mask(torch.from_numpy(proto), torch.from_numpy(np.ascontiguousarray(rows[:, 6:6 + nm])),
                          torch.from_numpy(np.ascontiguousarray(rows[:, :4])), (mh * 4, mw * 4))
-    return masks.numpy()
+    # Ultralytics 8.4 binarizes to uint8: mask_iou's matmul of uint8 masks counts their intersection modulo 256
+    # (a 610-pixel mask's IoU with itself came out 0.09), so IoU is taken over float masks
+    return masks.numpy().astype(np.float32)
 
 
 def segment_metrics(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], *, nc: int,

@@ -205,6 +205,7 @@ def test_too_few_detections_is_not_enough_evidence_and_asks_for_images():
         (failed,) = [c for c in found.checks if not c.passed]
         assert failed.name.startswith("task: not enough evidence: 6 reference detections") and "--images" in failed.name
         assert (failed.value, failed.limit) == (6.0, 22.0) and "5% rule" in failed.name
+        assert "on 1 image," in failed.name and "--image-count 4" in failed.name  # 22 / 6 per image
     lost = ref.copy()
     lost[0, 4:, 0:3] = 0.001
     found = compare(run_with(lost), cases_of(ref), adapter=adapter, gates=Gates(adapter), precision="int8")

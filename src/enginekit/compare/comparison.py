@@ -319,9 +319,11 @@ def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_
     minimum = gates.sample_minimum(precision) if any(m in RATE_GATES for m in result.task_gates) else 0
     found = result.task.get("reference_detections", result.task.get("compared", 0.0))
     if minimum and found < minimum:
-        what = (f"not enough evidence: {found:g} reference detections, too few to judge the "
-                f"{_rule(result.task_gates)} (one flip is {100 / found:.0f}%); verify on more images of what the "
-                "model sees (--images DIR)")
+        images = len(next(iter(photo_ref.values())))
+        wanted = int(math.ceil(images * minimum / found))
+        what = (f"not enough evidence: {found:g} reference detections on {images} image{'s' * (images != 1)}, too few "
+                f"to judge the {_rule(result.task_gates)} (one flip is {100 / found:.0f}%; it takes {minimum}); verify "
+                f"on about {wanted} images of what the model sees (--images DIR --image-count {wanted})")
         if require_task:
             result.checks.append(Check(name, f"task: {what}", found, ">=", float(minimum), False))
         else:

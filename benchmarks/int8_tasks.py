@@ -1,5 +1,5 @@
 """INT8 of the suite's trained segment, pose, obb, classify, semantic and depth models: which calibration set and method
-keep what FP32 predicts (the figures written in families/yolo_tasks.py).
+keep what FP32 predicts (the figures written in families/ultralytics/yolo.py).
 
 Each cell quantizes the simplified graph (the build's chain, the family's head exclusions) and
 compares it on ONNX Runtime, CPU, with the FP32 PyTorch model on held-out generated images, through
@@ -65,7 +65,7 @@ def main() -> None:
 
     from enginekit.cache import Cache
     from enginekit.calibration import CalibrationData
-    from enginekit.compare.comparison import Gates, SimpleCase, compare
+    from enginekit.compare.comparison import Case, Gates, compare
     from enginekit.images import load_images
     from enginekit.onnx import runtime
     from enginekit.pipeline import ModelRequest, Stages
@@ -83,7 +83,7 @@ def main() -> None:
             cases = []
             for i, image in enumerate(evaluation):
                 feed = {adapter.input_name: adapter.preprocess(image, hw)}
-                cases.append(SimpleCase(f"photo {i}", "photo", feed, adapter.reference(loaded, feed[adapter.input_name])))
+                cases.append(Case(f"photo {i}", "photo", feed, adapter.reference(loaded, feed[adapter.input_name])))
             for name in args.sets.split(","):
                 if name == "photos":
                     data = CalibrationData(None, count=8)

@@ -95,7 +95,7 @@ def test_int8_calibrated_on_the_domain_passes(task, dense):
 @pytest.mark.parametrize("task", list(TASKS))
 def test_int8_calibrated_on_noise_fails_its_task_gate(task, dense):
     """Semantic: mIoU 0.33 (0.97 calibrated on shapes); depth: delta1 0.945 (0.995), whose AbsRel after the
-    scale-and-shift fit stays near the shapes' (figures in families/yolo_tasks.py)."""
+    scale-and-shift fit stays near the shapes' (figures in families/ultralytics/yolo.py)."""
     outcome = _verify(task, dense, "int8", calib_data=dense["noise"])
     report, art = _int8_artifact(outcome)
     failed = {c.name for c in report.failures()}

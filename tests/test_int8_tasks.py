@@ -4,7 +4,7 @@ Calibrated on images of the models' own domain (generated shapes, another seed t
 images), INT8 keeps what FP32 predicts; calibrated on noise it loses instances and its task gate
 fails. The default calibration set, the embedded photographs, is unlike anything these models
 saw: their INT8 scores (segment, pose) and boxes (obb) drift past the parity limits, and the
-verdict names those checks (measured figures in families/yolo_tasks.py).
+verdict names those checks (measured figures in families/ultralytics/yolo.py).
 
 The models are the suite's (tests/trained_tasks.py), compared at 160 px on 8 held-out images at
 conf 0.1, the operating point tests/test_tasks.py uses for them: at 0.25 these lightly trained

@@ -28,7 +28,7 @@ LEVELS: list[tuple[str, ...]] = [
     ("families", "trt"),
     ("compare",),
     ("onnx",),
-    ("cache", "store", "shapes", "images", "calibration", "errors", "reporting", "gpu", "fsutil", "precisions", "__version__"),
+    ("cache", "store", "shapes", "images", "calibration", "errors", "reporting", "gpu", "fsutil", "precisions", "results", "__version__"),
 ]
 LEVEL = {name: depth for depth, names in enumerate(LEVELS) for name in names}
 
@@ -253,6 +253,52 @@ def test_precisions_are_listed_only_in_their_registry():
     assert not problems, "ask enginekit.precisions instead of listing precisions:\n" + "\n".join(problems)
     sample = ast.parse('OK = ("fp32",)\nBAD = ["fp16", "int8"]\nP = Literal["fp32", "fp8"]\nif p in {"fp32", "fp16"}: pass\n')
     assert [line for line, _ in _precision_lists(sample)] == [2, 3, 4]
+
+
+def _family_names() -> set[str]:
+    from enginekit.families import registered
+
+    return {cls.family for cls in registered()}
+
+
+def _family_branches(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """Comparisons of a family (``x.family``, a variable ``family``) with a registered family's name:
+    ``adapter.family == "yolo"``, ``family in ("yolo", "rtdetr")``, ``"yolo" != cls.family``."""
+    found = []
+
+    def is_family(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "family") or (
+            isinstance(node, ast.Name) and node.id == "family")
+
+    def literals(node: ast.AST) -> set[str]:
+        return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(is_family(s) for s in sides) and any(literals(s) & names for s in sides if not is_family(s)):
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_nothing_outside_families_branches_on_a_family_name():
+    """What differs between families is declared by them (``families.interface``) and asked for: a comparison
+    with a family's name outside ``families/`` is a branch a new family would have to be added to."""
+    names = _family_names()
+    problems = []
+    for path in modules():
+        if component(path) == "families":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        problems += [f"{path.relative_to(SRC)}:{line}: {text}" for line, text in _family_branches(tree, names)]
+    assert not problems, "declare what differs on the family instead:\n" + "\n".join(problems)
+
+
+def test_the_family_branch_check_finds_branches():
+    names = {"yolo", "rtdetr"}
+    code = ("if adapter.family == 'yolo': pass\nif family in ('rtdetr', 'x'): pass\nok = 'yolo' != cls.family\n"
+            "if family == 'tensorrt': pass\nif adapter.task == 'yolo': pass\n")
+    assert [line for line, _ in _family_branches(ast.parse(code), names)] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("name", ["export", "build", "verify"])

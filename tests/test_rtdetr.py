@@ -1,7 +1,7 @@
 """RT-DETR (rtdetr-l): registered, keyed by its --random-init, verified FP32 and FP16, and its gate
 fails on a perturbed graph.
 
-``--random-init`` of this family is a smooth detector (families/yolo_tasks.py, _separate_rtdetr):
+``--random-init`` of this family is a smooth detector (families/ultralytics/rtdetr.py, _separate_rtdetr):
 its references detect ~20 things per photograph at conf 0.25, so every task check compares real
 detections. Graphs are exported at 320 px to keep the time down.
 """
@@ -21,7 +21,7 @@ PROFILE = "1x3x320x320"
 
 
 def test_rtdetr_is_registered_listed_and_keyed_by_its_init(run_cli):
-    from enginekit.families.yolo_tasks import RtdetrAdapter
+    from enginekit.families.ultralytics.rtdetr import RtdetrAdapter
     from enginekit.pipeline import ModelRequest
 
     assert type(resolve("rtdetr-l")) is RtdetrAdapter and resolve("RTDETR-X").variant == "rtdetr-x"

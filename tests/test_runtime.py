@@ -102,7 +102,7 @@ def test_depth_equals_pytorch_output_resized(small_photo, cache):
 
     import enginekit
     from enginekit.families import resolve
-    from enginekit.runtime.depth import lower_bound_size
+    from enginekit.families.depth_anything.runtime import lower_bound_size
 
     predictor = enginekit.load("depth", random_init=True, backend="onnxruntime-cpu", input_size=140, cache=cache)
     got = predictor(small_photo)
@@ -149,7 +149,7 @@ def test_auto_backend_says_why(yolo_onnx):
 def test_letterbox_geometry_matches_ultralytics():
     from ultralytics.data.augment import LetterBox
 
-    from enginekit.runtime.yolo import letterbox_geometry
+    from enginekit.families.ultralytics.runtime import letterbox_geometry
 
     for h, w in ((1080, 810), (720, 1280), (333, 500), (640, 640)):
         img = np.zeros((h, w, 3), np.uint8)

@@ -174,7 +174,7 @@ def test_classify_device_preprocessing_matches_the_host_transforms():
     from enginekit.families import resolve
     from enginekit.images import embedded_image_paths
     from enginekit.backends import SessionInfo
-    from enginekit.runtime.yolo_tasks import ClassifyProcessor
+    from enginekit.families.ultralytics.runtime import ClassifyProcessor
 
     bus = next(p for p in embedded_image_paths() if p.name == "bus.jpg")
     rgb = np.ascontiguousarray(cv2.resize(cv2.imread(str(bus)), (405, 540))[..., ::-1])
@@ -194,10 +194,10 @@ def test_family_without_runtime_is_refused_before_any_export(monkeypatch):
     def no_export(*a, **k):
         raise AssertionError("exported a model the runtime cannot run")
 
-    from enginekit.families.yolo_tasks import YoloSemanticAdapter
+    from enginekit.families.ultralytics.yolo import YoloSemanticAdapter
 
     monkeypatch.setattr(load, "export_onnx", no_export)
-    monkeypatch.setattr(YoloSemanticAdapter, "runtime_processor", "")  # a family that declares no runtime
+    monkeypatch.setattr(YoloSemanticAdapter, "processor", None)  # a family that declares no runtime
     with pytest.raises(UsageError, match="does not run yolo-sem models") as err:
         enginekit.load("yolo26n-sem", random_init=True, backend="onnxruntime-cpu")
     assert "yolo-seg" in str(err.value) and "yolo-cls" in str(err.value)  # it says what it runs

@@ -357,6 +357,29 @@ def test_rtdetr_gate_passes_identical_and_fails_on_lost_queries():
     assert task_check(margin, "recall").passed and margin.task["threshold_flips"] == 2
 
 
+def test_decoded_instances_are_scored_against_labels_as_well():
+    """Decoding (outputs -> instances in the input's pixels) is the family's, the metrics compare instances
+    with instances: labels (score 1) can be the reference side. Four labelled objects per image, found by the
+    detector's outputs; the same labels 40 px away are not."""
+    from enginekit.compare.instances import CONF_MAP, Instances, box_iou, instance_metrics
+
+    adapter = resolve("yolo12n")
+    out = instance_output(0)  # (2, 4 + 2, 120): four objects, their best anchor scores 0.5 .. 0.8
+    meta = {"names": NAMES2, "end2end": "False"}
+    found = adapter.decode({"output0": out}, meta, 0.25)
+    ranked = adapter.decode({"output0": out}, meta, CONF_MAP)
+    centres = np.array([(20 + 40 * k, 30 + 20 * k) for k in range(4)], np.float32)
+    corners = np.concatenate([centres - (15, 12), centres + (15, 12)], 1)
+
+    def labels(shift):
+        return [Instances(corners + shift, np.ones(4, np.float32), np.arange(4) % 2) for _ in range(2)]
+
+    right = instance_metrics(labels(0), found, ranked, box_iou, conf=0.25)
+    assert right["compared"] == 8 and right["recall"] == 1.0 and right["map50"] > 0.99
+    wrong = instance_metrics(labels(40), found, ranked, box_iou, conf=0.25)
+    assert wrong["recall"] == 0.0 and wrong["map50"] == 0.0
+
+
 # -- checkpoints of another task ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def seg_checkpoint(tmp_path_factory):

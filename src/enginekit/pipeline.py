@@ -42,8 +42,8 @@ def package_version(name: str) -> str:
 
 def model_versions(adapter) -> dict[str, str]:
     """Versions of the code that builds a family's PyTorch model (and so its outputs)."""
-    framework = getattr(adapter, "framework", "") or ("ultralytics" if adapter.family == "yolo" else "transformers")
-    return {"enginekit": __version__, "torch": package_version("torch"), framework: package_version(framework)}
+    return {"enginekit": __version__, "torch": package_version("torch"),
+            adapter.framework: package_version(adapter.framework)}
 
 
 def onnxruntime_version() -> str:

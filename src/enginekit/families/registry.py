@@ -2,7 +2,7 @@
 
 A family module decorates its adapter class with :func:`register`; the class says which names it
 serves (``matches``), which short names point at it (``aliases``) and how ``enginekit models``
-describes it (``describe``). Nothing here knows a family: :func:`resolve` asks each registered
+describes it (``describe``), and declares the rest of ``families.interface``. Nothing here knows a family: :func:`resolve` asks each registered
 class whether a name is its own, so a new family is a new module and one line in
 ``FAMILY_MODULES``. Importing this module stays cheap (family modules import torch, ultralytics
 or transformers inside their methods).
@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
 #: modules whose import registers their families, in the order ``enginekit models`` lists them
 FAMILY_MODULES = (
-    "enginekit.families.yolo",
-    "enginekit.families.yolo_tasks",
-    "enginekit.families.depth_anything",
+    "enginekit.families.ultralytics.yolo",
+    "enginekit.families.ultralytics.rtdetr",
+    "enginekit.families.depth_anything.family",
 )
 
 _REGISTRY: list[type] = []
@@ -46,7 +46,11 @@ class FamilyInfo:
 
 
 def register(cls: type) -> type:
-    """Class decorator: add a family's adapter class to the registry (once)."""
+    """Class decorator: add a family's adapter class to the registry (once), after checking that it
+    declares what a family must (``families.interface.check_declared``: a TypeError names what is missing)."""
+    from enginekit.families.interface import check_declared
+
+    check_declared(cls)
     if cls not in _REGISTRY:
         _REGISTRY.append(cls)
     return cls

@@ -217,7 +217,7 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
 def note_calibration(report, calibrated_on: str | None) -> None:
     """A quantized graph calibrated on the embedded photographs that fails: say what it was calibrated on
     and what to do. Calibration ranges come from what calibration sees; photographs of street scenes
-    are not the activations of a model trained on other images (measured in families/yolo_tasks.py)."""
+    are not the activations of a model trained on other images (measured in families/ultralytics/yolo.py)."""
     from enginekit.calibration import CalibrationData
     from enginekit.precisions import PRECISIONS
 

@@ -26,8 +26,8 @@ def __getattr__(name: str):
         from enginekit.runtime import predictor
 
         return getattr(predictor, name)
-    if name in RESULTS:
-        from enginekit.runtime import results
+    if name in RESULTS:  # defined with the processors' common ground, enginekit.results
+        from enginekit import results
 
         return getattr(results, name)
     if name == "onnxruntime_providers":

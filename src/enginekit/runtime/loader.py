@@ -249,8 +249,8 @@ def open_plan(p: LoadPlan, *, conf: float = 0.25, iou: float = 0.7, max_det: int
     session = chosen(artifact, device=p.device, precision=p.precision, cuda_graph=cuda_graph, fuse_attention=fuse,
                      cache=cache)
     session.activate()
-    if adapter.family == "yolo" and "names" not in metadata:
-        metadata["names"] = str(_coco_names())
+    if "names" not in metadata and (names := adapter.default_class_names()):  # a graph that names no classes
+        metadata["names"] = str(names)
     processor = processor_cls(adapter, metadata, session.info, conf=conf, iou=iou, max_det=max_det,
                               input_size=input_size)
     return Predictor(session, processor, model=adapter.variant, family=adapter.family, reason=p.reason,
@@ -289,11 +289,3 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     return open_plan(p, conf=conf, iou=iou, max_det=max_det, input_size=input_size, cuda_graph=cuda_graph,
                      fuse_attention=fuse_attention, cache=cache)
 
-
-def _coco_names() -> dict:
-    try:
-        from ultralytics.utils import YAML, ROOT
-
-        return YAML.load(ROOT / "cfg/datasets/coco.yaml")["names"]
-    except Exception:  # noqa: BLE001
-        return {}

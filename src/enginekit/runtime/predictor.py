@@ -11,19 +11,13 @@ from enginekit.errors import UsageError
 
 
 def processor_for(adapter):
-    """The pre/postprocessing class ``adapter``'s family declares (``ModelAdapter.runtime_processor``)."""
-    import importlib
-
-    spec = getattr(adapter, "runtime_processor", "")
-    if not spec:
+    """The pre/postprocessing class ``adapter``'s family declares (``families.interface.Runtime.processor``)."""
+    if adapter.processor is None:
         from enginekit.families.registry import registered
 
-        known = sorted({c.family for c in registered() if c.runtime_processor})
+        known = sorted({c.family for c in registered() if c.processor is not None})
         raise UsageError(f"enginekit does not run {adapter.family} models yet (the runtime knows {', '.join(known)})")
-    module, name = spec.split(":")
-    if not module.startswith("enginekit.runtime."):
-        raise RuntimeError(f"{adapter.family} declares {spec!r}: the runtime's processors live in enginekit.runtime")
-    return getattr(importlib.import_module(module), name)
+    return adapter.processor
 
 
 def read_image(path) -> np.ndarray:

@@ -74,7 +74,7 @@ def depth_error_heatmap(reference: np.ndarray, candidate: np.ndarray, path: Path
     """Reference depth | candidate depth | relative error (after scale-and-shift alignment); maps (H, W)."""
     import cv2
 
-    from enginekit.compare.tasks import align_scale_shift
+    from enginekit.compare.task_metrics import align_scale_shift
 
     ref, cand = reference.astype(np.float64), candidate.astype(np.float64)
     mask = ref > 1e-3 * max(float(ref.max()), 1e-12)

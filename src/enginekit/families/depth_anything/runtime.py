@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from enginekit.runtime.results import DepthMap
+from enginekit.results import DepthMap
 
 PATCH = 14
 MEAN = (0.485, 0.456, 0.406)
@@ -34,7 +34,8 @@ def lower_bound_size(h: int, w: int, size: int = 518, multiple: int = PATCH) -> 
 
 
 class DepthProcessor:
-    family = "depth-anything-v2"
+    """Depth-Anything-V2's processor (``families.interface.Processor``)."""
+
     gpu_graphable = True  # preprocess_gpu launches only device work (mean/std made once per device)
 
     def __init__(self, adapter, metadata: dict, info, *, input_size=None, **_):

@@ -1,18 +1,23 @@
-"""Pre- and postprocessing of the YOLO tasks beyond detection, as Ultralytics' own predictors do them.
+"""Pre- and postprocessing of Ultralytics models at runtime, as Ultralytics' own predictors do them.
 
-Segment, pose and obb letterbox like the detector (``YoloProcessor``) and follow
-``ultralytics/models/yolo/{segment,pose,obb}/predict.py`` after the network: NMS with the class
-count (and ``rotated`` for obb), then ``scale_boxes``; masks by ``process_mask_native`` at the
-original resolution (Ultralytics' ``retina_masks`` path), keypoints by ``scale_coords``, rotated
-boxes scaled as centre + size with their angle kept. Classify preprocesses with
-``classify_transforms`` (shorter side resized, centre crop) and reads the probabilities the
-exported head computes. RT-DETR stretches the image to the network's size (``scale_fill``, no
-letterbox) and follows ``ultralytics/models/rtdetr/predict.py``: its decoder's top-k rows (centre +
-size in 0..1) kept above conf, ``xywh2xyxy``, then scaled by the original width and height.
-Semantic letterboxes like the detector and follows ``ultralytics/models/yolo/semantic/predict.py``:
-logits to the input's size, ``scale_masks`` to the original (padding removed), argmax. YOLO depth
-stretches like RT-DETR and follows ``ultralytics/models/yolo/depth/predict.py``: the map to the
-input's size, then to the original, bilinear with ``align_corners=True``.
+CPU: the adapter's preprocessing (Ultralytics ``LetterBox``, auto=False, gray 114; ``classify_transforms``;
+stretched for RT-DETR and depth) on numpy. GPU: the same with torch ops on the predictor's stream
+(bilinear resize, as cv2.INTER_LINEAR; pixel values may differ by one grey level from cv2's fixed-point
+rounding). After the network each task follows ``ultralytics/models/.../predict.py``:
+
+- detect: ``ultralytics.utils.nms.non_max_suppression`` (or the end-to-end head's top-k, which that function
+  handles with ``end2end=True``) and ``ultralytics.utils.ops.scale_boxes``;
+- segment, pose, obb: NMS with the class count (and ``rotated`` for obb), then ``scale_boxes``; masks by
+  ``process_mask_native`` at the original resolution (Ultralytics' ``retina_masks`` path), keypoints by
+  ``scale_coords``, rotated boxes scaled as centre + size with their angle kept;
+- classify: ``classify_transforms`` (shorter side resized, centre crop), the probabilities the exported
+  head computes, top-k;
+- RT-DETR: the image stretched to the network's size (``scale_fill``, no letterbox); its decoder's top-k
+  rows (centre + size in 0..1) kept above conf, ``xywh2xyxy``, then scaled by the original width and height;
+- semantic: letterboxed like the detector; logits to the input's size, ``scale_masks`` to the original
+  (padding removed), argmax;
+- depth: stretched like RT-DETR; the map to the input's size, then to the original, bilinear with
+  ``align_corners=True``.
 """
 
 from __future__ import annotations
@@ -21,10 +26,69 @@ import ast
 
 import numpy as np
 
-from enginekit.runtime.results import Classification, DepthMap, Detections, OrientedBoxes, Poses, SemanticMap, Segments
-from enginekit.runtime.yolo import YoloProcessor, network_hw
+from enginekit.families.processing import DepthMaps, ImageProcessor, TopClasses
+from enginekit.results import Detections, OrientedBoxes, Poses, SemanticMap, Segments
 
-TOP_K = 5
+
+def letterbox_geometry(shape: tuple[int, int], new: tuple[int, int]) -> tuple[tuple[int, int], int, int, int, int]:
+    """Ultralytics LetterBox(auto=False, scaleup=True, center=True): resized (h, w) and the padding."""
+    h, w = shape
+    r = min(new[0] / h, new[1] / w)
+    unpad_w, unpad_h = int(round(w * r)), int(round(h * r))
+    dw, dh = (new[1] - unpad_w) / 2, (new[0] - unpad_h) / 2
+    top, bottom = int(round(dh - 0.1)), int(round(dh + 0.1))
+    left, right = int(round(dw - 0.1)), int(round(dw + 0.1))
+    return (unpad_h, unpad_w), top, bottom, left, right
+
+
+class YoloProcessor(ImageProcessor):
+    """Detections: letterboxed input, Ultralytics' NMS, boxes in the original image's pixels."""
+
+    gpu_graphable = True  # preprocess_gpu launches only device work: the predictor may capture it
+
+    def __init__(self, adapter, metadata: dict, info, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
+                 input_size=None, **_):
+        super().__init__(adapter, metadata, info, input_size=input_size)
+        self.end2end = str(metadata.get("end2end")) == "True"
+        self.conf, self.iou, self.max_det = conf, iou, max_det
+
+    def preprocess_gpu(self, chw, hw: tuple[int, int]):
+        """``chw``: 3xHxW float32 RGB in 0..255 on the GPU -> 3xhxw letterboxed in 0..1."""
+        import torch
+        import torch.nn.functional as F
+
+        (uh, uw), top, bottom, left, right = letterbox_geometry(tuple(chw.shape[1:]), hw)
+        x = chw[None]
+        if (uh, uw) != tuple(chw.shape[1:]):
+            x = F.interpolate(x, size=(uh, uw), mode="bilinear", align_corners=False)
+        out = torch.full((1, 3, hw[0], hw[1]), 114.0, dtype=x.dtype, device=x.device)
+        out[:, :, top:top + uh, left:left + uw] = x
+        return out[0].mul_(1.0 / 255.0)
+
+    def nms(self, pred, *, nc: int = 0, rotated: bool = False) -> list:
+        """``ultralytics.utils.nms.non_max_suppression`` as Ultralytics' predictors call it, with no time limit:
+        its default (2 s + 50 ms per image) stops early on a busy CPU and silently drops detections.
+        torchvision is imported first: that function uses torchvision's NMS kernel only where it is imported,
+        as it is in Ultralytics' own predictor, and falls back to a Python loop 100x slower on many boxes."""
+        import torchvision  # noqa: F401
+        from ultralytics.utils import nms
+
+        return nms.non_max_suppression(pred, self.conf, self.iou, max_det=self.max_det, nc=nc, end2end=self.end2end,
+                                       rotated=rotated, max_time_img=1e6)
+
+    def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Detections]:
+        import torch
+        from ultralytics.utils import ops
+
+        kept = self.nms(self.output(outputs, 0))
+        results = []
+        for det, shape in zip(kept, image_hws):
+            boxes = ops.scale_boxes(hw, det[:, :4].clone(), shape) if len(det) else det[:, :4]
+            det = torch.cat([boxes, det[:, 4:6]], 1).cpu().numpy() if len(det) else np.zeros((0, 6), np.float32)
+            ids = det[:, 5].astype(np.int64)
+            results.append(Detections(det[:, :4].astype(np.float32), det[:, 4].astype(np.float32), ids,
+                                      self.names_of(ids), tuple(shape)))
+        return results
 
 
 def _numpy(t, dtype=np.float32) -> np.ndarray:
@@ -32,24 +96,19 @@ def _numpy(t, dtype=np.float32) -> np.ndarray:
 
 
 class _TaskProcessor(YoloProcessor):
-    def names_of(self, ids: np.ndarray) -> list[str]:
-        return [self.names.get(int(i), str(int(i))) for i in ids]
-
     @property
     def nc(self) -> int:
         """The class count NMS needs to tell class scores from the task's channels after them."""
         if not self.names and not self.end2end:
             from enginekit.errors import UsageError
 
-            raise UsageError(f"the {self.family} graph does not name its classes (no 'names' metadata): "
+            raise UsageError(f"the {self.adapter.family} graph does not name its classes (no 'names' metadata): "
                              "its class scores cannot be told from its other channels")
         return len(self.names)
 
 
 class SegmentProcessor(_TaskProcessor):
     """Boxes + instance masks (N x H x W bool at the original resolution)."""
-
-    family = "yolo-seg"
 
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Segments]:
         from ultralytics.utils import ops
@@ -76,8 +135,6 @@ class SegmentProcessor(_TaskProcessor):
 class PoseProcessor(_TaskProcessor):
     """Boxes + keypoints (N x K x 3: x, y in original pixels, visibility; or N x K x 2)."""
 
-    family = "yolo-pose"
-
     def __init__(self, adapter, metadata: dict, info, **options):
         super().__init__(adapter, metadata, info, **options)
         raw = metadata.get("kpt_shape") or "[17, 3]"
@@ -102,8 +159,6 @@ class PoseProcessor(_TaskProcessor):
 class ObbProcessor(_TaskProcessor):
     """Rotated boxes: xywhr in original pixels (angle in radians, as Ultralytics' ``OBB.xywhr``)."""
 
-    family = "yolo-obb"
-
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[OrientedBoxes]:
         import torch
         from ultralytics.utils import ops
@@ -121,26 +176,15 @@ class ObbProcessor(_TaskProcessor):
         return results
 
 
-class ClassifyProcessor:
+class ClassifyProcessor(TopClasses, ImageProcessor):
     """Top-k classes from the probabilities the exported ``Classify`` head computes (softmax)."""
 
-    family = "yolo-cls"
+    gpu_graphable = False  # torchvision's transforms on the GPU run as they are, not captured
 
-    def __init__(self, adapter, metadata: dict, info, *, input_size=None, top_k: int = TOP_K, **_):
-        from enginekit.runtime.yolo import parse_names
-
-        self.adapter = adapter
-        self.info = info
-        self.names = parse_names(metadata.get("names"))
+    def __init__(self, adapter, metadata: dict, info, *, input_size=None, top_k: int = TopClasses.top_k, **_):
+        super().__init__(adapter, metadata, info, input_size=input_size)
         self.top_k = top_k
-        self.hw = network_hw(adapter, info, input_size)
         self._gpu_transforms = None
-
-    def input_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
-        return self.hw
-
-    def preprocess_cpu(self, rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-        return self.adapter.preprocess(rgb, hw)[0]
 
     def preprocess_gpu(self, chw, hw: tuple[int, int]):
         """The same ``classify_transforms`` on a 3xHxW float RGB tensor (0..255): resize (antialiased
@@ -154,34 +198,12 @@ class ClassifyProcessor:
         x = crop(resize(chw)).clamp_(0, 255).mul_(1.0 / 255.0)
         return normalize(x)
 
-    def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Classification]:
-        probs = outputs[self.info.output_names[0]]
-        probs = probs.float().cpu().numpy() if not isinstance(probs, np.ndarray) else probs.astype(np.float32)
-        results = []
-        for p, shape in zip(probs.reshape(len(image_hws), -1), image_hws):
-            top = np.argsort(-p, kind="stable")[: self.top_k]
-            results.append(Classification(top.astype(np.int64), p[top], [self.names.get(int(i), str(int(i)))
-                                                                        for i in top], p, tuple(shape)))
-        return results
 
+class RtdetrProcessor(YoloProcessor):
+    """RT-DETR's kept rows (no NMS: the decoder's top-k), boxes in the original image's pixels; the image
+    stretched to the network's size (Ultralytics' ``scale_fill``), no letterbox."""
 
-class _StretchedInput(YoloProcessor):
-    """The image stretched to the network's size (Ultralytics' ``scale_fill``), no letterbox."""
-
-    def preprocess_gpu(self, chw, hw: tuple[int, int]):
-        """``chw``: 3xHxW float32 RGB in 0..255 on the GPU -> 3xhxw stretched to ``hw`` in 0..1 (scale_fill)."""
-        import torch.nn.functional as F
-
-        x = chw[None]
-        if tuple(chw.shape[1:]) != tuple(hw):
-            x = F.interpolate(x, size=tuple(hw), mode="bilinear", align_corners=False)
-        return x[0].mul_(1.0 / 255.0)
-
-
-class RtdetrProcessor(_StretchedInput):
-    """RT-DETR's kept rows (no NMS: the decoder's top-k), boxes in the original image's pixels."""
-
-    family = "rtdetr"
+    preprocess_gpu = ImageProcessor.preprocess_gpu
 
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Detections]:
         from ultralytics.utils import ops
@@ -197,14 +219,9 @@ class RtdetrProcessor(_StretchedInput):
             results.append(Detections(_numpy(boxes), _numpy(det[:, 4]), ids, self.names_of(ids), tuple(shape)))
         return results
 
-    def names_of(self, ids: np.ndarray) -> list[str]:
-        return [self.names.get(int(i), str(int(i))) for i in ids]
-
 
 class SemanticProcessor(YoloProcessor):
     """A class id per pixel at the original resolution, from the exported logits (B, nc, H, W)."""
-
-    family = "yolo-sem"
 
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[SemanticMap]:
         import torch.nn.functional as F
@@ -222,17 +239,5 @@ class SemanticProcessor(YoloProcessor):
         return results
 
 
-class YoloDepthProcessor(_StretchedInput):
+class YoloDepthProcessor(DepthMaps, ImageProcessor):
     """The depth map at the original resolution (the image stretched to the network's size, as Ultralytics)."""
-
-    family = "yolo-depth"
-
-    def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[DepthMap]:
-        import torch.nn.functional as F
-
-        depth = self.output(outputs, 0)
-        if depth.dim() == 3:
-            depth = depth[:, None]
-        depth = F.interpolate(depth, size=tuple(hw), mode="bilinear", align_corners=True)
-        return [DepthMap(_numpy(F.interpolate(d[None], size=tuple(shape), mode="bilinear", align_corners=True)[0, 0]),
-                         tuple(shape)) for d, shape in zip(depth, image_hws)]

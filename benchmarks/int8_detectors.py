@@ -241,16 +241,8 @@ def quantized_sets(path: Path) -> tuple[list[str], set[str]]:
 
 
 def margin_figures(adapter, metadata, ref, got, margin: float) -> dict:
-    """Recall/precision with a conf margin, for detectors too (through the instance metrics)."""
-    from enginekit.compare import task_metrics as tm
-
-    if adapter.task == "segment":
-        r = adapter.task_metrics(ref, got, metadata, {"conf": 0.25, "conf_margin": margin})
-        return {"recall": r["recall"], "precision": r["precision"], "flips": r.get("threshold_flips", 0.0)}
-    low = 0.25 - margin
-    refs, cands = tm.decode(ref["output0"], low), tm.decode(got["output0"], low)
-    ranked = tm.decode(got["output0"], 0.001)
-    r = tm.instance_metrics(refs, cands, ranked, tm._box_iou, conf=0.25, margin=margin)
+    """Recall/precision with a conf margin (the task option ``conf_margin``, detectors and segmenters alike)."""
+    r = adapter.task_metrics(ref, got, metadata, {"conf": 0.25, "conf_margin": margin})
     return {"recall": r["recall"], "precision": r["precision"], "flips": r.get("threshold_flips", 0.0)}
 
 

@@ -160,8 +160,6 @@ def test_segment_masks_of_real_size_match_themselves():
     """Masks of objects that fill a 640 px input (tens of thousands of pixels at the prototypes' 160 px):
     identical outputs match one to one with mask IoU 1. (Ultralytics binarizes masks to uint8, whose
     matmul in mask_iou counted the intersection modulo 256: a 610-pixel mask's IoU with itself was 0.09.)"""
-    from enginekit.compare.task_metrics import segment_metrics
-
     nm = 4
     out = instance_output(nm, box=lambda k: (160 + 320 * (k % 2), 160 + 320 * (k // 2), 300, 280))
     proto = -np.ones((2, nm, 160, 160), dtype=np.float32)
@@ -171,7 +169,7 @@ def test_segment_masks_of_real_size_match_themselves():
     for k in range(4):
         out[:, 6 + k, 3 * k:3 * k + 3] = 1.0
     ref = {"output0": out, "output1": proto}
-    found = segment_metrics(ref, {k: v.copy() for k, v in ref.items()}, nc=2)
+    found = resolve("yolo11n-seg").task_metrics(ref, {k: v.copy() for k, v in ref.items()}, SEG_META)
     assert found["compared"] == 8 and found["recall"] == 1.0 and found["precision"] == 1.0
     assert found["mask_similarity_mean"] == 1.0 and found["mask_map50_95"] > 0.99, found
 

@@ -12,9 +12,16 @@ fixed yet is marked ``xfail(strict=True)`` and loses the mark when it is.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,14 +54,44 @@ class Run:
         return f"enginekit {' '.join(map(repr, self.args))} -> {self.code}\n{self.stderr[-3000:]}"
 
 
+# A refusal takes seconds; a run that blocks on a FIFO or expands a YAML bomb never ends. The alarm
+# turns such a run into a failure (its exception is the run's) instead of a suite that hangs.
+HANG_SECONDS = int(os.environ.get("ENGINEKIT_PROPERTY_HANG", "300"))
+
+
+class Hung(Exception):
+    """The run did not end within HANG_SECONDS."""
+
+
+@contextlib.contextmanager
+def bounded(seconds: int = HANG_SECONDS):
+    """SIGALRM after ``seconds`` raises ``Hung`` where the run is (a blocked ``open`` of a FIFO is
+    interrupted too); the main thread only, where signals are delivered."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise Hung(f"no answer within {seconds}s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def invoke(args: list[str], env: dict[str, str] | None = None) -> Run:
-    """``enginekit ARGS`` in this process, as ``main()`` runs it."""
+    """``enginekit ARGS`` in this process, as ``main()`` runs it, within HANG_SECONDS."""
     from typer.testing import CliRunner
 
     from enginekit.cli import app
 
     runner = CliRunner()
-    result = runner.invoke(app, args, env={"COLUMNS": "200", **(env or {})}, catch_exceptions=True)
+    with bounded():
+        result = runner.invoke(app, args, env={"COLUMNS": "200", **(env or {})}, catch_exceptions=True)
     exception = result.exception if not isinstance(result.exception, SystemExit) else None
     return Run(args, result.exit_code, result.stdout, result.stderr, exception)
 
@@ -95,8 +132,25 @@ def world(tmp_path_factory):
     import ultralytics
 
     image.write_bytes((Path(ultralytics.__file__).parent / "assets" / "bus.jpg").read_bytes())
+    # special files: FIFOs nobody writes to (a read blocks forever), a YAML alias bomb, a deep YAML
+    specials = root / "special"
+    specials.mkdir()
+    for name in ("model.onnx", "weights.pt", "frame.jpg", "recipe.yaml", "calib.npy"):
+        os.mkfifo(specials / name)
+    (root / "bomb.yaml").write_text(anchor_bomb())
+    (root / "bombs").mkdir()
+    (root / "bombs" / "bomb.yaml").write_text(anchor_bomb())
+    (root / "deep.yaml").write_text("model: " + "[" * 5000 + "]" * 5000 + "\n")
     return {"root": root, "image": image, "regular": regular, "onnx": onnx, "dir": root / "empty-dir",
-            "cache": root / "cache"}
+            "cache": root / "cache", "fifo": specials}
+
+
+def anchor_bomb() -> str:
+    """A 'billion laughs' YAML document of 342 bytes: 9 levels of 9 aliases, 9**9 values expanded."""
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for previous, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{previous}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
 
 
 def _tiny_onnx(path: Path) -> None:
@@ -164,14 +218,32 @@ def bad_out_path(world) -> st.SearchStrategy[str]:
                             str(world["regular"] / "under-a-file.out"), "/proc/self/enginekit/x.out"])
 
 
+def special_file(world) -> st.SearchStrategy[str]:
+    """Inputs that are no regular file: FIFOs (a read blocks forever) and devices (endless)."""
+    return st.sampled_from([*(str(p) for p in sorted(world["fifo"].iterdir())), "/dev/zero", "/dev/urandom"])
+
+
 def bad_in_file(world) -> st.SearchStrategy[str]:
-    return st.sampled_from([str(world["dir"]), str(world["root"] / "missing.bin"), "/etc/passwd",
-                            str(world["regular"]), "/proc/self/status", "/dev/null"])
+    return st.one_of(st.sampled_from([str(world["dir"]), str(world["root"] / "missing.bin"), "/etc/passwd",
+                                      str(world["regular"]), "/proc/self/status", "/dev/null"]),
+                     special_file(world))
 
 
 def bad_in_dir(world) -> st.SearchStrategy[str]:
-    return st.sampled_from([str(world["root"] / "missing-dir"), str(world["regular"]), "/proc/self",
-                            str(world["dir"])])
+    return st.one_of(st.sampled_from([str(world["root"] / "missing-dir"), str(world["regular"]), "/proc/self",
+                                      str(world["dir"])]), special_file(world))
+
+
+def bad_onnx(world) -> st.SearchStrategy[str]:
+    """Where an ONNX file is the target: none, a folder, a text file, a FIFO named .onnx, a device."""
+    return st.one_of(st.sampled_from([str(world["root"] / "missing.onnx"), str(world["regular"]), str(world["dir"])]),
+                     special_file(world).filter(lambda p: not p.endswith((".yaml", ".pt", ".jpg", ".npy"))))
+
+
+def bad_recipe(world) -> st.SearchStrategy[str]:
+    """A recipe that is a YAML alias bomb, nested 5000 deep, a FIFO, a device, a folder of bombs."""
+    return st.sampled_from([str(world["root"] / "bomb.yaml"), str(world["root"] / "deep.yaml"),
+                            str(world["fifo"] / "recipe.yaml"), str(world["root"] / "bombs")])
 
 
 def bad_tol() -> st.SearchStrategy[str]:
@@ -244,6 +316,7 @@ def verbs(world) -> dict[str, tuple[list[str], dict[str, st.SearchStrategy[str]]
                 "--seed": st.one_of(st.integers(max_value=-1).map(str), huge_int(), not_int()),
                 "--tol": bad_tol(),
                 "--output": bad_out_path(world),
+                "ONNX": bad_onnx(world),
             },
         ),
         "verify": (
@@ -259,6 +332,7 @@ def verbs(world) -> dict[str, tuple[list[str], dict[str, st.SearchStrategy[str]]
                 "--reference": bad_in_file(world),
                 "--model": bad_choice(set()).filter(lambda s: not s.strip().lower().startswith(("yolo", "depth"))),
                 "--seed": st.one_of(st.integers(max_value=-1).map(str), huge_int(), not_int()),
+                "ONNX": bad_onnx(world),
             },
         ),
         "simplify": (
@@ -267,6 +341,7 @@ def verbs(world) -> dict[str, tuple[list[str], dict[str, st.SearchStrategy[str]]
                 "--output": bad_out_path(world),
                 "--tool": bad_choice({"onnxsim", "onnxslim"}),
                 "--input": bad_shape(),
+                "ONNX": bad_onnx(world),
             },
         ),
         "cache": (
@@ -295,14 +370,16 @@ def verbs(world) -> dict[str, tuple[list[str], dict[str, st.SearchStrategy[str]]
             ["recipes", "show"],
             {
                 "RECIPE": st.one_of(junk.filter(lambda s: s.strip() and not s.startswith("-")),
-                                    st.just(str(world["regular"])), st.just(str(world["dir"]))),
+                                    st.just(str(world["regular"])), st.just(str(world["dir"])),
+                                    bad_recipe(world).filter(lambda p: not p.endswith("bombs"))),
             },
         ),
         "matrix": (
             ["matrix"],
             {
                 "--format": bad_choice({"github", "json"}),
-                "PATHS": st.sampled_from([str(world["regular"]), str(world["root"] / "missing.yaml"), "/proc/self"]),
+                "PATHS": st.one_of(st.sampled_from([str(world["regular"]), str(world["root"] / "missing.yaml"),
+                                                    "/proc/self"]), bad_recipe(world)),
             },
         ),
         "predict": (
@@ -318,8 +395,8 @@ def verbs(world) -> dict[str, tuple[list[str], dict[str, st.SearchStrategy[str]]
                 "--iou": st.one_of(bad_float(), st.sampled_from(["1.5", "2"])),
                 "--max-frames": bad_positive_int(),
                 "--device": st.sampled_from(["gpu", "cuda:x", "cuda:-1", "tpu", "cuda:99999999999999999999"]),
-                "SOURCE": st.sampled_from([str(world["root"] / "missing.jpg"), str(world["regular"]),
-                                           str(world["dir"]), "99"]),
+                "SOURCE": st.one_of(st.sampled_from([str(world["root"] / "missing.jpg"), str(world["regular"]),
+                                                     str(world["dir"]), "99"]), special_file(world)),
             },
         ),
         "models": (["models"], {"EXTRA": junk.filter(lambda s: s.strip() and not s.startswith("-")),
@@ -332,6 +409,8 @@ def verbs(world) -> dict[str, tuple[list[str], dict[str, st.SearchStrategy[str]]
 def command(base: list[str], option: str, value: str) -> list[str]:
     if option == "SOURCE":  # predict's second positional argument, in place
         return [*base[:2], value, *base[3:]]
+    if option == "ONNX":  # the ONNX file a verb is given, in place
+        return [value if arg.endswith("tiny.onnx") else arg for arg in base]
     if option.isupper():  # a positional argument
         return [*base, value]
     if option == "--bogus":
@@ -550,5 +629,169 @@ def test_property_helpers_generate_bad_values_only():
         with pytest.raises(UsageError):
             constraint.check(parse_shape(text, what="--input"), what="--input")
 
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(bad_float())
+    def check_float(text):
+        try:
+            value = float(text)
+        except ValueError:
+            return  # not a number at all
+        assert not (math.isfinite(value) and value > 0), text  # NaN, infinities, zero and below only
+
     check()
-    assert math.isnan(float("nan"))  # bad_float relies on float() reading "nan"
+    check_float()
+
+
+# --------------------------------------------------------------------------- nested JSON, signals, a full disk
+
+FEW = settings(PROPERTY, max_examples=min(EXAMPLES, 4))  # each example here is a process or a mount
+
+
+def _entry_with_manifest(root: Path, text: str) -> str:
+    """A cache at ``root`` with one engine entry whose manifest.json is ``text``; its key."""
+    from enginekit.cache import Cache
+
+    def produce(folder: Path) -> None:
+        (folder / "engine.plan").write_bytes(b"not a plan")
+
+    entry, _ = Cache(root, remote=None).get_or_create("engine", {"nested": text[:16], "n": len(text)}, produce)
+    (entry.path / "manifest.json").write_text(text)
+    return entry.key
+
+
+@FEW
+@given(data=st.data())
+def test_a_nested_manifest_is_a_corrupt_entry_whatever_reads_it(world, tmp_path_factory, data):
+    """A manifest.json nested past the decoder's recursion limit: every verb that reads the entry
+    calls it corrupt in one line (verify fails the gate that names it), none raises RecursionError."""
+    depth = data.draw(st.integers(min_value=1100, max_value=200_000), label="depth")
+    opener, closer = data.draw(st.sampled_from([("[", "]"), ('{"a":', "}")]), label="nesting")
+    text = opener * depth + ("null" if opener != "[" else "") + closer * depth
+    root = tmp_path_factory.mktemp("nested") / "cache"
+    key = _entry_with_manifest(root, text)
+    verb = data.draw(st.sampled_from([["cache", "ls"], ["cache", "ls", "--json"], ["cache", "show", key[:12]],
+                                      ["cache", "path", key[:12]], ["verify", key[:12]],
+                                      ["predict", key[:12], str(world["image"])], ["cache", "gc", "--dry-run"]]),
+                     label="verb")
+    run = invoke(verb, env={"ENGINEKIT_CACHE": str(root)})
+    if verb[1] in ("ls", "gc"):
+        assert run.exception is None and run.code == 0 and "Traceback" not in run.stderr, repr(run)
+    else:
+        line = assert_refused(run, (1, 2) if verb[0] == "verify" else (2,))
+        assert key[:12] in line or "no cache entry" in line, line
+
+
+def _sigterm_commands(world, out: Path) -> dict[str, list[str]]:
+    return {
+        "export": ["export", "yolo12n", "--random-init", "--input", "1x3x64x64", "-o", str(out / "m.onnx")],
+        "build": ["build", str(world["onnx"]), "-p", "1x3x32x32", "-o", str(out / "m.plan")],
+        "simplify": ["simplify", str(world["onnx"]), "-o", str(out / "m.sim.onnx")],
+        "predict": ["predict", "yolo12n", str(world["image"]), "--random-init", "--backend", "onnxruntime-cpu",
+                    "--save", str(out / "pred")],
+    }
+
+
+@FEW
+@given(data=st.data())
+def test_sigterm_during_a_verb_cleans_up(world, tmp_path_factory, data):
+    """SIGTERM at a random moment of a verb: exit 143 (or the signal's own -15 before the verb has
+    started; 0 if it had finished), no traceback, and no output or temporary file half-written."""
+    work = tmp_path_factory.mktemp("sigterm")
+    out, cache = work / "out", work / "cache"
+    out.mkdir()
+    verb = data.draw(st.sampled_from(sorted(_sigterm_commands(world, out))), label="verb")
+    delay = data.draw(st.floats(min_value=0.2, max_value=12.0), label="delay")
+    proc = subprocess.Popen([sys.executable, "-m", "enginekit", *_sigterm_commands(world, out)[verb]],
+                            env=dict(os.environ, ENGINEKIT_CACHE=str(cache), COLUMNS="200"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=HANG_SECONDS)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"{verb}: still running {HANG_SECONDS}s after SIGTERM")
+    assert proc.returncode in (0, 143, -signal.SIGTERM), (verb, delay, proc.returncode, err[-2000:])
+    assert "Traceback" not in err, err[-3000:]
+    assert not (cache / ".tmp").is_dir() or list((cache / ".tmp").iterdir()) == [], (verb, delay)
+    half = [p.name for p in out.rglob("*") if p.name.startswith(".")]
+    assert half == [], (verb, delay, half)  # no temporary file or folder beside an output
+    if proc.returncode != 0:
+        assert list(out.iterdir()) == [], (verb, delay, list(out.iterdir()))
+
+
+@pytest.fixture
+def small_disks(tmp_path):
+    """Mount tmpfs folders of a given size (needs root; skipped with the reason elsewhere)."""
+    mounts: list[Path] = []
+
+    def mount(size: str) -> Path:
+        path = tmp_path / f"disk{len(mounts)}"
+        path.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here (needs root): {done.stderr.strip() or done.returncode}")
+        mounts.append(path)
+        return path
+
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command here: a full disk cannot be made")
+    yield mount
+    for path in mounts:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture(scope="module")
+def medium_onnx(world) -> Path:
+    """A 64-channel convolution (148 KiB of weights): more than a small disk holds."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64, 3, 3)).astype(np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64, 16, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64, 16, 16])
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "medium", [x], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = world["root"] / "medium.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+DISK_VERBS = {  # what each verb writes to the small disk (``{disk}``), and the output a finished run leaves
+    "build-into-cache": (["build", "{onnx}", "-p", "1x64x16x16", "--no-verify"], None),
+    "simplify-o": (["simplify", "{onnx}", "-o", "{disk}/m.sim.onnx"], "m.sim.onnx"),
+    "build-o": (["build", "{onnx}", "-p", "1x64x16x16", "--no-verify", "-o", "{disk}/m.plan"], "m.plan"),
+    "predict-save": (["predict", "yolo12n", "{image}", "--random-init", "--backend", "onnxruntime-cpu",
+                      "--save", "{disk}/pred"], "pred/results.json"),
+}
+
+
+@pytest.mark.parametrize("verb", sorted(DISK_VERBS))
+@settings(PROPERTY, max_examples=3)
+@given(size=st.sampled_from(["16k", "64k", "160k"]))
+def test_a_full_disk_under_a_verb_is_one_line(world, small_disks, medium_onnx, verb, size):
+    """A disk that fills at some size under the cache, ``-o`` or ``--save``: one ``error:`` line and
+    exit 2 with nothing left behind, or (where it all fits) exit 0 with whole outputs. 16 KiB holds
+    none of these outputs (the graph alone is 148 KiB; bus.jpg drawn over is more), so that size
+    must be refused."""
+    disk = small_disks(size)
+    template, output = DISK_VERBS[verb]
+    args = [a.format(onnx=medium_onnx, disk=disk, image=world["image"]) for a in template]
+    # predict uses the suite's cache (yolo12n's random-init graph is exported once for every test)
+    cache = {"build-into-cache": disk / "cache", "predict-save": os.environ["ENGINEKIT_CACHE"]}.get(verb, world["cache"])
+    env = {"ENGINEKIT_CACHE": str(cache)}
+    run = invoke(args, env=env)
+    left = sorted(p.relative_to(disk).as_posix() for p in disk.rglob("*")
+                  if p.is_file() and ".locks" not in p.relative_to(disk).parts)
+    if size != "16k" and run.code == 0 and run.exception is None:
+        assert all(not Path(name).name.startswith(".") for name in left), left
+        assert output is None or (disk / output).stat().st_size > 0, left
+        return
+    # the disk fills once work has begun: stage lines may precede the one error line
+    assert run.exception is None and "Traceback" not in run.stderr and run.code == 2, repr(run)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no space left" in errors[0], repr(run)
+    assert left == [], left

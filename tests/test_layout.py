@@ -183,6 +183,9 @@ NAME_ELSEWHERE: dict[str, set[str]] = {
     "checks/setup.py": {"torch"},  # a module the setup check imports
     "runtime/predictor.py": {"torch"},  # the package a tensor comes from
     "store/identity.py": {"torch"},  # a distribution whose version the provenance line names
+    # the distribution whose version keys a user's module or saved program (the adapter's framework)
+    "families/torch_models/family.py": {"torch"},
+    "families/torch_models/sources.py": {"torch"},
 }
 
 

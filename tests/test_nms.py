@@ -145,9 +145,12 @@ def test_nms_graph_form(graphs):
     _, nms, fp16 = graphs
     assert _metadata(nms)["nms_form"] == "greedy"
     for path in (nms, fp16):
-        ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+        graph = onnx.load(str(path)).graph
+        ops = [n.op_type for n in graph.node]
         assert ops.count("Loop") == 2, path  # one per image of the traced batch
         assert "NonMaxSuppression" not in ops and "NonZero" not in ops, path
+        dims = [d.dim_value or d.dim_param for d in graph.output[0].type.tensor_type.shape.dim]
+        assert dims[1:] == [300, 6], (path, dims)  # (B, 300, 6) as the README says, not Loop's expressions
 
 
 @pytest.mark.parametrize("graph", [1, 2], ids=["fp32", "fp16"])

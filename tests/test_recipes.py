@@ -135,15 +135,19 @@ def test_flags_override_the_file(tmp_path):
     (tmp_path / "w").mkdir()
     write(tmp_path / "w", "calib", "")
     recipe = load_recipe(write(tmp_path, "r.yaml", TINY_RECIPE + "calibration: {data: w/calib, count: 4}\n"))
-    request = recipe.build_request("fp32")
+    request = recipe.build_request("int8")
     assert request.target_cc == "8.6" and request.random_init and request.profiles == ["1x3x256x256"]
     assert request.calib_data == tmp_path / "w" / "calib"  # relative to the recipe file
-    overrides = {"precision": "fp16", "target_cc": "8.9,8.6", "weights": Path("best.pt"), "calib_count": 2}
+    # an uncalibrated cell takes none of the recipe's calibration (a BuildRequest refuses --calib-* there)
+    assert recipe.build_request("fp32").calib_data is None
+    overrides = {"precision": "int8", "target_cc": "8.9,8.6", "weights": Path("best.pt"), "calib_count": 2}
     (cell,) = recipe.cells(overrides)
-    assert (cell.precision, cell.targets) == ("fp16", ("8.6", "8.9"))
+    assert (cell.precision, cell.targets) == ("int8", ("8.6", "8.9"))
     request = recipe.build_request(cell, overrides)
     assert request.weights == Path("best.pt") and not request.random_init and request.calib_count == 2
-    assert request.precision == "fp16" and request.target_cc == "8.6,8.9"
+    assert request.precision == "int8" and request.target_cc == "8.6,8.9"
+    fp16 = recipe.build_request(recipe.cells({**overrides, "precision": "fp16"})[0], {**overrides, "precision": "fp16"})
+    assert fp16.calib_count == 8 and fp16.calib_data is None  # --calib-count is for the calibrated cells
 
 
 # --- CI matrix and workflows ---------------------------------------------------------------

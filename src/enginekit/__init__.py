@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "export", "build", "verify", "load"]
+__all__ = ["__version__", "export", "build", "verify", "tune", "load"]
 
 
 def export(*args, **kwargs):
@@ -29,6 +29,13 @@ def build(*args, **kwargs):
 def verify(*args, **kwargs):
     """Engines and their ONNX artifacts against PyTorch: ``enginekit.api.verify``."""
     from enginekit.api import verify as run
+
+    return run(*args, **kwargs)
+
+
+def tune(*args, **kwargs):
+    """The settings that meet a frame budget on this machine: ``enginekit.api.tune``."""
+    from enginekit.api import tune as run
 
     return run(*args, **kwargs)
 

@@ -18,10 +18,10 @@ from enginekit.flows import run
 from enginekit.flows.build import BuildOutcome
 from enginekit.flows.export import ExportResult
 from enginekit.flows.verify import VerifyOutcome
-from enginekit.requests import BuildRequest, ExportRequest, VerifyRequest, coerce
+from enginekit.requests import BuildRequest, ExportRequest, TuneRequest, VerifyRequest, coerce
 
-__all__ = ["export", "build", "verify", "ExportRequest", "BuildRequest", "VerifyRequest", "ExportResult",
-           "BuildOutcome", "VerifyOutcome"]
+__all__ = ["export", "build", "verify", "tune", "ExportRequest", "BuildRequest", "VerifyRequest", "TuneRequest",
+           "ExportResult", "BuildOutcome", "VerifyOutcome"]
 
 
 def export(model: ExportRequest | str | None = None, /, *, cache=None, quiet: bool = False,
@@ -57,6 +57,15 @@ def verify(target: VerifyRequest | str | None = None, /, *, cache=None, quiet: b
     from enginekit.flows.verify import run_verify
 
     return run(run_verify, coerce(VerifyRequest, target, options, "target"), cache, quiet=quiet)
+
+
+def tune(models: TuneRequest | str | list | None = None, /, *, cache=None, quiet: bool = False, **options: Any):
+    """The settings of one or several models that meet a frame budget here (``enginekit.flows.tune``): each
+    candidate built through the cache, verified and streamed; ``outcome.chosen`` (None: nothing meets),
+    ``outcome.candidates``, ``outcome.recipes`` (with ``write_recipe``). Options: ``TuneRequest``'s."""
+    from enginekit.flows.tune import run_tune
+
+    return run(run_tune, coerce(TuneRequest, models, options, "models"), cache, quiet=quiet)
 
 
 def load(target, precision: str = "fp32", backend: str = "auto", *, remote: str | None = None,

@@ -344,7 +344,7 @@ class Cache:
         _check_kind_key(kind, key)
         self.check_location(writable=True)
         path = self._lock_path(kind, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self._folder(path.parent)
         return FileLock(path, is_singleton=True)
 
     @contextlib.contextmanager
@@ -496,9 +496,21 @@ class Cache:
         self._clean_key_tmp(kind, key)
         return Entry(kind, key, path, manifest)
 
+    def _folder(self, path: Path) -> Path:
+        """One of the cache's own folders (a kind's, ``.tmp``, ``.trash``), made where missing. Where
+        something else stands in its place (a file, a dangling link), that is damage to the cache:
+        reported, removed and replaced, as a corrupt entry is. A link to a folder is a folder."""
+        if os.path.lexists(path) and not path.is_dir():
+            from enginekit import reporting
+
+            reporting.warning(f"cache: {path} should be one of the cache's folders and was not: removed it")
+            path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     def _new_tmp(self, kind: str, key: str) -> Path:
         # The pid in the name lets gc tell an orphan (its builder died) from a live build.
-        self._tmp_root.mkdir(parents=True, exist_ok=True)
+        self._folder(self._tmp_root)
         tmp = self._tmp_root / f"{kind}-{key}-{os.getpid()}-{secrets.token_hex(4)}"
         tmp.mkdir()
         return tmp
@@ -506,7 +518,7 @@ class Cache:
     def _publish(self, tmp: Path, kind: str, key: str) -> Path:
         """Rename a complete temp folder to the entry's place. Lock held."""
         final = self.entry_dir(kind, key)
-        final.parent.mkdir(parents=True, exist_ok=True)
+        self._folder(final.parent)
         if os.path.lexists(final):
             self._discard(kind, key)  # a stale, corrupt or forced-out entry
         os.rename(tmp, final)
@@ -517,7 +529,7 @@ class Cache:
     def _discard(self, kind: str, key: str) -> None:
         """Move an entry aside in one rename, then delete it. Lock held."""
         path = self.entry_dir(kind, key)
-        self._trash_root.mkdir(parents=True, exist_ok=True)
+        self._folder(self._trash_root)
         aside = self._trash_root / f"{kind}-{key}-{secrets.token_hex(4)}"
         try:
             os.rename(path, aside)
@@ -889,7 +901,7 @@ class Cache:
             path = self.entry_dir(kind, key)
             if not got or not os.path.lexists(path) or self._in_use(kind, key):
                 return False
-            self._trash_root.mkdir(parents=True, exist_ok=True)
+            self._folder(self._trash_root)
             aside = self._trash_root / f"{kind}-{key}-{secrets.token_hex(4)}"
             try:
                 os.rename(path, aside)
@@ -1065,6 +1077,8 @@ def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         manifest = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None, f"{MANIFEST} is not valid JSON"
+    except RecursionError:  # `[[[[...`: the decoder recurses per level
+        return None, f"{MANIFEST} is nested too deeply to be a manifest"
     if not isinstance(manifest, dict):
         return None, f"{MANIFEST} is not a JSON object"
     return manifest, None
@@ -1127,9 +1141,10 @@ def _make_manifest(
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
+    from enginekit.fsutil import json_text
+
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, ensure_ascii=False)
-        f.write("\n")
+        f.write(json_text(data, indent=2, ensure_ascii=False) + "\n")  # strict JSON: NaN is null
 
 
 def _fsync_tree(folder: Path) -> None:

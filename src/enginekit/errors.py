@@ -43,6 +43,12 @@ class ParityError(EnginekitError):
     exit_code = EXIT_PARITY
 
 
+class TargetMissed(EnginekitError):
+    """``enginekit tune``: no candidate meets the targets (a gate, like parity: exit 1)."""
+
+    exit_code = EXIT_PARITY
+
+
 def first_line(error: BaseException | str, limit: int | None = None) -> str:
     """The first non-empty line of an exception's (or a message's) text, for one-line errors.
 

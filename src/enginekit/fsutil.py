@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,3 +163,63 @@ def check_output_path(path: str | os.PathLike[str] | None, what: str, *, folder:
         from enginekit.errors import UsageError
 
         raise UsageError(f"{what} {path}: {problem}")
+
+
+# --------------------------------------------------------------------------- input paths, checked before a read
+
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+            (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_file_kind(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is when it exists but is neither a regular file nor a folder (a FIFO, a device,
+    a socket), else None. Checked with ``stat``, never by opening it: a read of a FIFO nobody writes
+    to blocks forever, and a device may never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None  # missing or unreadable: the caller's own check says which
+    for test, kind in _SPECIAL:
+        if test(mode):
+            return kind
+    return None
+
+
+def refuse_special_file(path: str | os.PathLike[str], what: str) -> None:
+    """A one-line ``UsageError`` for an input that is a FIFO, a device or a socket (``what``:
+    how the user named it, e.g. "weights" or "ONNX file"); regular files and folders pass."""
+    kind = special_file_kind(path)
+    if kind is not None:
+        from enginekit.errors import UsageError
+
+        raise UsageError(f"{what} {path} is {kind}, not a regular file: enginekit reads only regular files "
+                         "(a pipe or device could block the read forever)")
+
+
+# --------------------------------------------------------------------------- JSON for strict parsers
+
+
+def finite_json(value):
+    """``value`` with every NaN and infinity replaced by None (JSON null), recursively: what strict
+    JSON parsers (jq, JavaScript, Go) accept. Tuples become lists, as ``json`` writes them."""
+    import math
+
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def json_text(value, **dumps_kwargs) -> str:
+    """``json.dumps`` for files and stdout a person or a strict parser reads: NaN and infinities
+    as null (never the bare ``NaN`` Python writes by default)."""
+    import json
+
+    default = dumps_kwargs.pop("default", None)
+    if default is not None:  # objects the default turns into data may hold NaN too
+        inner = default
+        default = lambda obj: finite_json(inner(obj))  # noqa: E731
+    return json.dumps(finite_json(value), allow_nan=False, default=default, **dumps_kwargs)

@@ -101,3 +101,26 @@ def gpu_info() -> GpuInfo | None:
 
 
 gpu_info.cache_clear = gpus.cache_clear  # type: ignore[attr-defined]  # callers reset both as one
+
+
+def process_memory(pid: int | None = None) -> int | None:
+    """Bytes of GPU memory process ``pid`` (default: this one) holds on the GPUs CUDA sees, through NVML;
+    None where NVML, a driver or a GPU is missing, or the driver does not say."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001
+        return None
+    pid = os.getpid() if pid is None else pid
+    total, found = 0, False
+    try:
+        for gpu in gpus():
+            handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid == pid and proc.usedGpuMemory is not None:
+                    total += int(proc.usedGpuMemory)
+                    found = True
+    except Exception:  # noqa: BLE001 - a driver that does not report per-process memory
+        return None
+    return total if found else 0

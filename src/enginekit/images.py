@@ -50,7 +50,8 @@ def list_images(folder: Path, *, what: str = "image folder") -> list[Path]:
     if not folder.is_dir():
         raise UsageError(f"{what} not found: {folder}")
     try:
-        paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        # regular files only: a FIFO named x.jpg would block its read forever
+        paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     except OSError as exc:
         raise UsageError(f"cannot read {what} {folder}: {exc.strerror}") from None
     if not paths:
@@ -65,10 +66,55 @@ class ImageSet:
     skipped: list[str] = field(default_factory=list)  # "path: reason"
 
 
+def read_bgr(path: Path) -> tuple[np.ndarray | None, str | None]:
+    """(BGR uint8 H x W x 3, None), or (None, why not): not a regular file, not an image, or cut short.
+
+    OpenCV decodes a truncated JPEG with a warning and grey where the data ended; such a file is
+    refused here (Pillow decodes it strictly), so no one predicts or calibrates on half a picture.
+    """
+    import cv2
+
+    from enginekit.fsutil import special_file_kind
+
+    kind = special_file_kind(path)
+    if kind is not None:
+        return None, f"is {kind}, not a regular file"
+    if not Path(path).is_file():
+        return None, "not found" if not Path(path).exists() else "is not a file"
+    if _is_jpeg(path):  # checked first: libjpeg under OpenCV prints its own warning for a cut file
+        problem = _jpeg_problem(path)
+        if problem is not None:
+            return None, problem
+    img = cv2.imread(str(path), cv2.IMREAD_COLOR)  # grayscale files come back as 3 channels
+    if img is None:
+        return None, "not a readable image"
+    return img, None
+
+
+def _is_jpeg(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(3) == b"\xff\xd8\xff"
+    except OSError:
+        return False
+
+
+def _jpeg_problem(path: Path) -> str | None:
+    """Why a JPEG OpenCV read is not whole (truncated, corrupt data), or None."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.load()  # decodes all of it; a cut file raises (LOAD_TRUNCATED_IMAGES is off)
+    except (OSError, SyntaxError, ValueError) as exc:
+        return f"a damaged image ({str(exc).split(' (')[0] or type(exc).__name__})"
+    return None
+
+
 def read_rgb(path: Path) -> np.ndarray | None:
     import cv2
 
-    img = cv2.imread(str(path), cv2.IMREAD_COLOR)  # grayscale files come back as 3 channels
+    img, _ = read_bgr(path)
     if img is None:
         return None
     return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
@@ -86,12 +132,47 @@ def load_images(source: Path | None = None, *, limit: int | None = None) -> Imag
     for p in paths:
         if limit is not None and len(result.images) >= limit:
             break
-        img = read_rgb(p)
+        img, problem = read_bgr(p)
         if img is None:
-            result.skipped.append(f"{p.name}: not a readable image")
+            result.skipped.append(f"{p.name}: {problem}")
             continue
-        result.images.append(img)
+        import cv2
+
+        result.images.append(cv2.cvtColor(img, cv2.COLOR_BGR2RGB))
         result.paths.append(p)
     if not result.images:
         raise UsageError(f"no readable images in {source} ({len(result.skipped)} broken)")
     return result
+
+
+def write_video(path: Path, frames: int, size: tuple[int, int] = (1080, 1920), fps: float = 30.0) -> Path:
+    """A video of ``frames`` frames at ``size`` (H, W) made from the embedded photographs: each photograph
+    fills the frame (cropped to its aspect ratio) and the view pans and zooms a little from frame to frame,
+    so no two frames are equal; a new photograph every 30 frames. MJPG in .avi, MP4V otherwise (OpenCV's
+    own encoders: nothing to install). For streaming benchmarks, where a real decoder must read frames."""
+    import cv2
+
+    photos = [cv2.imread(str(p), cv2.IMREAD_COLOR) for p in embedded_image_paths()]
+    photos = [p for p in photos if p is not None]
+    if not photos:
+        raise UsageError("no embedded photograph found: install ultralytics or scikit-image")
+    h, w = size
+    path = Path(path)
+    fourcc = cv2.VideoWriter_fourcc(*("MJPG" if path.suffix.lower() == ".avi" else "mp4v"))
+    writer = cv2.VideoWriter(str(path), fourcc, fps, (w, h))
+    if not writer.isOpened():
+        raise UsageError(f"OpenCV cannot write a video at {path}")
+    try:
+        for i in range(frames):
+            photo = photos[(i // 30) % len(photos)]
+            ph, pw = photo.shape[:2]
+            zoom = 1.0 + 0.1 * ((i % 30) / 30.0)  # the crop narrows: a slow zoom
+            crop_w = min(pw, ph * w / h) / zoom
+            crop_h = crop_w * h / w
+            x0 = (pw - crop_w) * ((i % 30) / 29.0 if ph else 0)  # and pans left to right
+            y0 = (ph - crop_h) / 2
+            window = photo[int(y0):int(y0 + crop_h), int(x0):int(x0 + crop_w)]
+            writer.write(cv2.resize(window, (w, h), interpolation=cv2.INTER_LINEAR))
+    finally:
+        writer.release()
+    return path

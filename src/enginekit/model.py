@@ -25,10 +25,24 @@ def check_weights_choice(weights: Any, random_init: bool, *, names: tuple[str, s
         raise UsageError(f"{names[0]} and {names[1]} exclude each other")
 
 
+def check_weights_path(weights: Path, adapter: ModelAdapter, what: str = "weights") -> None:
+    """A weights path that exists and is what the family reads: a regular file, or a folder where the
+    family loads model folders (``ModelAdapter.weights_folders``). A FIFO or a device is refused
+    before anything opens it (a read could block forever)."""
+    from enginekit.fsutil import refuse_special_file
+
+    if not weights.exists():
+        raise UsageError(f"{what} file not found: {weights}")
+    refuse_special_file(weights, what)
+    if weights.is_dir() and not getattr(adapter, "weights_folders", False):
+        raise UsageError(f"{what} {weights} is a folder: {adapter.variant} loads a checkpoint file ({adapter.family})")
+
+
 @dataclass
 class ModelRequest:
     """A model name, its weights (a file or folder; None: the family's published weights unless
-    ``random_init``), the seed of random weights, and whether NMS ends its graph.
+    ``random_init``), the seed of random weights, whether NMS ends its graph, and what the user declares
+    of the model (``declared``: ``--task``, ``--outputs``, preprocessing; families that take it).
 
     Made, the name is resolved to its family (``adapter``) and the weights file is checked: a bad
     one is a one-line UsageError before any work."""
@@ -38,26 +52,31 @@ class ModelRequest:
     random_init: bool = False
     seed: int = 0
     nms: bool = False  # NMS in the graph (``--nms``): the family's with_nms adapter
+    declared: dict = field(default_factory=dict)  # ModelSpec fields the user set (JSON-ready)
     adapter: ModelAdapter = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.weights is not None:
             self.weights = Path(self.weights)
         check_weights_choice(self.weights, self.random_init)
-        self.adapter = resolve(self.name)
+        self.declared = dict(self.declared or {})
+        self.adapter = resolve(self.name, self.declared)
+        self.adapter.check_source()
         if self.nms:
             self.adapter = self.adapter.with_nms()
-        if self.weights is not None and not self.weights.exists():
-            raise UsageError(f"weights file not found: {self.weights}")
+        if self.weights is not None:
+            check_weights_path(self.weights, self.adapter)
 
     @classmethod
-    def recorded(cls, name: str, identity: str, *, nms: bool = False) -> Optional["ModelRequest"]:
+    def recorded(cls, name: str, identity: str, *, nms: bool = False,
+                 declared: dict | None = None) -> Optional["ModelRequest"]:
         """The model a recorded weights identity (an exported graph's metadata) names where it can be
-        made again without a file: seeded random weights, or the family's published ones. None: a file."""
+        made again without a file: seeded random weights, the family's published ones, or those that come
+        with the model's source. None: a file."""
         if identity.startswith("random:"):
-            return cls(name, None, True, int(identity.rpartition("@")[2] or 0), nms)
-        if identity.startswith("hub:"):
-            return cls(name, None, False, 0, nms)
+            return cls(name, None, True, int(identity.rpartition("@")[2] or 0), nms, declared or {})
+        if identity.startswith(("hub:", "source:")):
+            return cls(name, None, False, 0, nms, declared or {})
         return None
 
     @cached_property
@@ -69,6 +88,9 @@ class ModelRequest:
             if self.weights.is_dir():
                 return f"sha256:{folder_sha256(self.weights)}"
             return f"sha256:{sha256_file(self.weights)}"
+        own = self.adapter.own_weights_identity(self.seed)  # weights that come with the source
+        if own is not None:
+            return own
         # a hub name: the content of the file it resolves to (downloaded if need be), not the name
         return f"sha256:{sha256_file(self.adapter.hub_weights())}"
 
@@ -78,6 +100,8 @@ class ModelRequest:
             return self.random_init and recorded.rpartition("@")[2] == str(self.seed)
         if recorded.startswith("hub:"):
             return self.weights is None and not self.random_init
+        if recorded.startswith("source:") and (self.weights is not None or self.random_init):
+            return False
         return self.weights_identity == recorded
 
     @property
@@ -86,15 +110,17 @@ class ModelRequest:
 
     def to_json(self) -> dict:
         """How to load this model again (paths are fine here: this is no cache key)."""
-        data = {"name": self.name, "weights": str(self.weights.resolve()) if self.weights else None,
+        data = {"name": self.adapter.portable_name if self.name != self.adapter.variant else self.name, "weights": str(self.weights.resolve()) if self.weights else None,
                 "random_init": self.random_init, "seed": self.seed, "identity": self.weights_identity}
         if self.nms:
             data["nms"] = True
+        if self.declared:
+            data["declared"] = dict(self.declared)
         return data
 
     @classmethod
     def from_json(cls, data: dict) -> "ModelRequest":
         weights = Path(data["weights"]) if data.get("weights") else None
         return cls(data["name"], weights, bool(data.get("random_init")), int(data.get("seed", 0)),
-                   bool(data.get("nms")))
+                   bool(data.get("nms")), dict(data.get("declared") or {}))
 

@@ -9,7 +9,6 @@ first stages need only names, hashes and versions.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from functools import cached_property
@@ -22,6 +21,7 @@ from enginekit import __version__
 from enginekit.calibration import CalibrationData
 from enginekit.cache import Cache, Entry, key_for, sha256_file
 from enginekit.errors import UsageError
+from enginekit.fsutil import json_text
 from enginekit.families import ModelAdapter
 from enginekit.families.base import LoadedModel
 from enginekit.model import ModelRequest
@@ -131,10 +131,13 @@ class Stages:
             "stage": "export",
             "model": self.adapter.variant,
             "weights": self.request.weights_identity,
-            "shape": format_shape(shape),
+            "shape": format_shape(self.adapter.trace_shape(shape)),
             "opset": opset,
             "versions": model_versions(self.adapter),
         }
+        identity = self.adapter.identity()  # a user module's source, declared outputs and preprocessing
+        if identity:
+            parts["identity"] = identity
         if self.adapter.nms is not None:  # a graph ending in NMS is another graph (absent: the keys of before)
             parts["nms"] = self.adapter.nms.to_json()
         return parts
@@ -145,7 +148,7 @@ class Stages:
         self.adapter.constraint.check(shape, what="--input")
 
         def produce(tmp: Path) -> dict:
-            export_onnx(self.adapter, self.loaded, shape, tmp / ONNX_FILE, opset=opset)
+            export_onnx(self.adapter, self.loaded, self.adapter.trace_shape(shape), tmp / ONNX_FILE, opset=opset)
             return {"weights": self.loaded.weights.identity}
 
         return self.stage("export", self.export_parts(shape, opset), produce, "export")
@@ -153,7 +156,7 @@ class Stages:
     def simplify(self, source: Artifact, shape: Shape, tool: str = "onnxsim") -> Artifact:
         from enginekit.stages.simplify import simplify_onnx
 
-        shapes = self.check_shapes(shape)
+        shapes = self.check_shapes(self.adapter.trace_shape(shape) if self.adapter else shape)
         parts = {"stage": "simplify", "input": source.sha256, "tool": tool, "tool_version": package_version(tool),
                  "checked": [format_shape(s) for s in shapes]}
 
@@ -355,7 +358,7 @@ class Stages:
                 (tmp / PLAN_FILE).write_bytes(result.plan)
                 s.detail = f"{len(result.plan) / 2**20:.1f} MiB for {', '.join(result.targets) or result.gpu}"
             parity = verify(source.path) if verify is not None else {"checked": False, "reason": "no reference model"}
-            (tmp / "parity.json").write_text(json.dumps(parity, indent=2, sort_keys=True))
+            (tmp / "parity.json").write_text(json_text(parity, indent=2, sort_keys=True))  # strict JSON: NaN is null
             return {
                 **result.to_json(),
                 "source_onnx": {"sha256": source.sha256, "stage": source.stage},

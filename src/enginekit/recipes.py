@@ -39,6 +39,7 @@ from enginekit.errors import UsageError
 RECIPE_SUFFIXES = (".yaml", ".yml")
 VERIFY_ONLY = ("images", "image_count", "require_engine", "task_required", "tolerances", "report_dir", "junit")  # VerifyRequest names
 DEFAULT_TARGETS = "default"  # a target set meaning: this GPU, else the backend's portable set
+CALIBRATION_OPTIONS = ("calib_data", "calib_count", "calib_method", "calib_cache", "exclude")  # BuildRequest names
 
 Loc = tuple[Union[str, int], ...]
 
@@ -53,14 +54,44 @@ class _Strict(BaseModel):
 
 
 class ModelSection(_Strict):
-    """The ``model:`` key: which network, with which weights (``Recipe.model_request()``)."""
+    """The ``model:`` key: which network, with which weights (``Recipe.model_request()``), and for a model
+    enginekit cannot know by itself what it declares (``families.torch_models.spec``)."""
 
-    variant: str  # yolo12n, yolo11n, depth-anything-v2-small|base|large, depth
-    family: Optional[str] = None  # yolo | depth-anything-v2: checked against the variant, filled in
+    # yolo12n, depth-anything-v2-small|base|large, depth, torchvision:NAME, timm:NAME, path/file.py:factory
+    # (relative to the recipe file), package.module:factory, program.pt2
+    variant: str
+    family: Optional[str] = None  # yolo | depth-anything-v2 | pytorch: checked against the variant, filled in
     weights: Optional[str] = None  # local checkpoint, relative to the recipe file (--weights)
     random_init: bool = False  # seeded random weights, no download: CI and offline use (--random-init)
     seed: int = 0  # --seed
-    opset: int = Field(18, ge=7)  # ONNX opset of the export
+    opset: int = 18  # ONNX opset of the export (--opset)
+
+    # what the model's outputs mean and how its inputs are made (--task, --outputs, ...); torchvision's and
+    # timm's common heads come declared; checked as the flags are
+    task: Optional[str] = None  # semantic | classify | depth | raw
+    outputs: Optional[Union[str, list[str], dict[str, str]]] = None  # [out:logits, aux:logits] or {out: logits}
+    size: Optional[Union[str, int]] = None  # 512x512
+    dynamic: Optional[Union[str, list[str]]] = None  # batch,height,width | batch | none
+    mean: Optional[Union[str, list[float]]] = None  # of 0..1 pixels, per channel
+    std: Optional[Union[str, list[float]]] = None
+    resize: Optional[str] = None  # stretch | letterbox | crop
+    channels: Optional[str] = None  # rgb | bgr
+    classes: Optional[int] = None  # torchvision/timm: build with this many classes
+
+    @field_validator("opset")
+    @classmethod
+    def _opset(cls, opset: int) -> int:
+        from enginekit.requests import OPSET_MAX, OPSET_MIN
+
+        if not OPSET_MIN <= opset <= OPSET_MAX:
+            raise _problem(("model", "opset"), f"opset {opset}: the exporter writes opsets {OPSET_MIN} to {OPSET_MAX}")
+        return opset
+
+    def declared(self) -> dict:
+        """The declaration fields set here, validated (a UsageError names the flag)."""
+        from enginekit.families.torch_models.spec import FLAGS, ModelSpec
+
+        return ModelSpec.of({k: getattr(self, k) for k in FLAGS if getattr(self, k) is not None}).given()
 
 
 class Calibration(_Strict):
@@ -162,14 +193,54 @@ class Builder(_Strict):
     @field_validator("workspace")
     @classmethod
     def _size(cls, workspace: Optional[str]) -> Optional[str]:
-        from enginekit.cache import parse_size
+        from enginekit.requests import workspace_bytes
 
         if workspace is not None:
             try:
-                parse_size(workspace)
+                workspace_bytes(workspace, "workspace")
             except UsageError as exc:
                 raise _problem(("builder", "workspace"), str(exc)) from None
         return workspace
+
+
+class RuntimeSection(_Strict):
+    """How to run what the recipe builds (``enginekit tune`` writes it): the runtime backend, the network's
+    input, frames per inference call and per step, the model's cadence. ``build`` and ``verify`` do not read
+    it; ``enginekit.load(RECIPE)`` and ``predict RECIPE`` take its backend and input when not given."""
+
+    backend: str = "auto"  # a runtime backend: auto, tensorrt, onnxruntime-cuda, onnxruntime-cpu, torch
+    input: Optional[str] = None  # the network's H x W (384x640); None: the family's (or the profile's)
+    batch: int = Field(1, gt=0)  # frames per inference call
+    frames_per_step: int = Field(1, gt=0)  # frames of one step (stereo: 2), batched
+    every: int = Field(1, gt=0)  # runs on every N-th step
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, backend: str) -> str:
+        from enginekit.backends import choices
+
+        if backend not in choices():
+            raise _problem(("runtime", "backend"), f"unknown backend {backend!r}: choose {', '.join(choices())}")
+        return backend
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None:
+            from enginekit.requests import image_size
+
+            try:
+                h, w = image_size(value, "input")
+            except UsageError as exc:
+                raise _problem(("runtime", "input"), str(exc)) from None
+            return f"{h}x{w}"
+        return value
+
+    def input_size(self) -> Optional[tuple[int, int]]:
+        if self.input is None:
+            return None
+        h, _, w = self.input.partition("x")
+        return int(h), int(w)
 
 
 class Recipe(_Strict):
@@ -187,6 +258,7 @@ class Recipe(_Strict):
     # One engine (and one CI job) per entry: "8.6,8.9,12.0" is ONE engine that runs on all three.
     targets: list[str] = [DEFAULT_TARGETS]  # --target-cc
     builder: Builder = Builder()
+    runtime: Optional[RuntimeSection] = None  # how to run it (enginekit tune); build ignores it
 
     _path: Path = PrivateAttr(default=Path("recipe.yaml"))
 
@@ -241,14 +313,25 @@ class Recipe(_Strict):
     def adapter(self):
         from enginekit.families import resolve
 
-        return resolve(self.model.variant)
+        return resolve(self.variant, self.model.declared())
+
+    @property
+    def variant(self) -> str:
+        """The model's name; a ``file.py:factory`` or program path relative to the recipe's folder."""
+        from enginekit.families.torch_models.sources import looks_like, parse
+
+        v = self.model.variant
+        if looks_like(v) and parse(v).kind in ("file", "export", "torchscript"):
+            path, sep, factory = v.rpartition(":") if parse(v).kind == "file" else (v, "", "")
+            return f"{self._file(path)}{sep}{factory}"
+        return v
 
     def model_request(self):
         """The model this recipe builds (``enginekit.model.ModelRequest``; its weights relative to the file)."""
         from enginekit.model import ModelRequest
 
         m = self.model
-        return ModelRequest(m.variant, self._file(m.weights), m.random_init, m.seed)
+        return ModelRequest(self.variant, self._file(m.weights), m.random_init, m.seed, declared=m.declared())
 
     # -- what to build ----------------------------------------------------------------
     def target_sets(self) -> list[Optional[tuple[str, ...]]]:
@@ -283,7 +366,8 @@ class Recipe(_Strict):
             cell = Cell(cell, self.cells(overrides)[0].targets)
         m, c = self.model, self.calibration
         options = {
-            "target": m.variant,
+            "target": self.variant,
+            "declared": m.declared(),
             "profiles": list(self.profiles),
             "precision": cell.precision,
             "backend": self.backend,
@@ -310,7 +394,13 @@ class Recipe(_Strict):
             options["random_init"] = False
         if extra.get("random_init"):
             options["weights"] = None
+        if extra.get("declared"):  # --task, --outputs... over the recipe's declaration
+            extra["declared"] = {**options["declared"], **extra["declared"]}
         options.update(extra)
+        if not precision_registry.get(cell.precision).calibrated:
+            # the recipe's calibration (and a --calib-* flag given with it) is for its calibrated cells
+            for name in CALIBRATION_OPTIONS:
+                options.pop(name, None)
         return options
 
     # -- how to verify ----------------------------------------------------------------
@@ -467,13 +557,24 @@ def _compose(text: str, file: str) -> tuple[Any, dict[Loc, int]]:
 # A recipe is a few keys a few levels deep; anything far beyond is not a recipe.
 MAX_RECIPE_CHARS = 1 << 20
 MAX_RECIPE_DEPTH = 32
+# Values once YAML aliases are expanded: a shipped recipe has about 60. Aliases let a few hundred
+# bytes stand for billions of values (9 anchors of 9 aliases each: 9**9), which every later walk
+# of the document (line numbers, validation) would expand.
+MAX_RECIPE_VALUES = 10_000
 
 
 def _check_depth(root: yaml.Node, file: str) -> None:
-    """Refuse a document nested deeper than MAX_RECIPE_DEPTH (iteratively: no recursion)."""
+    """Refuse a document nested deeper than MAX_RECIPE_DEPTH, or holding more than
+    MAX_RECIPE_VALUES values with its aliases expanded (iteratively: no recursion; the count
+    stops the walk, so an alias bomb is refused in bounded time)."""
     stack = [(root, 1)]
+    seen = 0
     while stack:
         node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_RECIPE_VALUES:
+            raise UsageError(f"{file}: more than {MAX_RECIPE_VALUES} values once its aliases (*name) are expanded; "
+                             "a recipe is a few dozen keys")
         if depth > MAX_RECIPE_DEPTH:
             raise UsageError(f"{file}:{node.start_mark.line + 1}: nested deeper than {MAX_RECIPE_DEPTH} levels")
         if isinstance(node, yaml.MappingNode):
@@ -621,7 +722,13 @@ def _check_model(recipe: Recipe):
     from enginekit.families import resolve
 
     m = recipe.model
-    adapter = _expect(("model", "variant"), resolve, m.variant)
+    from enginekit.families.torch_models.spec import FLAGS, ModelSpec
+
+    for key in FLAGS:  # each declaration key on its own line first
+        if getattr(m, key) is not None:
+            _expect(("model", key), ModelSpec.of, {key: getattr(m, key)})
+    declared = _expect(("model",), m.declared)
+    adapter = _expect(("model", "variant"), resolve, recipe.variant, declared)
     if m.family is not None and m.family != adapter.family:
         raise _Problem(("model", "family"), f"{m.variant} is a {adapter.family} model, not {m.family}")
     from enginekit.model import check_weights_choice
@@ -737,15 +844,18 @@ def recipe_files(folder: Path) -> list[Path]:
 
 
 def list_recipes() -> list[RecipeRef]:
-    """Local recipes first (they shadow shipped ones of the same name), then shipped ones."""
+    """Local recipes first, then shipped ones; a local recipe replaces the shipped one of its name
+    (listed once, built once)."""
     refs: list[RecipeRef] = []
     seen: set[Path] = set()
+    names: set[str] = set()
     for origin, folder in (("local", local_dir()), ("shipped", shipped_dir())):
         if folder.resolve() == shipped_dir().resolve():
             origin = "shipped"  # run from the checkout itself
         for path in recipe_files(folder):
-            if path.resolve() not in seen:
+            if path.resolve() not in seen and path.stem not in names:
                 seen.add(path.resolve())
+                names.add(path.stem)
                 refs.append(RecipeRef(path.stem, path, origin))
     return refs
 
@@ -808,4 +918,14 @@ def collect_recipe_files(paths: list[str]) -> list[Path]:
             files.extend(found)
         else:
             files.append(find_recipe(item))
-    return files
+    unique: list[Path] = []
+    for path in files:  # a file named twice (a folder and a file in it): once
+        if all(path.resolve() != other.resolve() for other in unique):
+            unique.append(path)
+    by_name: dict[str, Path] = {}
+    for path in unique:
+        if path.stem in by_name:  # two recipes of one name would be two CI jobs of one name
+            raise UsageError(f"two recipes are named {path.stem}: {display_path(by_name[path.stem])} and "
+                             f"{display_path(path)}; a recipe's name is its file's, and names one job")
+        by_name[path.stem] = path
+    return unique

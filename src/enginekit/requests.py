@@ -47,6 +47,22 @@ def _output(value: Any, what: str, *, folder: bool = False) -> Any:
 
 
 
+# TensorRT takes a workspace limit as a 64-bit size: larger is no machine's and overflows its binding.
+WORKSPACE_MAX = 2**63 - 1
+
+
+def workspace_bytes(text: str, what: str = "--workspace") -> int:
+    """A builder workspace limit (``"4G"``) in bytes: more than 0, at most what TensorRT takes."""
+    from enginekit.cache import parse_size
+
+    size = parse_size(text)
+    if size <= 0:
+        raise UsageError(f"{what} {text}: a workspace of no bytes leaves the builder no memory; give like 4G")
+    if size > WORKSPACE_MAX:
+        raise UsageError(f"{what} {text}: more than TensorRT takes (at most {WORKSPACE_MAX} bytes, 8 EiB); give like 4G")
+    return size
+
+
 def _choice(value: Any, choices: tuple[str, ...], what: str) -> Any:
     if value is not None and value not in choices:
         raise UsageError(f"unknown {what} {value!r}: choose {', '.join(choices)}")
@@ -96,6 +112,17 @@ class _ModelOptions(Options):
     seed: int = Field(0, ge=0, le=SEED_MAX)
     #: NMS in the graph, as Ultralytics' ``nms=True`` export: detectors without an end-to-end head
     nms: bool = False
+    #: what the user declares of a model enginekit cannot know by itself (``--task``, ``--outputs``,
+    #: ``--size``, ``--dynamic``, ``--mean``/``--std``, ``--resize``, ``--bgr``, ``--classes``): the fields of
+    #: ``families.torch_models.spec.ModelSpec`` that were set
+    declared: dict = {}
+
+    @field_validator("declared", mode="before")
+    @classmethod
+    def _declared(cls, value: Any) -> dict:
+        from enginekit.families.torch_models.spec import ModelSpec
+
+        return ModelSpec.of(value).given()
 
     @model_validator(mode="after")
     def _weights_or_random(self):
@@ -109,7 +136,7 @@ class _ModelOptions(Options):
         the family; checks the weights file exists)."""
         from enginekit.model import ModelRequest
 
-        return ModelRequest(name, self.weights, self.random_init, self.seed, self.nms)
+        return ModelRequest(name, self.weights, self.random_init, self.seed, self.nms, dict(self.declared))
 
 
 @lru_cache(maxsize=1)
@@ -259,9 +286,7 @@ class BuildRequest(_ModelOptions):
     @classmethod
     def _size(cls, value: Optional[str]) -> Optional[str]:
         if value is not None:
-            from enginekit.cache import parse_size
-
-            parse_size(value)
+            workspace_bytes(value)
         return value
 
     @model_validator(mode="after")
@@ -269,14 +294,33 @@ class BuildRequest(_ModelOptions):
         if self.repair and (self.is_file or not precisions.get(self.precision).repairable):
             can = " and ".join(precisions.names(repairable=True))
             raise UsageError(f"--repair works on {can} builds of a model name (it needs the PyTorch reference)")
+        if self.tolerances and not self.repair:
+            # the build's own parity note uses the family's limits; --tol gates what --repair keeps
+            raise UsageError("--tol sets the gates of --repair: add --repair, or give --tol to "
+                             "`enginekit verify`, which gates the engine")
+        mode = precisions.get(self.precision)
+        if not mode.calibrated:
+            given = [flag for flag, value in (("--calib-data", self.calib_data), ("--calib-cache", self.calib_cache),
+                                              ("--calib-method", self.calib_method), ("--exclude", self.exclude))
+                     if value]
+            if "calib_count" in self.model_fields_set and self.calib_count != 8:
+                given.append("--calib-count")
+            if given:
+                calibrated = ", ".join(precisions.names(calibrated=True))
+                raise UsageError(f"{', '.join(given)} calibrate{'s' if len(given) == 1 else ''} {calibrated} builds; "
+                                 f"a {self.precision} build has nothing to calibrate: drop "
+                                 f"{'it' if len(given) == 1 else 'them'} or build --precision int8")
         if self.nms and self.is_file:
             raise UsageError("--nms applies to a model name: an ONNX file is built as it is (export it with --nms)")
         return self
 
     @property
     def is_file(self) -> bool:
-        """An ONNX file rather than a model name."""
-        return self.target.endswith(".onnx") or Path(self.target).is_file()
+        """An ONNX file rather than a model name (a saved PyTorch program is a model: torch.export, TorchScript)."""
+        from enginekit.families.torch_models.sources import PROGRAM_SUFFIXES
+
+        path = Path(self.target)
+        return self.target.endswith(".onnx") or (path.is_file() and path.suffix.lower() not in PROGRAM_SUFFIXES)
 
     @property
     def target_ccs(self) -> Optional[tuple[str, ...]]:
@@ -391,3 +435,207 @@ def coerce(cls: type[Options], request: Any, options: dict[str, Any], first: str
     if request is not None:
         options = {first: request, **options}
     return cls(**options)
+
+
+def milliseconds(value: Any, what: str) -> Optional[float]:
+    """``25``, ``25ms``, ``"25 ms"`` or ``0.025s`` -> 25.0 (milliseconds); None stays None."""
+    if value is None or isinstance(value, (int, float)) and not isinstance(value, bool):
+        return None if value is None else float(value)
+    text = str(value).strip().lower().replace(" ", "")
+    scale = 1.0
+    if text.endswith("ms"):
+        text = text[:-2]
+    elif text.endswith("s"):
+        text, scale = text[:-1], 1000.0
+    try:
+        return float(text) * scale
+    except ValueError:
+        raise UsageError(f"{what} {value!r}: expected milliseconds, e.g. 25 or 25ms") from None
+
+
+def _items(value: Any) -> list[str]:
+    """A comma list (or a list of comma lists) -> its non-empty items."""
+    if value is None:
+        return []
+    parts = value if isinstance(value, (list, tuple)) else [value]
+    return [item.strip() for part in parts for item in str(part).split(",") if item.strip()]
+
+
+def image_size(text: str, what: str = "--input") -> tuple[int, int]:
+    """``320`` -> (320, 320); ``384x640`` (or ``1x3x384x640``) -> (384, 640)."""
+    from enginekit.shapes import parse_shape
+
+    text = str(text).strip()
+    if text.isdigit():
+        dims: tuple[int, ...] = (int(text), int(text))
+    else:
+        dims = tuple(parse_shape(text, what=what))
+    if len(dims) not in (2, 4) or min(dims) < 1:
+        raise UsageError(f"{what} {text!r}: expected a size (320) or HxW (384x640)")
+    return dims[-2], dims[-1]
+
+
+class TuneRequest(Options):
+    """``enginekit tune``: the settings of one or several models that meet a frame budget on this machine.
+
+    Targets (at least one): ``p50``/``p95``/``p99`` in milliseconds per step (``25``, ``"25ms"``) and
+    ``fps``. The search space: ``backends``, ``precisions``, ``inputs`` (``320`` or ``HxW``) and ``batches``
+    (frames per inference call, at most ``frames_per_step``); empty: the defaults (``flows.tune``). An input
+    ``MODEL=SIZE`` (``depth=224``) is that model's only; plain sizes go to the models no such item names."""
+
+    models: list[str]
+    weights: list[Optional[Path]] = []  # per model, in the order of ``models`` (None: random init)
+    random_init: bool = False
+    seed: int = Field(0, ge=0, le=SEED_MAX)
+    p50: Optional[float] = None
+    p95: Optional[float] = None
+    p99: Optional[float] = None
+    fps: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    frames_per_step: int = Field(1, ge=1)
+    every: dict[str, int] = {}
+    backends: list[str] = []
+    precisions: list[str] = []
+    inputs: list[str] = []
+    batches: list[int] = []
+    budget_minutes: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
+    source: Optional[str] = None  # a video, folder or camera; None: a video made from the embedded photographs
+    frames: int = Field(60, ge=4)  # timed steps per candidate
+    device: Optional[str] = None
+    write_recipe: Optional[Path] = None
+
+    @field_validator("models", "backends", "precisions", "inputs", mode="before")
+    @classmethod
+    def _lists(cls, value: Any) -> list[str]:
+        return _items(value)
+
+    @field_validator("batches", mode="before")
+    @classmethod
+    def _batches(cls, value: Any) -> list[int]:
+        items = _items(value)
+        if not all(i.isdigit() and int(i) > 0 for i in items):
+            raise UsageError(f"--batch {','.join(items)}: expected positive whole numbers, e.g. 1,2")
+        return sorted({int(i) for i in items})
+
+    @field_validator("p50", "p95", "p99", mode="before")
+    @classmethod
+    def _ms(cls, value: Any, info) -> Optional[float]:
+        ms = milliseconds(value, f"--{info.field_name}")
+        if ms is not None and not (0 < ms < float("inf")):
+            raise UsageError(f"--{info.field_name} {value}: expected a time above 0 ms")
+        return ms
+
+    @field_validator("models")
+    @classmethod
+    def _models(cls, value: list[str]) -> list[str]:
+        from enginekit.families import resolve
+
+        if not value:
+            raise UsageError("no model given: e.g. enginekit tune yolo12n --random-init --p99 25ms")
+        if len(set(value)) != len(value):
+            raise UsageError(f"{','.join(value)}: a model is named twice")
+        for name in value:
+            resolve(name)
+        return value
+
+    @field_validator("backends")
+    @classmethod
+    def _backends(cls, value: list[str]) -> list[str]:
+        from enginekit.backends import names
+
+        for b in value:
+            if b not in names():
+                raise UsageError(f"unknown backend {b!r}: choose from {', '.join(names())}")
+        return list(dict.fromkeys(value))
+
+    @field_validator("precisions")
+    @classmethod
+    def _precisions(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(precisions.get(p).name for p in value))
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs(cls, value: list[str]) -> list[str]:
+        out = []
+        for item in value:
+            model, sep, size = item.rpartition("=")
+            text = "x".join(map(str, image_size(size)))
+            out.append(f"{model.strip()}={text}" if sep else text)
+        return list(dict.fromkeys(out))
+
+    @field_validator("every")
+    @classmethod
+    def _every(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, n in value.items():
+            if n < 1:
+                raise UsageError(f"--every {name}={n}: expected a positive whole number")
+        return value
+
+    @field_validator("write_recipe")
+    @classmethod
+    def _recipe(cls, value: Optional[Path]) -> Optional[Path]:
+        if value is not None:
+            from enginekit.fsutil import check_output_path
+
+            folder = Path(value).suffix.lower() not in (".yaml", ".yml")
+            check_output_path(value, "--write-recipe", folder=folder)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TuneRequest":
+        if not any(v is not None for v in (self.p50, self.p95, self.p99, self.fps)):
+            raise UsageError("no target: give at least one of --p50, --p95, --p99 (milliseconds) or --fps")
+        if len(self.weights) > len(self.models):
+            raise UsageError(f"{len(self.weights)} --weights for {len(self.models)} model(s): one per model, in order")
+        for i in range(len(self.models)):
+            self.model_request(i)  # a weights file that is missing or unreadable: refused now
+            self.sizes(i)  # sizes the model does not take (YOLO: multiples of 32), and names no model has
+        named = {item.rpartition("=")[0] for item in self.inputs if "=" in item}
+        unknown = [n for n in named if not any(n in self._aliases(i) for i in range(len(self.models)))]
+        if unknown:
+            raise UsageError(f"--input {unknown[0]}=...: no such model here (models: {', '.join(self.models)})")
+        too_big = [b for b in self.batches if b > self.frames_per_step]
+        if too_big:
+            raise UsageError(f"--batch {too_big[0]}: a step's frames are batched, and a step holds "
+                             f"{self.frames_per_step} (--frames-per-step)")
+        if self.write_recipe is not None and len(self.models) > 1 and \
+                Path(self.write_recipe).suffix.lower() in (".yaml", ".yml"):
+            raise UsageError(f"--write-recipe {self.write_recipe}: {len(self.models)} models write one recipe each; "
+                             "give a folder")
+        return self
+
+    def weights_of(self, index: int) -> Optional[Path]:
+        return self.weights[index] if index < len(self.weights) else None
+
+    def _aliases(self, index: int) -> set[str]:
+        from enginekit.families import resolve
+
+        adapter = resolve(self.models[index])
+        return {self.models[index], adapter.variant, adapter.family}
+
+    def sizes(self, index: int) -> list[tuple[int, int]]:
+        """The ``index``-th model's input sizes (H, W): its own ``MODEL=SIZE`` items, else the plain ones, else
+        the family's default; each checked against what the model takes."""
+        from enginekit.families import resolve
+
+        adapter = resolve(self.models[index])
+        aliases = self._aliases(index)
+        own = [item.rpartition("=")[2] for item in self.inputs if item.rpartition("=")[0] in aliases]
+        plain = [item for item in self.inputs if "=" not in item]
+        sizes = [image_size(t) for t in (own or plain)] or [tuple(adapter.default_input[2:])]
+        channels = int(adapter.default_input[1])
+        for h, w in sizes:
+            try:
+                adapter.constraint.check((1, channels, h, w), what="--input")
+            except UsageError as exc:
+                hint = "" if own or len(self.models) == 1 else \
+                    f" (give each model its own: --input {self.models[index]}=SIZE)"
+                raise UsageError(f"{exc}{hint}") from None
+        return sizes
+
+    def model_request(self, index: int):
+        """The ``enginekit.model.ModelRequest`` of the ``index``-th model: its --weights, else random init
+        (with --random-init) or the family's published weights."""
+        from enginekit.model import ModelRequest
+
+        w = self.weights_of(index)
+        return ModelRequest(self.models[index], w, self.random_init and w is None, self.seed)

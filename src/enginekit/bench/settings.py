@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,10 @@ class BenchSettings:
             raise UsageError(f"--iters must be at least 2, not {self.iters}")
         if self.threads is not None and self.threads <= 0:
             raise UsageError(f"--threads must be positive, not {self.threads}")
+        cpus = os.cpu_count() or 1
+        if self.threads is not None and self.threads > cpus:  # each is an OS thread: 100000 would never start
+            raise UsageError(f"--threads {self.threads}: this machine has {cpus} CPUs; intra-op threads beyond "
+                             "them only wait for each other (give at most that)")
         if self.warmup < 0:
             raise UsageError(f"--warmup must not be negative, not {self.warmup}")
         if not self.backends:

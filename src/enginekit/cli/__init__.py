@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 
 from enginekit import __version__
 
@@ -24,9 +24,11 @@ class _Enginekit(TyperGroup):
             code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
         except typer.TyperException as exc:  # Click's errors: usage, bad parameter, file
             ctx = getattr(exc, "ctx", None)
-            if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:  # a bare group: its help
-                typer.echo(ctx.get_help())
-                code = 2  # Click's convention: no command is a usage error
+            if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:  # a bare group: its help, once
+                text = exc.format_message()  # rich help printed itself when the error was made; plain help is here
+                if text.strip():
+                    typer.echo(text)
+                code = 2  # a bare `enginekit`, `cache` or `recipes` names no command: usage, as Click has it
             else:
                 from enginekit.cli.common import print_error
 
@@ -48,6 +50,15 @@ def _click_message(exc) -> str:
     if ctx is not None and ctx.command_path:
         message += f" (see {ctx.command_path} --help)"
     return message
+
+
+def _flag_type(self, ctx):
+    """Help shows no type for an on/off flag (typer 0.29 writes ``<bool>``): it takes no value."""
+    return None if getattr(self, "is_flag", False) else _display_type(self, ctx)
+
+
+_display_type = TyperOption.display_type_rich
+TyperOption.display_type_rich = _flag_type
 
 
 app = typer.Typer(
@@ -84,10 +95,36 @@ def _register() -> None:
     for module in (models, export, simplify, build, cache, verify, bench, doctor, recipes):
         module.register(app)
     __import__("enginekit.cli.predict", fromlist=["register"]).register(app)  # runtime verb (issue 9)
+    __import__("enginekit.cli.tune", fromlist=["register"]).register(app)  # settings for a frame budget (issue 18)
 
 
 _register()
 
 
 def main() -> None:
+    if _closed(sys.stdout):  # `enginekit ... >&-`: results have nowhere to go
+        if not _closed(sys.stderr):
+            sys.stderr.write("error: standard output is closed: redirect it (> file, or >/dev/null) instead of "
+                             "closing it\n")
+        sys.exit(2)
     app()
+
+
+def _closed(stream) -> bool:
+    """Whether ``stream`` cannot be written: the shell closed its descriptor (Python then makes it None)."""
+    import io
+    import os
+
+    if stream is None:
+        return True
+    try:
+        fd = stream.fileno()
+    except (AttributeError, io.UnsupportedOperation):
+        return False  # no descriptor (a test's buffer): writable as far as anyone can tell
+    except ValueError:
+        return True  # a closed file object
+    try:
+        os.fstat(fd)
+    except OSError:
+        return True
+    return False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from enginekit.fsutil import json_text
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -34,6 +34,12 @@ def register(app: typer.Typer) -> None:
         threads: Annotated[Optional[int], typer.Option("--threads", help="CPU rows: intra-op threads of torch and ONNX Runtime (default: theirs).")] = None,
         e2e: Annotated[bool, typer.Option("--e2e", help="Also time what a user feels per frame: decode a photograph, preprocess, infer, postprocess through enginekit.load, beside the network-only rows (and, for several models, their pipeline).")] = False,
         image: Annotated[Optional[Path], typer.Option("--image", help="--e2e: the photograph to decode every frame (default: one an installed package ships, e.g. Ultralytics' bus.jpg).")] = None,
+        stream: Annotated[bool, typer.Option("--stream", help="Also stream a video through the runtime's streaming pipeline (decode in its own thread, stages overlapped): each model alone and, for several models, all of them per frame; every stage's and the whole step's p50/p95/p99 and frames/s.")] = False,
+        source: Annotated[Optional[str], typer.Option("--source", help="--stream: a video, a folder of images or a camera index (default: a 1280x720 video made from the embedded photographs, --iters + 1 steps long).")] = None,
+        every: Annotated[Optional[list[str]], typer.Option("--every", help="--stream: a model's cadence, MODEL=N (depth=3).")] = None,
+        frames_per_step: Annotated[int, typer.Option("--frames-per-step", help="--stream: K consecutive frames per step, batched.")] = 1,
+        drop: Annotated[str, typer.Option("--drop", help="--stream: none, oldest or newest (see enginekit predict --help).")] = "none",
+        in_flight: Annotated[int, typer.Option("--in-flight", help="--stream: steps in the pipeline at once (1: least latency; 2: stages overlap).")] = 2,
         as_json: Annotated[bool, typer.Option("--json", help="Print the report (settings, machine, every row) as JSON on stdout instead of the table.")] = False,
         plot_path: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of latency and throughput against batch size here.")] = None,
         weights: WeightsOpt = None,
@@ -70,18 +76,27 @@ def register(app: typer.Typer) -> None:
         models = _models(model, plot_path, weights)
         _check_plot_path(plot_path)
         image_path, image_hw = _image(e2e, image)
+        stream_options = _stream_options(stream, source, every, frames_per_step, drop, in_flight, models)
         settings = [_settings(m, batch, input, precision, backend, warmup, iters, include_copies, threads,
                               weights, random_init, seed) for m in models]
         quiet_third_party()
         plans = [bench.prepare(s) for s in settings]
         reports, e2e_rows = _measure_with_progress(plans, image_path)
+        streamed = _stream_with_progress(plans, reports, source, stream_options) if stream_options else None
         if as_json:
-            typer.echo(json.dumps(_json(reports, e2e_rows, image_path, image_hw), indent=2))
+            data = _json(reports, e2e_rows, image_path, image_hw)
+            if streamed is not None:
+                from enginekit.bench.stream import stream_json
+
+                data["stream"] = stream_json(*streamed)
+            typer.echo(json_text(data, indent=2))
         else:
             for report in reports:
                 _render(report)
             if e2e_rows is not None:
                 _render_e2e(e2e_rows, image_path, image_hw, settings[0])
+            if streamed is not None:
+                _render_stream(*streamed)
         _write_plot(reports[0], plot_path)
         if not any(r.measured for r in reports):
             from enginekit.errors import CapabilityError
@@ -128,6 +143,71 @@ def _image(e2e: bool, image: Optional[Path]):
 
     path = image if image is not None else default_image()
     return path, check_image(path)
+
+
+def _stream_options(stream: bool, source, every, frames_per_step, drop, in_flight, models):
+    """--stream's options, checked before any model loads; None without --stream."""
+    from enginekit.errors import UsageError
+
+    given = [flag for flag, value in (("--source", source), ("--every", every)) if value]
+    if not stream:
+        if given:
+            raise UsageError(f"{given[0]} belongs to --stream: add --stream")
+        return None
+    from enginekit.runtime.stream import StreamOptions, parse_every
+
+    if source is not None and not source.isdigit() and not Path(source).exists():
+        raise UsageError(f"--source {source}: not found (a video, a folder of images or a camera index)")
+    from enginekit.families import resolve
+
+    aliases = {}  # what --every may call a model -> its variant, the name its rows carry
+    for m in models:
+        adapter = resolve(m)
+        for alias in (m, adapter.variant, adapter.family):
+            aliases.setdefault(alias, adapter.variant)
+    cadence = {}
+    for key, n in parse_every(every).items():
+        if key not in aliases:
+            raise UsageError(f"--every {key}={n}: no such model here (models: {', '.join(models)})")
+        cadence[aliases[key]] = n
+    return StreamOptions(drop=drop, every=cadence, frames_per_step=frames_per_step, in_flight=in_flight)
+
+
+def _stream_with_progress(plans, reports, source, options):
+    from enginekit import reporting
+    from enginekit.bench.stream import measure_stream, total_runs
+
+    if source is not None:
+        from enginekit.runtime.sources import open_source
+
+        open_source(source, max_frames=1)  # a source that does not open: one line, before any streaming
+    with reporting.progress("streaming", total_runs(plans)) as progress:
+        return measure_stream(plans, reports, source, options, tick=progress.advance)
+
+
+def _render_stream(rows, described) -> None:
+    """One row per (models, backend): the whole step's p50/p95/p99, frames/s, each model's infer p50."""
+    from rich import box
+    from rich.table import Table
+
+    from enginekit.cli.render import out
+
+    table = Table(title=f"streamed ({described}): ms per step, after warm-up", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    table.add_column("models", max_width=30, overflow="ellipsis", no_wrap=True)
+    for col in ("backend", "decode", "infer p50 per model", "p50", "p95", "p99", "fps", "dropped"):
+        table.add_column(col, justify="left" if col in ("backend", "infer p50 per model") else "right", no_wrap=True)
+    for row in (r for r in rows if r.status == "ok"):
+        st = row.stats
+        infer = " / ".join(f"{(m['infer_ms'] or {}).get('p50', float('nan')):.1f}" for m in st["models"].values())
+        f = row.frame_ms or {}
+        table.add_row(" + ".join(row.models), row.backend, f"{(st.get('decode_ms') or {}).get('p50', 0):.1f}", infer,
+                      *(f"{f.get(k, float('nan')):.1f}" for k in ("p50", "p95", "p99")),
+                      f"{row.fps or 0:.1f}", str(sum(st["dropped"].values())))
+    out.print(table)
+    for row in (r for r in rows if r.status != "ok"):
+        tag = "[yellow]skipped[/]" if row.status == "skipped" else "[red]failed[/]"
+        out.print(f"  {tag} {' + '.join(row.models)} streamed on {row.backend}: {row.reason}")
 
 
 def _measure_with_progress(plans, image_path):

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (NmsOpt, ForceOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt,
+from enginekit.cli.common import (BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, MODEL_HELP, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt, declared_of, NmsOpt, ForceOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt,
                                   handles_errors, quiet_third_party)
 
 
@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
     @app.command("build")
     @handles_errors
     def build_cmd(
-        target: Annotated[str, typer.Argument(help="Model name (yolo12n, depth, ...), an ONNX file, or a recipe .yaml (flags override it).")],
+        target: Annotated[str, typer.Argument(help=MODEL_HELP.replace("Model:", "Model (or an ONNX file, or a recipe .yaml whose keys flags override):", 1))],
         profile: Annotated[Optional[list[str]], typer.Option("--profile", "-p", help="NxCxHxW or min:opt:max (name=... for several inputs); repeat for several optimization profiles.")] = None,
         precision: Annotated[str, typer.Option("--precision", help="fp32, fp16 (ModelOpt AutoCast), int8 or fp8 (ModelOpt Q/DQ; fp8 needs targets >= 8.9).")] = "fp32",
         backend: Annotated[str, typer.Option("--backend", help="auto, tensorrt or tensorrt-rtx.")] = "auto",
@@ -41,6 +41,15 @@ def register(app: typer.Typer) -> None:
         force: ForceOpt = False,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
+        task: TaskOpt = None,
+        outputs: OutputsOpt = None,
+        size: SizeOpt = None,
+        dynamic: DynamicOpt = None,
+        mean: MeanOpt = None,
+        std: StdOpt = None,
+        resize: ResizeOpt = None,
+        bgr: BgrOpt = False,
+        classes: ClassesOpt = None,
     ) -> None:
         """Build a TensorRT engine (strongly typed; precision lives in the ONNX graph), cached by content.
 
@@ -52,9 +61,11 @@ def register(app: typer.Typer) -> None:
 
           enginekit build depth --random-init --profile 1x3x392x392 --precision fp16
 
-          enginekit build model.onnx --precision int8 --calib-data images/ --calib-cache yolo.calib
+          enginekit build model.onnx --profile 1x3x640x640 --precision int8 --calib-data images/ --calib-cache yolo.calib
 
           enginekit build yolo12n --random-init --backend tensorrt-rtx --target-cc 8.6,8.9,12.0
+
+          enginekit build torchvision:deeplabv3_resnet50 -w deeplab.pt --precision int8 --profile 1x3x512x512:4x3x512x512:8x3x512x512
         """
         if target.endswith((".yaml", ".yml")):  # a recipe: every precision x target set in it
             from enginekit.cli.recipes import build_recipe_cmd
@@ -70,7 +81,7 @@ def register(app: typer.Typer) -> None:
             workspace=workspace, opt_level=opt_level, calib_data=calib_data, calib_count=calib_count,
             calib_method=calib_method, calib_cache=calib_cache, exclude=exclude or [], weights=weights,
             random_init=random_init, seed=seed, explain=explain, verify=not no_verify, force=force,
-            repair=repair, tolerances=tol or [], nms=nms,
+            repair=repair, tolerances=tol or [], nms=nms, declared=declared_of(locals()),
         )
         quiet_third_party()
         outcome = api.build(request)

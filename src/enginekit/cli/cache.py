@@ -3,7 +3,7 @@ from the team store."""
 
 from __future__ import annotations
 
-import json
+from enginekit.fsutil import json_text
 from typing import Annotated, Optional
 
 import typer
@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         cache = Cache(remote=None)
         rows = [info for info in cache.ls(verify=verify) if not kind or info.kind == kind]
         if as_json:
-            typer.echo(json.dumps({"root": str(cache.root),
+            typer.echo(json_text({"root": str(cache.root),
                                    "entries": [{**info.to_json(), "parity_passed": info.parity} for info in rows]},
                                   indent=2))
             return
@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
         """Print an entry's manifest (JSON)."""
         from enginekit.cache import Cache
 
-        typer.echo(json.dumps(Cache(remote=None).resolve(key).manifest, indent=2, sort_keys=True))
+        typer.echo(json_text(Cache(remote=None).resolve(key).manifest, indent=2, sort_keys=True))
 
     @cache_app.command("path")
     @handles_errors
@@ -184,7 +184,7 @@ def _ls_remote(kind: Optional[str], as_json: bool, store: Optional[str]) -> None
     rows = [r for r in remote.entries() if not kind or r.kind == kind]
     rows.sort(key=lambda r: str(r.info.modified or ""), reverse=True)
     if as_json:
-        typer.echo(json.dumps({"store": remote.url, "entries": [r.to_json() for r in rows]}, indent=2))
+        typer.echo(json_text({"store": remote.url, "entries": [r.to_json() for r in rows]}, indent=2))
         return
     from rich.table import Table
 

@@ -109,6 +109,21 @@ def print_error(message: str) -> None:
     console.print(line, soft_wrap=True, highlight=False, emoji=False, markup=False)
 
 
+def failure_summary(failures: list[str], shown: int = 3) -> str:
+    """Failed checks (``"artifact: check = value (limit ...)"``) for one error line: a check that failed
+    alike on several artifacts (a reference with nothing to compare fails every graph the same way)
+    is said once, with the artifacts it failed on; at most ``shown`` of them, then how many more."""
+    groups: dict[str, list[str]] = {}
+    for text in failures:
+        artifact, sep, what = str(text).partition(": ")
+        if not sep:
+            artifact, what = "", artifact
+        groups.setdefault(what, []).append(artifact)
+    items = [f"{', '.join(a for a in dict.fromkeys(artifacts) if a)}: {what}" if any(artifacts) else what
+             for what, artifacts in groups.items()]
+    return "; ".join(items[:shown]) + (f"; and {len(items) - shown} more" if len(items) > shown else "")
+
+
 def quiet_third_party() -> None:
     """Keep library chatter (Ultralytics banners, tracer warnings) off the terminal."""
     import logging
@@ -152,3 +167,42 @@ RemoteOpt = Annotated[Optional[str], typer.Option(
                      "from the standard AWS settings) or file:///PATH; default $ENGINEKIT_REMOTE, 'none' for no store.")]
 RemoteReadOnlyOpt = Annotated[bool, typer.Option(
     "--remote-read-only", help="Read from the store, never write to it (also ENGINEKIT_REMOTE_MODE=read).")]
+
+# What a model enginekit cannot know by itself declares (torchvision:, timm:, file.py:factory, programs):
+# the same names in a recipe's model: section and as keywords of enginekit.load.
+_DECLARE = "Model declaration"
+TaskOpt = Annotated[Optional[str], typer.Option(
+    "--task", rich_help_panel=_DECLARE,
+    help="What the model's first output serves: semantic (per-pixel class logits), classify (class logits or "
+         "probabilities), depth, or raw (parity only). torchvision's and timm's common heads come declared.")]
+OutputsOpt = Annotated[Optional[str], typer.Option(
+    "--outputs", rich_help_panel=_DECLARE,
+    help="Output names in order, each NAME[:MEANING] (logits, probabilities, depth, values), e.g. out:logits,aux:logits; "
+         "dict outputs by key (a subset keeps those), tuples by position. Default: as the model returns them.")]
+SizeOpt = Annotated[Optional[str], typer.Option(
+    "--size", rich_help_panel=_DECLARE, help="The model's input H x W when no --input/--profile says (e.g. 512x512).")]
+DynamicOpt = Annotated[Optional[str], typer.Option(
+    "--dynamic", rich_help_panel=_DECLARE,
+    help="Input axes kept symbolic in the graph besides batch (always): hw (height and width) or none. "
+         "Default: none for a model no table row declares.")]
+MeanOpt = Annotated[Optional[str], typer.Option(
+    "--mean", rich_help_panel=_DECLARE, help="Per-channel mean of 0..1 pixels subtracted, e.g. 0.485,0.456,0.406.")]
+StdOpt = Annotated[Optional[str], typer.Option(
+    "--std", rich_help_panel=_DECLARE, help="Per-channel standard deviation divided by, e.g. 0.229,0.224,0.225.")]
+ResizeOpt = Annotated[Optional[str], typer.Option(
+    "--resize", rich_help_panel=_DECLARE,
+    help="How a photograph becomes H x W: stretch, letterbox (grey 114 bars) or crop (shorter side, centre crop).")]
+BgrOpt = Annotated[bool, typer.Option("--bgr", rich_help_panel=_DECLARE, help="The model takes BGR channels (default RGB).")]
+ClassesOpt = Annotated[Optional[int], typer.Option(
+    "--classes", rich_help_panel=_DECLARE, help="torchvision/timm: build the model with this many classes.")]
+MODEL_HELP = ("Model: yolo12n, depth, ...; torchvision:NAME, timm:NAME; path/to/file.py:factory or "
+              "package.module:factory (imports that code and calls the factory: it runs, as `python file.py` "
+              "would); a torch.export .pt2 or TorchScript program (runs code from the file: needs "
+              "--trust-checkpoint).")
+
+
+def declared_of(options: dict) -> dict:
+    """The model declaration among a verb's options (``--task``, ``--outputs``...), validated; {} if none."""
+    from enginekit.families.torch_models.spec import FLAGS, declaration
+
+    return declaration(**{k: options.get(k) for k in (*FLAGS, "bgr") if k in options})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from enginekit.fsutil import json_text
 from typing import Annotated
 
 import typer
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         except Exception as exc:  # noqa: BLE001 - a doctor reports, it does not fail
             data = {"error": f"{type(exc).__name__}: {exc}", "warnings": [f"doctor could not finish: {exc}"]}
         if as_json:
-            typer.echo(json.dumps(data, indent=2))
+            typer.echo(json_text(data, indent=2))
             return
         _render(data)
 

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import NmsOpt, ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import (BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, MODEL_HELP, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt, declared_of, NmsOpt, ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
+                                  quiet_third_party)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("export")
     @handles_errors
     def export_cmd(
-        model: Annotated[str, typer.Argument(help="Model name: yolo12n, yolo11s, depth, depth-anything-v2-base, ...")],
+        model: Annotated[str, typer.Argument(help=MODEL_HELP)],
         input: Annotated[Optional[str], typer.Option("--input", "-i", help="Example input NxCxHxW (default: the family's, e.g. 1x3x640x640).")] = None,
         fp16: Annotated[bool, typer.Option("--fp16", help="Also convert to FP16 (ModelOpt AutoCast, FP32 I/O) and write that graph.")] = False,
         output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the ONNX (default: ./<model>[.fp16].onnx).")] = None,
@@ -30,6 +30,15 @@ def register(app: typer.Typer) -> None:
         rel_l2: Annotated[Optional[float], typer.Option("--rel-l2", help="Override the rel L2 tolerance of the final graph.")] = None,
         report: Annotated[Optional[Path], typer.Option("--report", help="Write the parity report as JSON here.")] = None,
         force: ForceOpt = False,
+        task: TaskOpt = None,
+        outputs: OutputsOpt = None,
+        size: SizeOpt = None,
+        dynamic: DynamicOpt = None,
+        mean: MeanOpt = None,
+        std: StdOpt = None,
+        resize: ResizeOpt = None,
+        bgr: BgrOpt = False,
+        classes: ClassesOpt = None,
     ) -> None:
         """Export a model to a simplified ONNX graph and check it against PyTorch.
 
@@ -45,15 +54,19 @@ def register(app: typer.Typer) -> None:
           enginekit export yolov8n --nms --weights runs/best.pt
 
           enginekit export depth --input 1x3x518x518 --weights depth_anything_v2_vits.pth
+
+          enginekit export torchvision:deeplabv3_resnet50 --weights deeplab.safetensors
+
+          enginekit export net.py:make --task semantic --outputs logits:logits --size 256x256 --dynamic hw
         """
         from enginekit import api
-        from enginekit.fsutil import atomic_write_text, check_output_path
+        from enginekit.fsutil import atomic_write_text, check_output_path, json_text
         from enginekit.requests import ExportRequest
 
         check_output_path(report, "--report")
         request = ExportRequest(model=model, input=input, fp16=fp16, output=output, weights=weights,
                                 random_init=random_init, seed=seed, opset=opset, simplifier=simplifier, images=images,
-                                rel_l2=rel_l2, force=force, nms=nms)
+                                rel_l2=rel_l2, force=force, nms=nms, declared=declared_of(locals()))
         quiet_third_party()
         result = api.export(request)
         from enginekit.cli.render import parity_table
@@ -63,9 +76,11 @@ def register(app: typer.Typer) -> None:
         if result.fp16_share is not None:
             console.print(f"  FP16 share of initializer elements: {result.fp16_share:.1%}")
         if report is not None:
-            atomic_write_text(report, json.dumps(result.to_json(), indent=2) + "\n")
+            atomic_write_text(report, json_text(result.to_json(), indent=2) + "\n")
         if not result.passed:
             from enginekit.errors import ParityError
 
-            raise ParityError("parity gate failed: " + "; ".join(result.failures()) + " (nothing written)")
+            from enginekit.cli.common import failure_summary
+
+            raise ParityError(f"parity gate failed: {failure_summary(result.failures())} (nothing written)")
         emit(str(result.output))

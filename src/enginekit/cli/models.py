@@ -20,9 +20,9 @@ def register(app: typer.Typer) -> None:
 
         if as_json:
             import dataclasses
-            import json
+            from enginekit.fsutil import json_text
 
-            typer.echo(json.dumps([dataclasses.asdict(f) for f in families()], indent=2))
+            typer.echo(json_text([dataclasses.asdict(f) for f in families()], indent=2))
             return
         from rich.table import Table
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from enginekit.fsutil import json_text
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         Example: [bold]enginekit recipes ls --json[/]
         """
         if as_json:
-            typer.echo(json.dumps(recipe_rows(), indent=2))
+            typer.echo(json_text(recipe_rows(), indent=2))
         else:
             list_recipes_table()
 
@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
         jobs = matrix_jobs(paths or [])
         if not jobs:
             raise UsageError("no recipes found: give recipe files or folders")
-        emit(json.dumps({"include": jobs} if fmt == "github" else jobs, separators=(",", ":")))
+        emit(json_text({"include": jobs} if fmt == "github" else jobs, separators=(",", ":")))
 
 
 def recipe_rows() -> list[dict]:
@@ -145,9 +145,18 @@ def given_flags(params: dict) -> dict:
             continue
         if name == "no_verify":
             given["verify"] = not value
+        elif name in _DECLARATION:  # --task, --outputs...: over the recipe's model declaration
+            given.setdefault("declared", {})[name] = value
         else:
             given[_FLAG_TO_KWARG.get(name, name)] = value
+    if "declared" in given:
+        from enginekit.cli.common import declared_of
+
+        given["declared"] = declared_of(given["declared"])
     return given
+
+
+_DECLARATION = ("task", "outputs", "size", "dynamic", "mean", "std", "resize", "bgr", "classes")
 
 
 def _click_context():

@@ -15,9 +15,19 @@ from rich.table import Table
 
 from enginekit import reporting
 
-# rich falls back to 80 columns when not on a terminal (CI logs): tables need more.
-console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)  # stdout, for results a script may capture
+def _width(stream) -> int | None:
+    """A terminal's own width, else $COLUMNS where a CI log sets it, else 120 (rich would take 80)."""
+    import os
+
+    try:
+        tty = stream is not None and stream.isatty()
+    except (ValueError, OSError):  # a closed stream
+        tty = False
+    return None if tty or os.environ.get("COLUMNS", "").strip().isdigit() else 120
+
+
+console = Console(stderr=True, highlight=False, width=_width(sys.stderr))
+out = Console(highlight=False, width=_width(sys.stdout))  # stdout, for results a script may capture
 
 STATUS_TAGS = {
     "hit": "[green]cached[/]",
@@ -36,20 +46,76 @@ def emit(text: str) -> None:
     print(text, flush=True)
 
 
-class RichReporter(reporting.Reporter):
-    """Today's look: a spinner while a stage runs, then ``  ✓ label  1.23s  cached``."""
+#: seconds between "still running" lines in a log (stderr not a terminal); ENGINEKIT_PROGRESS_SECONDS sets it
+HEARTBEAT_SECONDS = 20.0
 
-    def __init__(self, target: Console | None = None):
+
+class RichReporter(reporting.Reporter):
+    """Today's look: a spinner while a stage runs, then ``  ✓ label  1.23s  cached``.
+
+    In a log (stderr is no terminal, so no spinner moves), a stage or count that runs long says so
+    every ``HEARTBEAT_SECONDS``: ``  still running: export (1m40s)``, with the count of a progress
+    (``calibrate 12/64``), so a CI log never sits silent through a 3-minute repair.
+    """
+
+    def __init__(self, target: Console | None = None, heartbeat: float | None = None):
+        import threading
+
         self.console = target or console
         self._spinners: list = []
         self._bars: dict[int, tuple] = {}
+        self._active: list = []  # stages and progresses running now, outermost first
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+        self.heartbeat = heartbeat if heartbeat is not None else _heartbeat_seconds()
+        self._log = not self.console.is_terminal
+
+    # -- the heartbeat of a log
+    def _begin(self, item) -> None:
+        import threading
+        import time
+
+        if not self._log or self.heartbeat <= 0:
+            return
+        with self._lock:
+            self._active.append((item, time.monotonic()))
+            if self._thread is None or not self._thread.is_alive():
+                self._wake.clear()
+                self._thread = threading.Thread(target=self._beat, name="enginekit-heartbeat", daemon=True)
+                self._thread.start()
+
+    def _end(self, item) -> None:
+        with self._lock:
+            self._active = [(i, t) for i, t in self._active if i is not item]
+            if not self._active:
+                self._wake.set()
+
+    def _beat(self) -> None:
+        import time
+
+        while not self._wake.wait(self.heartbeat):
+            with self._lock:
+                if not self._active:
+                    return
+                stages = [(i, t) for i, t in self._active if isinstance(i, reporting.Stage)]
+                counts = [i for i, _ in self._active if isinstance(i, reporting.Progress)]
+                item, started = (stages or self._active)[-1]
+            label = item.label
+            if counts:
+                c = counts[-1]
+                label += f", {c.label} {c.done}/{c.total if c.total is not None else '?'}"
+            self.console.print(f"  still running: {label} ({_elapsed(time.monotonic() - started)})",
+                               markup=False, highlight=False)
 
     def stage_started(self, stage: reporting.Stage) -> None:
         status = self.console.status(f"[bold]{stage.label}[/]…", spinner="dots")
         status.start()
         self._spinners.append(status)
+        self._begin(stage)
 
     def stage_done(self, stage: reporting.Stage) -> None:
+        self._end(stage)
         if self._spinners:
             self._spinners.pop().stop()
         if not stage.failed:
@@ -76,38 +142,60 @@ class RichReporter(reporting.Reporter):
         task = bar.add_task(progress.label, total=progress.total, detail=progress.detail)
         bar.start()
         self._bars[id(progress)] = (bar, task)
+        self._begin(progress)
 
     def progress_advanced(self, progress: reporting.Progress) -> None:
         bar, task = self._bars[id(progress)]
         bar.update(task, completed=progress.done, detail=progress.detail)
 
     def progress_done(self, progress: reporting.Progress) -> None:
+        self._end(progress)
         bar, _ = self._bars.pop(id(progress))
         bar.stop()
 
 
+def _heartbeat_seconds() -> float:
+    import os
+
+    try:
+        return float(os.environ.get("ENGINEKIT_PROGRESS_SECONDS", HEARTBEAT_SECONDS))
+    except ValueError:
+        return HEARTBEAT_SECONDS
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
 def parity_table(results) -> None:
-    """One row per artifact x output part: worst errors over all inputs, against that part's limits."""
-    table = Table(title="parity vs FP32 PyTorch (ONNX Runtime CPU)", title_justify="left", box=box.SIMPLE_HEAD)
+    """One row per artifact x output part: worst errors over all inputs, against that part's limits;
+    failed checks and task metrics below the table, as lines that wrap (80-column logs)."""
+    table = Table(title="parity vs FP32 PyTorch (ONNX Runtime CPU)", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, show_edge=False, collapse_padding=True)
     for col in ("graph", "part", "n", "max abs", "rel L2", "cosine", "limit", "gate"):
-        table.add_column(col, justify="left" if col in ("graph", "part", "gate") else "right", no_wrap=True)
+        figure = col not in ("graph", "part", "gate")
+        table.add_column(col, justify="right" if figure else "left", no_wrap=figure or col == "gate",
+                         min_width=8 if col in ("max abs", "rel L2", "cosine") else None, overflow="fold")
+    lines: list[str] = []
     for r in results:
         limits = r.limits() if hasattr(r, "limits") else {}
         for name, w in r.worst().items():
             tol = limits.get(name, r.tolerance)
-            failed = [f.split(" = ")[0] for f in r.failures() if f.startswith(f"parity {name} ")]
-            gate = "[bold red]FAIL[/] " + ", ".join(failed) if failed else "[green]pass[/]"
-            table.add_row(f"{r.artifact} {r.precision}", name, str(len(r.cases)), f"{w['max_abs']:.2e}",
-                          f"{w['rel_l2']:.2e}", f"{w['cosine']:.6f}", f"{tol.rel_l2:.0e}", gate)
-        task_failed = [f for f in r.failures() if f.startswith("task")]
-        if task_failed:
-            table.add_row(f"{r.artifact} {r.precision}", "task", "", "", "", "", "", "[bold red]FAIL[/] " + "; ".join(task_failed))
-    console.print(table)
-    for r in results:
+            failed = [f for f in r.failures() if f.startswith(f"parity {name} ")]
+            gate = "[bold red]FAIL[/]" if failed else "[green]pass[/]"
+            table.add_row(escape(f"{r.artifact} {r.precision}"), escape(name), str(len(r.cases)),
+                          _figure(w.get("max_abs"), ".2e"), _figure(w.get("rel_l2"), ".2e"),
+                          _figure(w.get("cosine"), ".6f"), _figure(tol.rel_l2, ".0e"), gate)
         task = _task_text(getattr(r, "task", {}))
         notes = getattr(r.comparison, "notes", []) if getattr(r, "comparison", None) else []
         if task or notes:
-            console.print(f"  {r.artifact} {r.precision} task: {task or '-'}" + "".join(f" [yellow]({n})[/]" for n in notes))
+            lines.append(f"  {escape(r.artifact)} {r.precision} task: {escape(task or '-')}"
+                         + "".join(f" [yellow]({escape(n)})[/]" for n in notes))
+        lines += [f"  {escape(r.artifact)} {r.precision} [bold red]FAIL[/] {escape(f)}" for f in r.failures()]
+    console.print(table)
+    for line in lines:
+        console.print(line, highlight=False)
 
 
 def _task_text(task: dict) -> str:
@@ -124,26 +212,51 @@ def _task_text(task: dict) -> str:
 
 
 def verify_table(report) -> None:
-    """One row per artifact: what ran, the worst figures, and the gate."""
-    table = Table(title=f"verify {report.subject} {report.precision}  (references {report.references_key[:10]}: "
-                        f"{'stored' if report.references_status in ('hit', 'pulled') else 'computed'})",
-                  title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("artifact", "ran", "part", "max abs", "rel L2", "cosine", "task", "gate"):
-        table.add_column(col, no_wrap=col not in ("task", "gate"), overflow="fold")
+    """One row per artifact and output part: what ran, the worst figures, and the gate; then, below
+    the table, each artifact's task metrics, failed checks and reasons as lines that wrap.
+
+    The table holds only short, fixed-width cells, so it fits an 80-column CI log without a
+    truncated column; long text (a failure, why an engine did not run) is never squeezed into a cell.
+    """
+    refs = (f"  (references {report.references_key[:10]}: "
+            f"{'stored' if report.references_status in ('hit', 'pulled') else 'computed'})" if report.references_key
+            else "  (no references computed)")
+    table = Table(title=f"verify {report.subject} {report.precision}{refs}",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+                  collapse_padding=True)
+    for col in ("artifact", "ran", "part", "max abs", "rel L2", "cosine", "gate"):
+        figure = col in ("max abs", "rel L2", "cosine")
+        table.add_column(col, justify="right" if figure else "left", no_wrap=figure or col in ("ran", "gate"),
+                         min_width=8 if figure else None, overflow="fold")
+    lines: list[str] = []
     for a in report.artifacts:
         if not a.ran:
-            gate = "[bold red]FAIL[/]" if not a.passed else "[yellow]skipped[/]"  # e.g. a corrupt cache entry
-            table.add_row(a.name, "[yellow]no[/]", "", "", "", "", escape(a.reason), gate)
+            gate = "[bold red]FAIL[/]" if not a.passed else "[yellow]skip[/]"  # e.g. a corrupt cache entry
+            table.add_row(escape(a.name), "[yellow]no[/]", "", "", "", "", gate)
+            lines.append(f"  {escape(a.name)}: [yellow]not run[/]: {escape(a.reason)}")
             continue
         rows = list(a.parts.items()) or [("", {"worst": {}})]
-        task = _task_text(a.task)
-        task_failed = [c.name for c in a.checks if not c.passed and not c.name.startswith("parity ")]
         for i, (part, info) in enumerate(rows):
             w = info["worst"]
-            failed = [c.name for c in a.checks if not c.passed and c.name.startswith(f"parity {part} ")]
-            failed += task_failed if i == len(rows) - 1 else []
-            gate = "[green]pass[/]" if not failed else "[bold red]FAIL[/] " + ", ".join(failed)
-            table.add_row(a.name if i == 0 else "", "yes" if i == 0 else "", part, f"{w.get('max_abs', float('nan')):.2e}",
-                          f"{w.get('rel_l2', float('nan')):.2e}", f"{w.get('cosine', float('nan')):.6f}",
-                          task if i == 0 else "", gate)
+            failed = [c for c in a.checks if not c.passed and c.name.startswith(f"parity {part} ")]
+            gate = "[green]pass[/]" if not failed else "[bold red]FAIL[/]"
+            table.add_row(escape(a.name) if i == 0 else "", "yes" if i == 0 else "", escape(part),
+                          _figure(w.get("max_abs"), ".2e"), _figure(w.get("rel_l2"), ".2e"),
+                          _figure(w.get("cosine"), ".6f"), gate)
+        task = _task_text(a.task)
+        if task:
+            lines.append(f"  {escape(a.name)} task: {escape(task)}")
+        for c in a.checks:
+            if not c.passed:
+                lines.append(f"  {escape(a.name)} [bold red]FAIL[/] {escape(c.name)} = {c.value:.4g} "
+                             f"(limit {c.op} {c.limit:g})")
     console.print(table)
+    for line in lines:
+        console.print(line, highlight=False)
+
+
+def _figure(value, fmt: str) -> str:
+    """A figure of the table; "-" where there is none (no NaN in what a person reads)."""
+    import math
+
+    return "-" if value is None or not math.isfinite(value) else format(value, fmt)

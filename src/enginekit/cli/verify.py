@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (NmsOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt,
+from enginekit.cli.common import (BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt,
+                                  declared_of, NmsOpt, failure_summary, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt,
+                                  SeedOpt, TrustOpt, WeightsOpt,
                                   handles_errors, quiet_third_party)
 
 
@@ -24,7 +26,7 @@ def register(app: typer.Typer) -> None:
         junit: Annotated[Optional[Path], typer.Option("--junit", help="JUnit XML path (one test case per artifact x check).")] = None,
         tol: Annotated[Optional[list[str]], typer.Option("--tol", help="Override a tolerance: rel_l2=1e-3, fp16.map50=0.9 (repeatable).")] = None,
         reference: Annotated[Optional[Path], typer.Option("--reference", help="With an ONNX file: its PyTorch checkpoint.")] = None,
-        model: Annotated[Optional[str], typer.Option("--model", help="With an ONNX file that does not name its model.")] = None,
+        model: Annotated[Optional[str], typer.Option("--model", help="With an ONNX file that does not name its model (or a hand-exported one: torchvision:NAME, file.py:factory...).")] = None,
         require_engine: Annotated[bool, typer.Option("--require-engine", help="Fail (exit 3) if the engine cannot run here (GPU CI).")] = False,
         task_required: Annotated[bool, typer.Option("--task-required/--task-optional", help="--task-optional: where the reference has nothing to compare on the photographs (random-weight detectors find nothing), say so instead of failing; parity is gated as always.")] = True,
         backend: Annotated[str, typer.Option("--backend", help="With a model name: as build's (auto, tensorrt, tensorrt-rtx).")] = "auto",
@@ -44,6 +46,15 @@ def register(app: typer.Typer) -> None:
         nms: NmsOpt = False,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
+        task: TaskOpt = None,
+        outputs: OutputsOpt = None,
+        size: SizeOpt = None,
+        dynamic: DynamicOpt = None,
+        mean: MeanOpt = None,
+        std: StdOpt = None,
+        resize: ResizeOpt = None,
+        bgr: BgrOpt = False,
+        classes: ClassesOpt = None,
     ) -> None:
         """Check engines and every ONNX artifact they came from against the PyTorch model.
 
@@ -65,7 +76,7 @@ def register(app: typer.Typer) -> None:
         `build` finds (or builds) that same engine.
         """
         from enginekit import api
-        from enginekit.errors import ParityError
+        from enginekit.errors import ParityError, UsageError
 
         quiet_third_party()
         if target is not None and target.endswith((".yaml", ".yml")):  # a recipe: every cell in it
@@ -77,14 +88,39 @@ def register(app: typer.Typer) -> None:
                 flags.pop(key, None)
             outcomes = verify_recipe(target, flags, report_dir=report, junit=junit)
         else:
-            from enginekit.requests import VerifyRequest
+            from enginekit.requests import VerifyRequest, _target_kind
 
-            build_options = {"profiles": profile or [], "weights": weights, "random_init": random_init, "seed": seed}
-            if target is not None and not target.endswith(".onnx"):
+            kind = _target_kind(target, reference)
+            ignored = [flag for flag, given in (
+                ("--precision", precision is not None and kind in ("all", "key")),
+                ("--profile", bool(profile) and kind != "model"),
+                ("--backend", backend != "auto" and kind != "model"),
+                ("--target-cc", target_cc is not None and kind != "model"),
+                ("--workspace", workspace is not None and kind != "model"),
+                ("--opt-level", opt_level is not None and kind != "model"),
+                ("--calib-data", calib_data is not None and kind != "model"),
+                ("--calib-count", calib_count != 8 and kind != "model"),
+                ("--calib-method", calib_method is not None and kind != "model"),
+                ("--calib-cache", calib_cache is not None and kind != "model"),
+                ("--exclude", bool(exclude) and kind != "model"),
+                ("--repair", repair and kind != "model"),
+                ("--nms", nms and kind != "model"),
+                ("--weights", weights is not None and kind in ("all", "key")),
+                ("--random-init", random_init and kind in ("all", "key")),
+                ("--seed", seed != 0 and kind in ("all", "key")),
+            ) if given]
+            if ignored:
+                what = {"all": "every cached engine (no target)", "key": f"a cache entry ({target})",
+                        "onnx": f"an ONNX file ({target})"}[kind]
+                raise UsageError(f"{', '.join(ignored)} appl{'ies' if len(ignored) == 1 else 'y'} to verify of a model "
+                                 f"name; {what} is checked as it was made: drop {'it' if len(ignored) == 1 else 'them'}")
+            build_options = {"profiles": profile or [], "weights": weights, "random_init": random_init, "seed": seed,
+                             "declared": declared_of(locals())}
+            if kind == "model":
                 build_options.update(backend=backend, target_cc=target_cc, workspace=workspace, opt_level=opt_level,
                                      calib_data=calib_data, calib_count=calib_count, calib_method=calib_method,
                                      calib_cache=calib_cache, exclude=exclude or [], repair=repair,
-                                     tolerances=tol or [], nms=nms)
+                                     tolerances=(tol or []) if repair else [], nms=nms)
             request = VerifyRequest(target=target, precision=precision, images=images, image_count=image_count,
                                     report_dir=report, junit=junit, tolerances=tol or [], reference=reference,
                                     model=model, require_engine=require_engine, task_required=task_required,
@@ -94,7 +130,7 @@ def register(app: typer.Typer) -> None:
             _render(outcome)
         if not all(o.passed for o in outcomes):
             failed = [str(c) for o in outcomes for r in o.reports for c in r.failures()]
-            raise ParityError(f"{len(failed)} check(s) failed: " + "; ".join(failed[:3]) + (" ..." if len(failed) > 3 else ""))
+            raise ParityError(f"{len(failed)} check(s) failed: {failure_summary(failed)}")
 
 
 def _render(outcome) -> None:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 class WeightsSource:
     """Where a model's weights come from; its ``identity`` enters every cache key."""
 
-    kind: str  # "file" | "hub" | "random"
+    kind: str  # "file" | "hub" | "random" | "source" (weights that come with the model's source)
     ref: str  # path, hub name, or "architecture@seed"
     sha256: str | None = None  # file contents; None for hub (filled after load) and random
 
@@ -35,6 +35,8 @@ class WeightsSource:
     def identity(self) -> str:
         if self.kind == "random":
             return f"random:{self.ref}"
+        if self.kind == "source":
+            return f"source:sha256:{self.sha256}"
         if self.sha256:
             return f"sha256:{self.sha256}"
         return f"hub:{self.ref}"

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from enginekit.families.base import LoadedModel, NmsSettings
     from enginekit.families.registry import FamilyInfo
 
-#: the tasks a family may declare, in Ultralytics' words
-TASKS = ("detect", "segment", "pose", "obb", "classify", "semantic", "depth")
+#: the tasks a family may declare, in Ultralytics' words; "raw": outputs of no known task (parity only)
+TASKS = ("detect", "segment", "pose", "obb", "classify", "semantic", "depth", "raw")
 #: the pictures verify draws (``verification.pictures.PICTURES``): what each needs of the family
 PICTURE_KINDS = {"detections": "picture_boxes", "depth": "picture_map", "semantic": "picture_map"}
 
@@ -54,6 +54,16 @@ class Registration(ABC):
     aliases: dict[str, str] = {}
     #: one name, for the message that lists what is known
     example: str = ""
+    #: names reach ``matches`` and ``create`` as written, not lower-cased (file paths, Python names)
+    keeps_case: bool = False
+    #: the family takes what a user declares of a model (``--task``, ``--outputs``, preprocessing: a dict of
+    #: ``families.torch_models.spec.ModelSpec`` fields) in ``create``; others refuse a declaration
+    declarable: bool = False
+
+    @classmethod
+    def create(cls, name: str, declared: dict) -> "Registration":
+        """The adapter of ``name`` (a variant ``matches`` accepted) with the user's declaration ({} if none)."""
+        return cls(name)  # type: ignore[call-arg]
 
     @classmethod
     @abstractmethod
@@ -76,6 +86,8 @@ class Export(ABC):
 
     #: the library that builds the model (its version enters the export key: ``pipeline.model_versions``)
     framework: str = ""
+    #: ``--weights`` may name a model folder (transformers' layout), not only a checkpoint file
+    weights_folders: bool = False
     input_name: str = ""
     output_names: tuple[str, ...] = ()
     #: the shape ``enginekit export`` uses when none is given (N, C, H, W)
@@ -113,6 +125,35 @@ class Export(ABC):
     def load(self, weights: Path | None, *, random_init: bool, seed: int) -> "LoadedModel":
         """The export-ready module from a weights path, the hub (``weights`` None) or a seeded random build.
         Bad weights: a one-line ``UsageError``."""
+
+    def identity(self) -> dict:
+        """What determines the model's outputs beyond its name, weights and library versions (a user
+        module's source digest, a declared task, outputs and preprocessing): part of every key that names
+        the model (export, references). {} where the name says it all."""
+        return {}
+
+    def check_source(self) -> None:
+        """Refuse, in one line, a model whose source cannot be loaded (a missing file), before any work."""
+
+    def trace_shape(self, shape: Shape) -> Shape:
+        """The shape the exporter traces at and simplify proves the graph at, for an export at ``shape``: the
+        same by default. A graph dynamic in H and W is one graph at any size, so a family may trace it smaller."""
+        return shape
+
+    @property
+    def portable_name(self) -> str:
+        """The model's name as another working folder can load it again (a file's absolute path)."""
+        return self.variant
+
+    @property
+    def output_stem(self) -> str:
+        """The file-name stem of what ``enginekit export`` writes (``yolo12n`` -> ``yolo12n.onnx``)."""
+        return self.variant
+
+    def own_weights_identity(self, seed: int) -> str | None:
+        """The identity of weights that come with the model's source (no weights file, no random init),
+        where the family has such weights: ``source:sha256:...``; None: the hub's (``hub_weights``)."""
+        return None
 
     def hub_weights(self) -> Path:
         """The local file the variant's hub name resolves to (downloaded if need be): its content, not its

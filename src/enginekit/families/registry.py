@@ -24,6 +24,7 @@ FAMILY_MODULES = (
     "enginekit.families.ultralytics.yolo",
     "enginekit.families.ultralytics.rtdetr",
     "enginekit.families.depth_anything.family",
+    "enginekit.families.torch_models.family",
 )
 
 _REGISTRY: list[type] = []
@@ -63,15 +64,25 @@ def registered() -> list[type["ModelAdapter"]]:
     return list(_REGISTRY)
 
 
-def resolve(name: str) -> "ModelAdapter":
-    """Adapter for a model name, or a one-line UsageError saying what is known."""
+def resolve(name: str, declared: dict | None = None) -> "ModelAdapter":
+    """Adapter for a model name, or a one-line UsageError saying what is known. ``declared``: what the user
+    declares of the model (``--task``, ``--outputs``...), for a family that takes it (``declarable``)."""
     classes = registered()
-    lowered = name.strip().lower()
+    given = name.strip()
+    lowered = given.lower()
     aliases = {alias: target for cls in classes for alias, target in cls.aliases.items()}
     canonical = aliases.get(lowered, lowered)
-    hits = [cls for cls in classes if cls.matches(canonical)]
+    hits = [cls for cls in classes if cls.matches(given if cls.keeps_case else canonical)]
     if len(hits) == 1:
-        return hits[0](canonical)
+        cls = hits[0]
+        if declared and not cls.declarable:
+            from enginekit.families.torch_models.spec import FLAGS
+
+            said = ", ".join(FLAGS.get(k, k) for k in declared)
+            raise UsageError(f"{canonical} is a {cls.family} model, which says itself what its outputs are and how "
+                             f"its inputs are made: {said} apply to torchvision:, timm:, file.py:factory, "
+                             "module:factory and saved-program models")
+        return cls.create(given if cls.keeps_case else canonical, declared or {})
     if len(hits) > 1:  # two families claiming one name is a bug of theirs, not the user's
         raise RuntimeError(f"{canonical!r} is claimed by {', '.join(c.__name__ for c in hits)}")
     for cls in classes:
@@ -80,6 +91,25 @@ def resolve(name: str) -> "ModelAdapter":
             raise UsageError(f"unknown model {name!r}: {hint}; `enginekit models` lists them")
     examples = ", ".join(cls.example for cls in classes if cls.example)
     raise UsageError(f"unknown model {name!r}: expected a name like {examples}; `enginekit models` lists them")
+
+
+def recorded_declaration(metadata: dict) -> dict:
+    """What a graph's metadata records of its model's declaration (``declaration``, JSON), or {}."""
+    import json
+
+    text = (metadata or {}).get("declaration")
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise UsageError(f"the graph's model declaration is not JSON: {text[:80]!r}") from None
+    return value if isinstance(value, dict) else {}
+
+
+def resolve_recorded(name: str, metadata: dict) -> "ModelAdapter":
+    """The adapter a graph or engine names (``model``), with the declaration its metadata records."""
+    return resolve(name, recorded_declaration(metadata))
 
 
 def families() -> list[FamilyInfo]:

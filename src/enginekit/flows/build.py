@@ -30,7 +30,8 @@ class BuildOutcome:
 
 
 def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
-    from enginekit.cache import Cache, parse_size
+    from enginekit.cache import Cache
+    from enginekit.requests import workspace_bytes
     from enginekit.calibration import CalibrationData
     from enginekit.pipeline import Artifact, Stages
     from enginekit.precisions import get as get_precision
@@ -44,7 +45,7 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     parsed = [parse_profile(p) for p in r.profiles]
     be = resolve_backend(r.backend)
     options = BuildOptions(
-        workspace_bytes=parse_size(r.workspace) if r.workspace else None,
+        workspace_bytes=workspace_bytes(r.workspace) if r.workspace else None,
         optimization_level=r.opt_level,
         target_cc=r.target_ccs,
     )
@@ -73,8 +74,8 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         bound, opt_shape = bind_to_inputs(parsed, dims, adapter, source_path.name)
         if get_metadata(graph).get("nms") == "True":
             check_nms_batch(bound, get_metadata(graph), source_path.name)
-            if any(node.op_type == "NonMaxSuppression" for node in graph.graph.node):
-                require_nms(be, f"{source_path.name}, which ends in NMS")
+        if holds_op(graph.graph, "NonMaxSuppression"):  # enginekit's NMS graphs hold none; another tool's may
+            require_nms(be, f"{source_path.name}, which holds ONNX NonMaxSuppression")
         chain = [Artifact.given(source_path)]
     else:
         pipe = Stages(model or r.model_request, cache, force=r.force)
@@ -145,6 +146,19 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
 
 
+def holds_op(graph, op_type: str) -> bool:
+    """Whether ``graph`` or a subgraph of it (Loop, If, Scan bodies) holds a node of ``op_type``."""
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        for node in g.node:
+            if node.op_type == op_type:
+                return True
+            stack.extend(attr.g for attr in node.attribute if attr.HasField("g"))
+            stack.extend(sub for attr in node.attribute for sub in attr.graphs)
+    return False
+
+
 def check_nms_batch(profiles: list, metadata: dict[str, str], name: str) -> None:
     """A graph ending in Ultralytics' NMS serves batches up to the one it was traced with: a
     profile beyond it is refused (the images past it would come back with no boxes)."""
@@ -168,10 +182,10 @@ def adapter_from_onnx(path: Path):
     meta = get_metadata(load_model(path))
     name = meta.get("model")
     if name:
-        from enginekit.families import resolve
+        from enginekit.families.registry import resolve_recorded
 
         try:
-            return resolve(name), name
+            return resolve_recorded(name, meta), name
         except UsageError:
             pass
     return None, path.stem

@@ -29,19 +29,65 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     ``target``: a model name (exported or built through the cache as its backend needs, with ``weights``
     or ``random_init``), a cache key, a recipe, an engine plan (with its manifest.json) or an ONNX file.
     ``backend``: auto or a registered backend (``enginekit.backends.choices()``). ``build_options``:
-    BuildRequest fields for an engine built here (profiles, target_cc, ...). The rest: the runtime's
-    ``load`` (``enginekit.runtime.loader.load``).
+    BuildRequest fields for an engine built here (profiles, target_cc, ...), and what a model enginekit cannot
+    know by itself declares (``task``, ``outputs``, ``size``, ``dynamic``, ``mean``, ``std``, ``resize``,
+    ``bgr``, ``classes``: ``families.torch_models.spec``). The rest: the runtime's ``load``
+    (``enginekit.runtime.loader.load``).
     """
+    from enginekit.families.torch_models.spec import FLAGS, declaration
+
+    backend, input_size, build_options = _recipe_runtime(target, backend, input_size, build_options)
+    declared = declaration(**{k: build_options.pop(k) for k in (*FLAGS, "bgr") if k in build_options})
     p = plan_load(target, precision, backend, weights=weights, random_init=random_init, seed=seed, device=device,
-                  conf=conf, iou=iou, cache=cache)
+                  conf=conf, iou=iou, cache=cache, declared=declared)
+    shape = _input_shape(p.adapter, input_size)
     if p.missing == ONNX:
-        p = p.with_onnx(export_onnx(p, cache, quiet))
+        p = p.with_onnx(export_onnx(p, cache, quiet, shape if not _dynamic_hw(p.adapter) else None))
     elif p.missing == ENGINE:
+        if shape is not None and not build_options.get("profiles"):  # an engine for the size asked for
+            build_options = {**build_options, "profiles": ["x".join(map(str, shape))]}
         p = build_engine(p, cache, quiet, build_options)
     elif p.missing is not None:
         raise UsageError(f"enginekit makes no {p.missing} artifact for the {p.backend.name} backend")
     return open_plan(p, conf=conf, iou=iou, max_det=max_det, input_size=input_size, cuda_graph=cuda_graph,
                      fuse_attention=fuse_attention, cache=cache)
+
+
+def _recipe_runtime(target, backend: str, input_size, build_options: dict):
+    """A recipe's ``runtime:`` (what ``enginekit tune`` chose): its backend and input where none is given,
+    and its profiles for an engine."""
+    if not str(target).endswith((".yaml", ".yml")):
+        return backend, input_size, build_options
+    from enginekit.recipes import load_recipe
+
+    recipe = load_recipe(str(target))
+    runtime = recipe.runtime
+    if runtime is not None:
+        if backend == backends.AUTO:
+            backend = runtime.backend
+        if input_size is None:
+            input_size = runtime.input_size()
+    if recipe.profiles and not build_options.get("profiles"):
+        build_options = {**build_options, "profiles": list(recipe.profiles)}
+    return backend, input_size, build_options
+
+
+def _dynamic_hw(adapter) -> bool:
+    """The family's graphs take any H x W (Depth-Anything) rather than the size they were exported at (YOLO)."""
+    return 2 in adapter.dynamic_axes.get(adapter.input_name, {})
+
+
+def _input_shape(adapter, input_size) -> tuple[int, ...] | None:
+    """``input_size`` as the batch-1 input it makes: an (H, W), or a side of a family whose graphs have a
+    fixed H x W; None where the frame decides (Depth-Anything's shorter side) or nothing was asked."""
+    if input_size is None:
+        return None
+    if isinstance(input_size, int):
+        if _dynamic_hw(adapter):
+            return None
+        input_size = (input_size, input_size)
+    h, w = (int(v) for v in input_size)
+    return (1, int(adapter.default_input[1]), h, w)
 
 
 def simplifier() -> str:
@@ -51,8 +97,9 @@ def simplifier() -> str:
     return "onnxsim" if importlib.util.find_spec("onnxsim") else "onnxslim"
 
 
-def export_onnx(p: LoadPlan, cache, quiet: bool) -> Path:
-    """The cached, parity-checked graph of ``p``'s model at its precision (fp32 or fp16)."""
+def export_onnx(p: LoadPlan, cache, quiet: bool, shape: tuple[int, ...] | None = None) -> Path:
+    """The cached, parity-checked graph of ``p``'s model at its precision (fp32 or fp16); ``shape``: the
+    input it is exported at (default: the family's)."""
     from enginekit.errors import ParityError
     from enginekit.flows import run
     from enginekit.flows.export import run_export
@@ -65,7 +112,9 @@ def export_onnx(p: LoadPlan, cache, quiet: bool) -> Path:
                          f"{engines} backend (or load the ONNX file `enginekit build` wrote)")
     with tempfile.TemporaryDirectory() as tmp:
         request = ExportRequest(model=t.model, fp16=precision == "fp16", output=Path(tmp) / "model.onnx",
-                                weights=t.weights, random_init=t.random_init, seed=t.seed, simplifier=simplifier())
+                                input="x".join(map(str, shape)) if shape else None,
+                                weights=t.weights, random_init=t.random_init, seed=t.seed, simplifier=simplifier(),
+                                declared=t.request.declared if t.request else {})
         result = run(run_export, request, cache, quiet=quiet)
     if not result.passed:
         raise ParityError(f"{t.model} {precision} failed its parity gate: " + "; ".join(result.failures()))
@@ -81,8 +130,9 @@ def build_engine(p: LoadPlan, cache, quiet: bool, build_options: dict) -> LoadPl
 
     t = p.target
     opts = {k: v for k, v in build_options.items() if v is not None}
+    declared = t.request.declared if t.request else {}
     request = BuildRequest(target=t.model, precision=p.precision, weights=t.weights, random_init=t.random_init,
-                           seed=t.seed, **opts)
+                           seed=t.seed, declared=declared, **opts)
     outcome = run(run_build, request, cache, quiet=quiet)
     if outcome.resolution:  # found by identity in the team store: which entry and why
         p = replace(p, reason=f"{p.reason}; {outcome.resolution}")

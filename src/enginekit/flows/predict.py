@@ -6,27 +6,27 @@ end, so a run that fails writes nothing.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 from enginekit import reporting
 from enginekit.errors import UsageError
+from enginekit.fsutil import json_text
 
 
-def _frame_sink(kind: str, tmp: Path, stem: str, model: str, fps: float):
-    """Where one model's overlays go: an image per frame, or one video."""
+def _frame_sink(kind: str, tmp: Path, stem: str, model: str, fps: float, prefixed: bool = False):
+    """Where one model's overlays go: an image per frame (``prefixed``: named after its source too), or one
+    video."""
     import cv2
 
     state: dict = {}
 
     def write(index: int, name: str, image: np.ndarray) -> str:
         if kind in ("image", "folder"):
-            path = tmp / f"{Path(name).stem}_{model}.jpg"
+            path = tmp / f"{stem + '-' if prefixed else ''}{Path(name).stem}_{model}.jpg"
             if not cv2.imwrite(str(path), image):  # OpenCV says False, not why: a full disk is the likely cause
                 import errno
 
@@ -45,21 +45,43 @@ def _frame_sink(kind: str, tmp: Path, stem: str, model: str, fps: float):
         if "writer" in state:
             state["writer"].release()
 
-    return write, close
+    def repeat() -> None:
+        """The last overlay once more (a model that did not run on this frame keeps its video's frame rate)."""
+        if "writer" in state and "image" in state:
+            state["writer"].write(state["image"])
+
+    def remember(index: int, name: str, image: np.ndarray) -> str:
+        state["image"] = image
+        return write(index, name, image)
+
+    return remember, close, repeat
 
 
-def run_predict(models: str, source: str, *, save: Path | None, backend: str, precision: str, weights: list[Path],
-                random_init: bool, seed: int, conf: float, iou: float, max_frames: int | None, device: str | None):
+def run_predict(models: str, source, *, save: Path | None, backend: str, precision: str, weights: list[Path],
+                random_init: bool, seed: int, conf: float, iou: float, max_frames: int | None, device: str | None,
+                stream=None):
+    """Every frame of ``source`` (one source, or a list: several cameras, one frame of each per step) through
+    the models, on the streaming pipeline (``enginekit.runtime.stream``; ``stream``: its StreamOptions).
+    Returns the summary: frames, frames/s, per-model stage means, and the stream's figures."""
     from enginekit.flows.load import load
-    from enginekit.runtime.predictor import Pipeline
     from enginekit.runtime.sources import draw, open_source
+    from enginekit.runtime.stream import Stream, StreamOptions
 
     names = [m.strip() for m in models.split(",") if m.strip()]
     if not names:
         raise UsageError("no model given")
+    if len(set(names)) != len(names):
+        raise UsageError(f"{models}: a model is named twice")
+    if max_frames is not None and max_frames < 1:
+        raise UsageError(f"--max-frames {max_frames}: give at least 1 (or leave it out for every frame)")
     if len(weights) > len(names):
         raise UsageError(f"{len(weights)} --weights for {len(names)} model(s): give one per model, in order")
-    frames = open_source(source, max_frames=max_frames)  # bad input fails here, before any model loads
+    options = stream or StreamOptions()
+    _check_every(options.every, names)
+    sources = [source] if isinstance(source, (str, Path)) else list(source)
+    if not sources:
+        raise UsageError("no source given")
+    opened = [open_source(str(s), max_frames=max_frames) for s in sources]  # bad input fails here, before any model loads
     predictors = []
     for i, name in enumerate(names):
         w = weights[i] if i < len(weights) else None
@@ -67,39 +89,54 @@ def run_predict(models: str, source: str, *, save: Path | None, backend: str, pr
                  seed=seed, device=device, conf=conf, iou=iou)
         reporting.note(f"{p.model}: {p.backend} on {p.device}, {p.precision} ({p.reason})")
         predictors.append(p)
-    pipeline = Pipeline(predictors)
+    stems = _stems(opened)
     tmp = None
     if save is not None:
         save = Path(save)
         save.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{save.name}.", dir=save.parent))
     try:
-        sinks = {p.model: _frame_sink(frames.kind, tmp, frames.name, p.model, frames.fps) for p in predictors} if tmp else {}
+        sinks = {(i, p.model): _frame_sink(src.kind, tmp, stems[i], p.model, src.fps, len(opened) > 1)
+                 for i, src in enumerate(opened) for p in predictors} if tmp else {}
+        last: dict = {}  # (source, model) -> the last overlay drawn (a model its cadence skipped repeats it)
         records = []
-        walls = []
+        runner = Stream(predictors, opened, options, names=names)
+        counts = [s.count for s in opened]
+        total = None if any(c is None for c in counts) else min(counts) * len(counts)
         try:
-            with reporting.progress("predict", total=frames.count) as bar:
-                for index, (name, frame) in enumerate(frames):
-                    t0 = time.perf_counter()
-                    results = pipeline(frame)
-                    walls.append((time.perf_counter() - t0) * 1e3)
-                    entry = {"frame": index, "source": name, "wall_ms": round(walls[-1], 3), "results": {}}
-                    for p, r in zip(predictors, results):
-                        r.source = name
-                        item = r.to_json()
-                        if tmp is not None:
-                            item["overlay"] = sinks[p.model][0](index, name, draw(frame, r))
-                        entry["results"][p.model] = item
-                    records.append(entry)
-                    bar.advance(1, detail=f"{1000.0 / np.mean(walls[-30:]):.1f} FPS")
+            with reporting.progress("predict", total=total) as bar:
+                for step in runner:
+                    for k, frame in enumerate(step.frames):
+                        entry = {"frame": len(records), "source": frame.name, "step": step.index,
+                                 "wall_ms": round(step.latency_ms, 3), "results": {}}
+                        for p in predictors:
+                            result = step.results.get(p.model)
+                            if result is not None:
+                                result[k].source = frame.name
+                                item = result[k].to_json()
+                                if tmp is not None:
+                                    last[(frame.source, p.model)] = sinks[(frame.source, p.model)][0](
+                                        frame.index, frame.name, draw(frame.image, result[k]))
+                                    item["overlay"] = last[(frame.source, p.model)]
+                                entry["results"][p.model] = item
+                            elif tmp is not None and opened[frame.source].kind in ("video", "camera") \
+                                    and (frame.source, p.model) in last:
+                                sinks[(frame.source, p.model)][2]()  # the video keeps its frame rate
+                        records.append(entry)
+                    fps = _recent_fps(runner.records)
+                    bar.advance(len(step.frames), detail=f"{fps:.1f} FPS" if fps else None)
         finally:
-            pipeline.close()
-            for _, close in sinks.values():
+            for _, close, _ in sinks.values():
                 close()
-        summary = _summary(predictors, records, walls)
+        stats = runner.stats()
+        summary = _summary(predictors, records, stats)
+        summary["records"] = records  # per frame: what each model found (predict --json)
         if tmp is not None:
-            (tmp / "results.json").write_text(json.dumps({"source": source, "models": [p.describe() for p in predictors],
-                                                          "summary": summary, "frames": records}, indent=2))
+            (tmp / "results.json").write_text(json_text({"source": [str(s) for s in sources] if len(sources) > 1
+                                                         else str(sources[0]),
+                                                         "models": [p.describe() for p in predictors],
+                                                         "summary": {k: v for k, v in summary.items() if k != "records"},
+                                                         "frames": records}, indent=2))
             save.mkdir(parents=True, exist_ok=True)
             for f in tmp.iterdir():
                 shutil.move(str(f), save / f.name)
@@ -111,14 +148,58 @@ def run_predict(models: str, source: str, *, save: Path | None, backend: str, pr
     return summary
 
 
-def _summary(predictors, records, walls) -> dict:
-    out = {"frames": len(records), "fps": round(1000.0 / float(np.mean(walls)), 2) if walls else 0.0,
-           "wall_ms_p50": round(float(np.percentile(walls, 50)), 3) if walls else None, "models": {}}
+def _check_every(every, names: list[str]) -> None:
+    """``--every`` names models given (as written, or their variant or family), before any model loads."""
+    from enginekit.families import resolve
+
+    known = set(names)
+    for name in names:
+        if not name.endswith((".onnx", ".plan", ".engine", ".yaml", ".yml")):
+            try:
+                adapter = resolve(name)
+            except UsageError:  # a cache key: what it is shows once it loads (the stream checks again)
+                return
+            known.update((adapter.variant, adapter.family))
+        else:
+            return
+    for key, n in every.items():
+        if key not in known:
+            raise UsageError(f"--every {key}={n}: no such model here (models: {', '.join(names)})")
+
+
+def _stems(opened) -> list[str]:
+    """One file stem per source (a source's own name; two of one name get their position added)."""
+    stems = [s.name for s in opened]
+    return [f"{stem}-{i}" if stems.count(stem) > 1 else stem for i, stem in enumerate(stems)]
+
+
+def _recent_fps(records, n: int = 30) -> float | None:
+    recent = records[-n:]
+    if len(recent) < 2:
+        return None
+    span = recent[-1].done - recent[0].done
+    return sum(len(r.frames) for r in recent[1:]) / span if span > 0 else None
+
+
+def _summary(predictors, records, stats) -> dict:
+    """Frames, frames/s and the frame's p50 as before; per model the mean of each stage; ``stream``: every
+    stage's and the whole step's p50/p95/p99 (``enginekit.runtime.stream.StreamStats``)."""
+    frame = stats.frame_ms or {}
+    out = {"frames": len(records), "fps": stats.fps if stats.fps is not None else _fps(records),
+           "wall_ms_p50": frame.get("p50"), "models": {}, "stream": stats.to_json()}
     for p in predictors:
         stages = {k: [] for k in ("preprocess_ms", "infer_ms", "postprocess_ms")}
         for rec in records:
-            t = rec["results"][p.model]["timings"]
+            item = rec["results"].get(p.model)
+            if item is None:
+                continue
             for k in stages:
-                stages[k].append(t[k])
+                stages[k].append(item["timings"][k])
         out["models"][p.model] = {k: round(float(np.mean(v)), 3) if v else None for k, v in stages.items()}
     return out
+
+
+def _fps(records) -> float:
+    """Frames per second of a run too short for the stream's own figure: 1000 / mean step time."""
+    walls = [r["wall_ms"] for r in records]
+    return round(1000.0 / float(np.mean(walls)), 2) if walls and np.mean(walls) > 0 else 0.0

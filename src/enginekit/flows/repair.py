@@ -109,7 +109,18 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
     original = onnx.load(str(source.path)) if precision == "int8" else None
     seconds: list[float] = []
 
+    # each trial says which it is: a repair takes minutes, and its stage lines look alike
+    max_trials = 40 if precision == "int8" else 17  # search's limit; repair's 16 and the all-nodes trial
+    high = "FP32" if precision == "fp16" else "high precision"
+    trials = [0]
+
+    def say_trial(nodes: list[str]) -> None:
+        trials[0] += 1
+        reporting.note(f"repair {precision}: trial {trials[0]} of at most {max_trials}: "
+                       f"{len(nodes)} of {len(names)} node(s) in {high}")
+
     def trial(nodes: list[str]):
+        say_trial(nodes)
         start = time.perf_counter()
         if precision == "int8":
             path = tmp / f"trial-{len(seconds)}.onnx"
@@ -124,9 +135,13 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
     try:
         with reporting.stage(f"repair {precision}: search") as s:
             if precision == "int8":
-                result = rp.search(trial, names, ranking, max_trials=40)
+                result = rp.search(trial, names, ranking, max_trials=max_trials)
             else:  # FP16: from the output backwards (a ranked set leaves FP16 casts between FP32 nodes)
-                result = rp.repair(make, lambda art: check(art)[:2], names, ranking)
+                def make_counted(nodes: list[str]):
+                    say_trial(nodes)
+                    return make(nodes)
+
+                result = rp.repair(make_counted, lambda art: check(art)[:2], names, ranking)
             s.detail = f"{len(result.nodes)} of {len(names)} node(s) in {result.trials} trials"
         final = result.artifact
         if precision == "int8" and result.nodes:
@@ -136,7 +151,6 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
-    high = "FP32" if precision == "fp16" else "high precision"
     reporting.note(f"repair: {len(result.nodes)} of {len(names)} quantizable node(s) "
                    f"({100 * len(result.nodes) / max(len(names), 1):.1f}%) kept in {high}; worst rel L2 "
                    f"{result.before:.2e} -> {after:.2e}; gate {'passes' if ok else 'still fails'}: "

@@ -42,6 +42,7 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
 
     if r.kind == "onnx":
         reports = [verify_onnx_file(Path(r.target), r.reference, r.model, data, overrides, cache, spec=r.build,
+                                    precision=r.precision,
                                     task_required=r.task_required)]
     else:
         found = entries_to_verify(r, cache)
@@ -259,17 +260,24 @@ def verify_engine(entry, pipe, refs, gates, metadata, precision, checked=()):
     return art
 
 
-def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=None, *, task_required: bool = True):
-    """Any ONNX against its PyTorch model: an enginekit-written ONNX names its model and weights."""
+def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=None, *, task_required: bool = True,
+                     precision: str | None = None):
+    """Any ONNX against its PyTorch model: an enginekit-written ONNX names its model and weights.
+
+    A graph is checked at the precision its metadata records; ``precision`` (``--precision``) names
+    it for a graph that records none, and is refused where it contradicts the recorded one."""
     from enginekit.compare.gate import Gates, VerifyReport, check_candidate
     from enginekit.onnx.graph import input_dims, load_model, output_names
     from enginekit.pipeline import Stages
     from enginekit.verification.references import get_references
 
-    if not path.is_file():
-        raise UsageError(f"ONNX file not found: {path}")
-    onnx_model = load_model(path)
+    onnx_model = load_model(path)  # missing, a folder, a FIFO or not ONNX: one line
     metadata = onnx_metadata(path)
+    # enginekit writes "precision" into FP16 and quantized graphs; its FP32 exports record none
+    recorded = metadata.get("precision") or ("fp32" if metadata.get("enginekit_version") else None)
+    if precision is not None and recorded is not None and precision != recorded:
+        raise UsageError(f"{path.name} is an {recorded} graph (its metadata says so), not {precision}: "
+                         f"drop --precision, or give the {precision} graph")
     request = onnx_model_request(path, metadata, model, reference, spec)
     adapter = request.adapter
     dims = input_dims(onnx_model)
@@ -286,7 +294,7 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
     profile = {adapter.input_name: {"min": list(opt), "opt": list(opt), "max": list(opt)}}
     pipe = Stages(request, cache)
     refs = get_references(pipe, [profile], data)
-    precision = metadata.get("precision", "fp32")
+    precision = recorded or precision or "fp32"
     report = VerifyReport(adapter.variant, None, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
     try:
         gates = Gates(adapter, overrides, task_required=task_required)
@@ -310,16 +318,20 @@ def onnx_model_request(path: Path, metadata: dict, model, reference, spec):
     weights = Path(reference) if reference is not None else (spec.weights if spec is not None else None)
     random_init = bool(spec is not None and spec.random_init)
     seed = spec.seed if spec is not None else 0
+    from enginekit.families.registry import recorded_declaration
+
     recorded = metadata.get("weights", "")
     nms = metadata.get("nms") == "True"  # a graph ending in NMS is compared with the same model in the same NMS
+    # the declaration the graph records (a user's --task, --outputs...), then the request's own on top
+    declared = {**recorded_declaration(metadata), **(spec.declared if spec is not None else {})}
     if weights is None and not random_init:  # reproducible: the same seeded architecture, or the hub's weights
-        request = ModelRequest.recorded(name, recorded, nms=nms)
+        request = ModelRequest.recorded(name, recorded, nms=nms, declared=declared)
         if request is None:
             known = f" (it was exported from weights {recorded[:23]})" if recorded else ""
             raise UsageError(f"verify of {path.name} needs its PyTorch weights: pass --weights CHECKPOINT or "
                              f"--random-init{known}")
     else:
-        request = ModelRequest(name, weights, random_init, seed, nms=nms)
+        request = ModelRequest(name, weights, random_init, seed, nms=nms, declared=declared)
     if recorded and model in (None, metadata.get("model")):
         if not request.matches(recorded):
             given = f"--weights {weights.name}" if weights is not None else (

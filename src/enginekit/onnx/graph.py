@@ -15,13 +15,23 @@ def load_model(path: Path):
     """Load and check an ONNX file; a missing or corrupt file is a one-line UsageError."""
     import onnx
 
+    from enginekit.fsutil import refuse_special_file
+
     if not path.exists():
         raise UsageError(f"ONNX file not found: {path}")
+    refuse_special_file(path, "ONNX file")
+    if path.is_dir():
+        raise UsageError(f"ONNX file {path} is a folder")
     try:
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
     except Exception as exc:  # noqa: BLE001 - protobuf and checker errors are long
         raise UsageError(f"{path} is not a valid ONNX model: {first_line(exc, 200)}") from None
+    known = onnx.defs.onnx_opset_version()
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx") and opset.version > known:  # the checker lets it through
+            raise UsageError(f"{path} asks for ONNX opset {opset.version}; onnx {onnx.__version__} and the tools "
+                             f"built on it know opsets up to {known}")
     return model
 
 

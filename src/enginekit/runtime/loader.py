@@ -67,7 +67,7 @@ def _engine_target(plan: Path, manifest: dict, label: str, cache) -> Target:
     return Target(ENGINE, label, model, plan, manifest, metadata, precision=precision)
 
 
-def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=None) -> Target:
+def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=None, declared=None) -> Target:
     """Tell what ``target`` is without loading anything heavy."""
     text = str(target)
     path = Path(text)
@@ -87,10 +87,10 @@ def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=Non
         from enginekit.recipes import load_recipe
 
         recipe = load_recipe(text)
-        return Target("model", recipe.name, recipe.model.variant, request=recipe.model_request(),
+        return Target("model", recipe.name, recipe.variant, request=recipe.model_request(),
                       precision=recipe.precisions[0] if recipe.precisions else None)
     try:
-        return Target("model", text, text, request=ModelRequest(text, weights, random_init, seed))
+        return Target("model", text, text, request=ModelRequest(text, weights, random_init, seed, declared=declared or {}))
     except UsageError:
         if not re.fullmatch(r"[0-9a-f]{6,64}", text.lower()):
             raise
@@ -188,20 +188,27 @@ class LoadPlan:
 
 
 def plan_load(target, precision: str = "fp32", backend: str = "auto", *, weights=None, random_init: bool = False,
-              seed: int = 0, device: str | None = None, conf: float = 0.25, iou: float = 0.7, cache=None) -> LoadPlan:
-    """Check the arguments, resolve ``target`` and choose its backend; nothing heavy is loaded."""
-    from enginekit.families import resolve
+              seed: int = 0, device: str | None = None, conf: float = 0.25, iou: float = 0.7, cache=None,
+              declared: dict | None = None) -> LoadPlan:
+    """Check the arguments, resolve ``target`` and choose its backend; nothing heavy is loaded. ``declared``:
+    what the user declares of a model name (``--task``, ``--outputs``...; a graph or engine records its own)."""
     from enginekit.runtime.predictor import processor_for
 
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}: choose {', '.join(PRECISIONS)}")
     if device is not None and not re.fullmatch(r"cpu|cuda(:[0-9]{1,3})?", device):
         raise UsageError(f"--device {device!r}: expected cpu, cuda or cuda:N")
+    if device is not None and device.startswith("cuda") and _gpu() is None:  # asked for: never the CPU instead
+        raise CapabilityError(f"--device {device}: this machine has no GPU that CUDA can use (`enginekit doctor` "
+                              "says why); leave --device out, or give cpu")
     for flag, value in (("--conf", conf), ("--iou", iou)):
         if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):  # NaN fails this too
             raise UsageError(f"{flag} {value}: expected a number from 0 to 1")
     check_weights_choice(weights, random_init)
-    t = resolve_target(target, weights=weights, random_init=random_init, seed=seed, cache=cache)
+    t = resolve_target(target, weights=weights, random_init=random_init, seed=seed, cache=cache, declared=declared)
+    if declared and t.kind != "model":
+        raise UsageError(f"{t.label} records what its outputs are and how its inputs are made: drop the model "
+                         "declarations (--task, --outputs, ...)")
     chosen, reason = choose_backend(t, backend, device)
     if t.kind != "model" and t.precision and precision != "fp32" and precision != t.precision:
         raise UsageError(f"{t.label} is a {t.precision} graph; drop --precision or ask for {t.precision}")
@@ -209,9 +216,11 @@ def plan_load(target, precision: str = "fp32", backend: str = "auto", *, weights
     dev = chosen.default_device(device)
     if chosen.runs_on == "gpu" and dev.startswith("cpu"):
         raise UsageError(f"the {chosen.name} backend runs on a GPU, not on {dev}")
+    if chosen.runs_on == "cpu" and dev.startswith("cuda"):
+        raise UsageError(f"the {chosen.name} backend runs on the CPU, not on {dev}")
     if not t.model:
         raise UsageError(f"{t.label} does not say which model it is: enginekit runs the graphs it wrote")
-    adapter = resolve(t.model)
+    adapter = target_adapter(t)
     processor_for(adapter)  # a family the runtime does not run is refused before any export
     if MODULE in chosen.runs and chosen.precisions and prec not in chosen.precisions:
         raise UsageError(f"the {chosen.name} backend runs {' and '.join(chosen.precisions)} (FP16 on a GPU), "
@@ -257,10 +266,19 @@ def open_plan(p: LoadPlan, *, conf: float = 0.25, iou: float = 0.7, max_det: int
                      precision=p.precision or "fp32", source=source)
 
 
-def _torch_module(target: Target):
-    from enginekit.families import resolve
+def target_adapter(t: Target):
+    """The adapter of what ``t`` names: its request's, else the model its graph or engine records, with the
+    declaration recorded beside it (the graph's metadata, else the engine's build request)."""
+    from enginekit.families.registry import recorded_declaration, resolve
 
-    adapter = resolve(target.model)
+    if t.request is not None:
+        return t.request.adapter
+    declared = recorded_declaration(t.metadata) or (t.manifest.get("model_request") or {}).get("declared") or {}
+    return resolve(t.model, declared)
+
+
+def _torch_module(target: Target):
+    adapter = target_adapter(target)
     weights = target.weights
     random_init = target.random_init
     seed = target.seed
@@ -274,7 +292,8 @@ def _torch_module(target: Target):
 
 def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None, random_init: bool = False,
          seed: int = 0, device: str | None = None, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
-         input_size=None, cuda_graph: bool | None = None, fuse_attention: bool | None = None, cache=None):
+         input_size=None, cuda_graph: bool | None = None, fuse_attention: bool | None = None, cache=None,
+         declared: dict | None = None):
     """A predictor over what exists: ``predictor(images)`` -> results in the original image's pixels.
 
     ``target``: an ONNX file, an engine plan (with its manifest.json), a cache key, or a model name (a
@@ -285,7 +304,7 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     fused attention (``enginekit.onnx.attention``); None: where the family declares its attention fusable.
     """
     p = plan_load(target, precision, backend, weights=weights, random_init=random_init, seed=seed, device=device,
-             conf=conf, iou=iou, cache=cache)
+                  conf=conf, iou=iou, cache=cache, declared=declared)
     return open_plan(p, conf=conf, iou=iou, max_det=max_det, input_size=input_size, cuda_graph=cuda_graph,
                      fuse_attention=fuse_attention, cache=cache)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -21,20 +23,34 @@ def processor_for(adapter):
 
 
 def read_image(path) -> np.ndarray:
-    """BGR uint8 HxWx3, as OpenCV reads it; UsageError for a missing or unreadable file."""
-    import cv2
+    """BGR uint8 HxWx3, as OpenCV reads it; UsageError for a missing, unreadable or truncated file."""
+    from enginekit.fsutil import refuse_special_file
+    from enginekit.images import read_bgr
 
     p = Path(path)
+    refuse_special_file(p, "image")
     if not p.is_file():
         raise UsageError(f"image not found: {p}")
-    img = cv2.imread(str(p), cv2.IMREAD_COLOR)
+    img, problem = read_bgr(p)
     if img is None:
-        raise UsageError(f"not a readable image: {p}")
+        raise UsageError(f"not a readable image: {p}" + (f" ({problem})" if problem != "not a readable image" else ""))
     return img
 
 
 def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
+
+
+@dataclass
+class GpuBatch:
+    """A batch queued on a predictor's CUDA stream (``Predictor.submit_gpu``), waiting to be postprocessed."""
+
+    shapes: list  # the frames' H x W
+    hw: tuple  # the network's
+    outputs: dict
+    events: list  # recorded on ``stream``: start, preprocessed, inferred
+    stream: Any
+    kept: bool  # outputs copied out of the session's buffers
 
 
 class Predictor:
@@ -53,7 +69,8 @@ class Predictor:
         self.source = source
         self.info = session.info
         self.stream = getattr(session, "stream", None)
-        self._pinned: dict[tuple, object] = {}
+        self._pinned: dict[tuple, list] = {}  # (frame shape, place in batch) -> [pinned buffer, its last copy's event]
+        self._post_stream = None  # finish_gpu's own stream, for batches that kept their outputs
         # on a GPU, preprocessing is captured as one CUDA graph per frame shape and replayed (a camera's
         # frames repeat their shape): one launch instead of a dozen small kernels per frame
         self.graph_preprocess = bool(getattr(processor, "gpu_graphable", False))
@@ -103,72 +120,131 @@ class Predictor:
             r.source = n
         return results[0] if single else results
 
-    def predict_frames(self, frames: list, *, rgb: bool = False) -> list:
+    def chunks(self, frames: list, batch: int | None = None) -> list[tuple[tuple[int, int], list[int]]]:
+        """How ``frames`` go through the network: (network H x W, frame indices) per inference call.
+
+        Frames of one network size share a call, at most ``batch`` frames (default: the session's
+        largest batch, else 16) per call."""
         groups: dict[tuple, list[int]] = {}
         for i, f in enumerate(frames):
             groups.setdefault(tuple(self.processor.input_hw(tuple(f.shape[:2]))), []).append(i)
-        results: list = [None] * len(frames)
         limit = self.info.max_batch or 16
-        for hw, idx in groups.items():
-            for start in range(0, len(idx), limit):
-                chunk = idx[start:start + limit]
-                out = (self._run_gpu if self.info.on_gpu else self._run_cpu)([frames[i] for i in chunk], hw, rgb)
-                for i, r in zip(chunk, out):
-                    results[i] = r
+        if batch is not None:
+            if batch < 1:
+                raise UsageError(f"batch {batch}: expected a positive number of frames per inference")
+            limit = min(limit, batch)
+        return [(hw, idx[start:start + limit]) for hw, idx in groups.items() for start in range(0, len(idx), limit)]
+
+    def predict_frames(self, frames: list, *, rgb: bool = False, batch: int | None = None) -> list:
+        results: list = [None] * len(frames)
+        for hw, chunk in self.chunks(frames, batch):
+            out = self.run_chunk([frames[i] for i in chunk], hw, rgb)
+            for i, r in zip(chunk, out):
+                results[i] = r
         return results
 
-    def _run_cpu(self, frames: list, hw, rgb: bool) -> list:
+    def run_chunk(self, frames: list, hw, rgb: bool = False) -> list:
+        """One inference call: ``frames`` (all of network size ``hw``) -> their results, stages timed."""
+        if self.info.on_gpu:
+            return self.finish_gpu(self.submit_gpu(frames, hw, rgb))
         t0 = time.perf_counter()
+        x = self.preprocess_cpu(frames, hw, rgb)
+        t1 = time.perf_counter()
+        outputs = self.infer_cpu(x)
+        t2 = time.perf_counter()
+        results = self.postprocess(outputs, [tuple(f.shape[:2]) for f in frames], hw)
+        t3 = time.perf_counter()
+        for r in results:
+            r.timings.preprocess, r.timings.infer, r.timings.postprocess = (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
+        return results
+
+    # -- the stages, one by one (the streaming pipeline runs them in their own threads on the CPU) ------
+    def preprocess_cpu(self, frames: list, hw, rgb: bool = False) -> np.ndarray:
+        """Host frames -> the session's input batch (numpy), for a session on the CPU."""
         batch = []
         for f in frames:
             f = f.cpu().numpy() if _is_torch(f) else np.asarray(f)
             if f.dtype != np.uint8:
                 raise UsageError(f"expected uint8 images, got {f.dtype}")
             batch.append(self.processor.preprocess_cpu(f if rgb else np.ascontiguousarray(f[..., ::-1]), hw))
-        x = np.stack(batch)
-        t1 = time.perf_counter()
-        outputs = self.session(x)
-        t2 = time.perf_counter()
-        results = self.processor.postprocess(outputs, [tuple(f.shape[:2]) for f in frames], hw)
-        t3 = time.perf_counter()
-        for r in results:
-            r.timings.preprocess, r.timings.infer, r.timings.postprocess = (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
-        return results
+        return np.stack(batch)
 
-    def _upload(self, f, device):
-        """A host frame to the GPU through a reused pinned buffer (an asynchronous copy)."""
+    def infer_cpu(self, x) -> dict:
+        """The network on a batch: outputs by name (fresh arrays: the next call does not overwrite them)."""
+        return self.session(x)
+
+    def postprocess(self, outputs: dict, image_hws: list, hw) -> list:
+        return self.processor.postprocess(outputs, image_hws, hw)
+
+    def _upload(self, f, device, slot: int = 0):
+        """A host frame to the GPU through a reused pinned buffer (an asynchronous copy).
+
+        One buffer per frame shape and place in the batch; a buffer is written again only once the copy
+        that last read it is done (its event), so frames of one batch, or of the next batch queued
+        before this one's copy ran, never overwrite each other in flight."""
         import torch
 
         f = np.asarray(f)
         if f.dtype != np.uint8:
             raise UsageError(f"expected uint8 images, got {f.dtype}")
-        key = f.shape
-        pinned = self._pinned.get(key)
-        if pinned is None:
-            pinned = self._pinned[key] = torch.empty(key, dtype=torch.uint8).pin_memory()
+        key = (f.shape, slot)
+        entry = self._pinned.get(key)
+        if entry is None:
+            entry = self._pinned[key] = [torch.empty(f.shape, dtype=torch.uint8).pin_memory(), None]
+        pinned, copied = entry
+        if copied is not None:
+            copied.synchronize()  # the last copy out of this buffer has finished
         np.copyto(pinned.numpy(), f)
-        return pinned.to(device, non_blocking=True)
+        on_device = pinned.to(device, non_blocking=True)
+        event = entry[1] = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        return on_device
 
-    def _run_gpu(self, frames: list, hw, rgb: bool) -> list:
+    def submit_gpu(self, frames: list, hw, rgb: bool = False, *, keep_outputs: bool = False) -> "GpuBatch":
+        """Queue upload, preprocessing and the network for ``frames`` on the predictor's stream; returns
+        at once (the GPU works on). ``keep_outputs``: copy the outputs out of the session's buffers (which
+        its next call reuses) so that the next batch may be queued before this one is postprocessed."""
         import torch
 
         device = torch.device(self.info.device)
         stream = self.stream or torch.cuda.current_stream(device)
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
         with torch.cuda.stream(stream), torch.inference_mode():
             events[0].record(stream)
             tensors = []
-            for f in frames:
-                t = f if _is_torch(f) else self._upload(f, device)
+            for slot, f in enumerate(frames):
+                t = f if _is_torch(f) else self._upload(f, device, slot)
                 tensors.append(t if t.device == device else t.to(device, non_blocking=True))
             x = self._preprocess_gpu(tensors, hw, rgb, device)
             events[1].record(stream)
             outputs = self.session(x)
+            if keep_outputs:
+                outputs = {k: v.clone() for k, v in outputs.items()}
             events[2].record(stream)
-            results = self.processor.postprocess(outputs, [tuple(f.shape[:2]) for f in frames], hw)
-            events[3].record(stream)
-        events[3].synchronize()
-        pre, inf, post = (events[i].elapsed_time(events[i + 1]) for i in range(3))
+        return GpuBatch([tuple(f.shape[:2]) for f in frames], tuple(hw), outputs, events, stream, keep_outputs)
+
+    def finish_gpu(self, batch: "GpuBatch") -> list:
+        """Postprocess a submitted batch: on the predictor's stream, or (a batch that kept its outputs) on a
+        stream of its own, so the next batch's network runs meanwhile. Waits for the results."""
+        import torch
+
+        if batch.kept:
+            if self._post_stream is None:
+                self._post_stream = torch.cuda.Stream(device=torch.device(self.info.device))
+            stream = self._post_stream
+            stream.wait_event(batch.events[2])
+            for v in batch.outputs.values():
+                v.record_stream(stream)  # made on the predictor's stream, read on this one
+        else:
+            stream = batch.stream
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream), torch.inference_mode():
+            start.record(stream)
+            results = self.processor.postprocess(batch.outputs, batch.shapes, batch.hw)
+            end.record(stream)
+        end.synchronize()
+        pre, inf = (batch.events[i].elapsed_time(batch.events[i + 1]) for i in range(2))
+        post = start.elapsed_time(end)
         for r in results:
             r.timings.preprocess, r.timings.infer, r.timings.postprocess = pre, inf, post
         return results
@@ -213,7 +289,11 @@ class Predictor:
 
 
 class Pipeline:
-    """Several predictors on one stream of frames; on a GPU each runs on its own CUDA stream, concurrently."""
+    """Several predictors on one stream of frames; on a GPU each runs on its own CUDA stream, concurrently.
+
+    ``pipeline(frame)`` runs every model on one frame; ``pipeline.stream(sources)`` streams frames from
+    sources through them with decoding, preprocessing, inference and postprocessing overlapped
+    (``enginekit.runtime.stream``)."""
 
     def __init__(self, predictors: list[Predictor]):
         self.predictors = predictors
@@ -229,6 +309,13 @@ class Pipeline:
             return [p(frame, rgb=rgb) for p in self.predictors]
         futures = [self._pool.submit(p, frame, rgb=rgb) for p in self.predictors]
         return [f.result() for f in futures]
+
+    def stream(self, sources, options=None, names=None):
+        """A ``Stream`` of ``sources`` (iterables of ``(name, frame)``) through these predictors: iterate it for
+        each step's results in order; ``.stats()`` for the figures (``enginekit.runtime.stream``)."""
+        from enginekit.runtime.stream import Stream
+
+        return Stream(self.predictors, sources, options, names)
 
     def close(self) -> None:
         if self._pool is not None:

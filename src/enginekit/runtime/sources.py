@@ -31,11 +31,12 @@ class FrameSource:
 
 
 def _read(path: Path) -> np.ndarray:
-    import cv2
+    from enginekit.images import read_bgr
 
-    img = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    img, problem = read_bgr(path)
     if img is None:
-        raise UsageError(f"not a readable image: {path}")
+        raise UsageError(f"not a readable image: {path} ({problem})" if problem != "not a readable image"
+                         else f"not a readable image: {path}")
     return img
 
 
@@ -68,8 +69,11 @@ def open_source(source: str, *, max_frames: int | None = None) -> FrameSource:
     path = Path(source)
     if not path.exists():
         raise UsageError(f"source not found: {path} (an image, a folder, a video file, or a camera index)")
+    from enginekit.fsutil import refuse_special_file
+
+    refuse_special_file(path, "source")  # a FIFO or device: OpenCV would wait on it forever
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         if not files:
             raise UsageError(f"no images ({', '.join(sorted(IMAGE_SUFFIXES))}) in {path}")
         files = files[:max_frames] if max_frames else files

@@ -52,5 +52,21 @@ def export_onnx(
     meta["opset"] = str(opset)
     if adapter.nms is not None:  # its thresholds, and the largest batch its unrolled NMS serves
         meta.update(adapter.nms.metadata(max_batch=example.shape[0]))
+        _fixed_output_dims(model, adapter, module, example)
     set_metadata(model, meta)
     return save_model(model, out)
+
+
+def _fixed_output_dims(model, adapter: ModelAdapter, module, example) -> None:
+    """Write the traced size into each output dim that is not dynamic: behind NMS's Loop the exporter
+    leaves expressions (``Muloutput0_dim_1``) where the graph always gives (B, 300, 6)."""
+    import torch
+
+    with torch.no_grad():
+        outputs = module(example)
+    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    for value, traced in zip(model.graph.output, outputs):
+        dynamic = adapter.dynamic_axes.get(value.name, {})
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if axis not in dynamic and axis < traced.dim() and not dim.HasField("dim_value"):
+                dim.dim_value = int(traced.shape[axis])

@@ -44,7 +44,11 @@ def simplify_onnx(src: Path, out: Path, *, tool: str = "onnxsim", check_shapes: 
         raise UsageError(f"unknown simplifier {tool!r}: choose {' or '.join(TOOLS)}")
     model = load_model(src)
     shapes = check_shapes or default_check_shapes(model)
+    fixed = check_shapes_at(model, ())
+    if len(fixed) == 1:  # a static batch: every check runs at it
+        shapes = list(dict.fromkeys((fixed[0][0], *shape[1:]) for shape in shapes))
     before = len(model.graph.node)
+    _ort_session(src, "the graph")  # what ONNX Runtime cannot load cannot be proven equal after simplifying
     if tool == "onnxsim":
         import onnxsim
 
@@ -92,23 +96,50 @@ def native_output_silenced() -> Iterator[None]:
 
 
 def default_check_shapes(model) -> list[Shape]:
-    """Two shapes per the single image input: batch 1 and batch 2 of its declared dims."""
+    """The shapes the single image input is checked at: batch 1 and 2 where the batch is symbolic,
+    else the graph's own (static) shape."""
     dims = input_dims(model)
     if len(dims) != 1:
         raise UsageError("simplify checks single-input graphs; this one has " + ", ".join(dims))
     (name, d), = dims.items()
+    if not d:
+        raise UsageError(f"input {name!r} has no declared shape: pass --input NxCxHxW to say which shape to check")
     if any(not isinstance(x, int) or x <= 0 for x in d[1:]):
         raise UsageError(
             f"input {name!r} has symbolic dims {d}: pass --input NxCxHxW to say which shape to check"
         )
-    return [(1, *d[1:]), (2, *d[1:])]
+    return check_shapes_at(model, tuple(d[1:]))
+
+
+def check_shapes_at(model, sides: tuple[int, ...]) -> list[Shape]:
+    """Batch 1 and 2 at ``sides`` (C, H, W ...), or only the batch the graph declares where it is fixed
+    (a static-shape graph runs at its own batch, nothing else)."""
+    dims = list(input_dims(model).values())
+    batch = dims[0][0] if len(dims) == 1 and dims[0] else None
+    if isinstance(batch, int) and batch > 0:
+        return [(batch, *sides)]
+    return [(1, *sides), (2, *sides)]
+
+
+def _ort_session(path: Path, what: str):
+    """A CPU session of ``path``; a graph ONNX Runtime cannot load (an opset it does not know, an
+    operator no one registered) is a one-line UsageError naming ``what``."""
+    try:
+        return runtime.session(path)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
+        if not type(exc).__module__.startswith("onnxruntime"):
+            raise
+        from enginekit.errors import first_line
+
+        message = first_line(exc, 300).split(" failed:", 1)[-1].strip()
+        raise UsageError(f"ONNX Runtime cannot load {what} {path.name}: {message}") from None
 
 
 def compare_graphs(a: Path, b: Path, shapes: list[Shape], seed: int = 0, *, align: Align | None = None,
                    metadata: dict[str, str] | None = None, rel_l2: float = 1e-5) -> Comparison:
     """Graph ``b`` against graph ``a`` on random inputs at ``shapes``: every output whole (paired by
     ``align`` first, where given), each within ``rel_l2`` and finite, by the one comparison."""
-    sa, sb = runtime.session(a), runtime.session(b)
+    sa, sb = _ort_session(a, "the graph"), _ort_session(b, "the simplified graph")
     (name,) = [i.name for i in sa.get_inputs()]
 
     def run(session, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -71,6 +71,9 @@ def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: in
     }
     if adapter.nms is not None:  # the kept boxes of the model wrapped in NMS
         parts["nms"] = adapter.nms.to_json()
+    identity = adapter.identity()  # a user module's source, declared outputs and preprocessing
+    if identity:
+        parts["identity"] = identity
 
     def produce(tmp: Path) -> dict:
         cases = _compute(pipe, images, photo_shape, random_shapes, seed)

@@ -11,9 +11,10 @@ from enginekit.compare.metrics import STATISTICS
 
 
 def write_json(reports: list[VerifyReport], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from enginekit.fsutil import atomic_write_text, json_text
+
     data = {"passed": all(r.passed for r in reports), "entries": [r.to_json() for r in reports]}
-    path.write_text(json.dumps(data, indent=2, default=_json_default))
+    atomic_write_text(path, json_text(data, indent=2, default=_json_default) + "\n")  # strict JSON: NaN is null
     return path
 
 

@@ -61,6 +61,7 @@ class DepthAnythingAdapter(DepthEvaluation, ModelAdapter):
     family = "depth-anything-v2"
     task = "depth"
     framework = "transformers"
+    weights_folders = True  # a transformers model folder
     aliases = {"depth": "depth-anything-v2-small", "depth-anything-v2": "depth-anything-v2-small"}
     example = "depth-anything-v2-small"
     processor = DepthProcessor

@@ -234,7 +234,7 @@ class UltralyticsAdapter(ModelAdapter):
             p.requires_grad = False
         if getattr(model.model[-1], "one2one_cv2", None) is not None:
             model.end2end = True  # a one-to-one head (yolo26, yolov10): kept boxes, no NMS (Ultralytics nms=False)
-        model = model.fuse()
+        model = model.fuse(verbose=False)  # its summary line would go to stdout: the library never prints
         for m in model.modules():
             if isinstance(m, Detect):
                 m.dynamic = True

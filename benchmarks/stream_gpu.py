@@ -1,0 +1,171 @@
+"""The streaming pipeline's goals on a GPU: yolo12n + Depth-Anything-V2-small at 384, FP16, a 1080p video.
+
+    python benchmarks/stream_gpu.py [--backend auto|tensorrt|onnxruntime-cuda|torch] [--frames 300]
+                                    [--yolo yolo12n.fp16.onnx] [--depth depth.fp16.onnx] [--json out.json]
+    python benchmarks/stream_gpu.py --device cpu          # the same measurement on a CPU, small sizes
+
+A 1920x1080 MPEG-4 video is written first from the photographs Ultralytics and scikit-image ship (OpenCV;
+nothing downloaded). Each run streams it through ``enginekit.runtime.stream`` (decode in its own thread,
+each model warmed up on the frame shape before timing, the garbage collector held):
+
+  yolo alone     yolo12n, one step in flight (a step's latency with nothing queued before it)
+  depth alone    Depth-Anything-V2-small, likewise
+  pair           both on every frame, one step in flight (each model on its own CUDA stream)
+  pair stream    both, two steps in flight (the next frame's network queued before this one's postprocessing)
+  pair, before   both through ``Pipeline(frame)`` frame by frame, decoding inline, the collector not held
+                 (how the runtime ran a video before the stream)
+
+The goals (issue 18), checked on the figures above:
+  pair p50 <= 1.1 x the slower model's p50 alone; pair p99 <= 1.5 x pair p50;
+  the stream's frames/s (pair stream) >= 0.9 x 1000 / pair p50.
+Models: random weights by default (timing does not depend on them), or graphs/engines given with --yolo and
+--depth (e.g. FP16 graphs exported on a CPU machine: enginekit export yolo12n --random-init --fp16
+--input 1x3x384x384 -o yolo12n.fp16.onnx). Latencies are milliseconds per step (frame).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("YOLO_OFFLINE", "1")
+os.environ.setdefault("YOLO_VERBOSE", "False")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def load(target: str, args, size: int):
+    import enginekit
+
+    if Path(target).suffix in (".onnx", ".plan", ".engine"):
+        return enginekit.load(target, backend=args.backend, device=args.device, input_size=(size, size))
+    return enginekit.load(target, precision=args.precision, backend=args.backend, random_init=True,
+                          device=args.device, input_size=(size, size))
+
+
+def stream(predictors, video: Path, frames: int, in_flight: int, names):
+    from enginekit.runtime.sources import open_source
+    from enginekit.runtime.stream import Stream, StreamOptions
+
+    s = Stream(predictors, [open_source(str(video), max_frames=frames)], StreamOptions(in_flight=in_flight),
+               names=names)
+    return s.run().to_json()
+
+
+def before(predictors, video: Path, frames: int, warmup: int = 5) -> dict:
+    """Pipeline(frame) frame by frame, decoding inline, the collector free to run: the runtime before the stream."""
+    import cv2
+
+    from enginekit.runtime.predictor import Pipeline
+    from enginekit.runtime.stream import percentiles
+
+    pipeline = Pipeline(predictors)
+    cap = cv2.VideoCapture(str(video))
+    ok, frame = cap.read()
+    for _ in range(warmup):
+        pipeline(frame)
+    pauses: list[float] = []
+    start = [0.0]
+
+    def on_gc(phase, info):
+        if phase == "start":
+            start[0] = time.perf_counter()
+        else:
+            pauses.append((time.perf_counter() - start[0]) * 1e3)
+
+    gc.callbacks.append(on_gc)
+    steps, t0 = [], time.perf_counter()
+    try:
+        while ok and len(steps) < frames:
+            t = time.perf_counter()
+            pipeline(frame)
+            steps.append((time.perf_counter() - t) * 1e3)
+            ok, frame = cap.read()
+    finally:
+        gc.callbacks.remove(on_gc)
+        pipeline.close()
+    wall = time.perf_counter() - t0
+    return {"frame_ms": percentiles(steps), "fps": round(len(steps) / wall, 2),
+            "gc": {"pauses": len([p for p in pauses if p > 1.0]), "max_ms": round(max(pauses, default=0.0), 3)}}
+
+
+def goals(runs: dict) -> list[dict]:
+    yolo50, depth50 = runs["yolo alone"]["frame_ms"]["p50"], runs["depth alone"]["frame_ms"]["p50"]
+    pair50, pair99 = runs["pair"]["frame_ms"]["p50"], runs["pair"]["frame_ms"]["p99"]
+    slower = max(yolo50, depth50)
+    fps = runs["pair stream"]["fps"]
+    return [
+        {"goal": "pair p50 / slower alone p50", "value": round(pair50 / slower, 3), "limit": "<= 1.1",
+         "met": pair50 <= 1.1 * slower},
+        {"goal": "pair p99 / pair p50", "value": round(pair99 / pair50, 3), "limit": "<= 1.5", "met": pair99 <= 1.5 * pair50},
+        {"goal": "stream frames/s / (1000 / pair p50)", "value": round(fps / (1000.0 / pair50), 3), "limit": ">= 0.9",
+         "met": fps >= 0.9 * 1000.0 / pair50},
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default=None, help="cuda:N (default) or cpu (small sizes)")
+    parser.add_argument("--backend", default=None, help="auto (default), tensorrt, onnxruntime-cuda, torch, onnxruntime-cpu")
+    parser.add_argument("--precision", default=None, help="fp16 (default on a GPU) or fp32 (default on a CPU)")
+    parser.add_argument("--size", type=int, default=None, help="network input side (default 384; on a CPU 160)")
+    parser.add_argument("--video-hw", default=None, help="HxW of the video (default 1080x1920; on a CPU 360x640)")
+    parser.add_argument("--frames", type=int, default=None, help="timed frames per run (default 300; on a CPU 30)")
+    parser.add_argument("--yolo", default="yolo12n", help="model name, or an ONNX graph / engine plan")
+    parser.add_argument("--depth", default="depth", help="model name, or an ONNX graph / engine plan")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    cpu = args.device == "cpu"
+    args.backend = args.backend or ("onnxruntime-cpu" if cpu else "auto")
+    args.precision = args.precision or ("fp32" if cpu else "fp16")
+    size = args.size or (160 if cpu else 384)
+    frames = args.frames or (30 if cpu else 300)
+    h, w = (int(v) for v in (args.video_hw or ("360x640" if cpu else "1080x1920")).split("x"))
+
+    from enginekit.images import write_video
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        video = write_video(Path(tmp) / "stream.mp4", frames + 1, (h, w))
+        print(f"video: {w}x{h}, {frames + 1} frames, written in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        yolo, depth = load(args.yolo, args, size), load(args.depth, args, size)
+        for p in (yolo, depth):
+            print(f"{p.model}: {p.backend} on {p.device}, {p.precision} ({p.reason})", file=sys.stderr)
+        names = [yolo.model, depth.model]
+        runs = {
+            "yolo alone": stream([yolo], video, frames, 1, names[:1]),
+            "depth alone": stream([depth], video, frames, 1, names[1:]),
+            "pair": stream([yolo, depth], video, frames, 1, names),
+            "pair stream": stream([yolo, depth], video, frames, 2, names),
+            "pair, before": before([yolo, depth], video, frames),
+        }
+    from enginekit.gpu import gpu_info
+
+    report = {"machine": {"gpu": str(gpu_info() or "none"), "cpu_count": os.cpu_count()},
+              "settings": {"backend": yolo.backend, "device": yolo.device, "precision": args.precision, "input": size,
+                           "video": f"{w}x{h}", "frames": frames},
+              "runs": runs, "goals": goals(runs)}
+    print(f"{'run':<14} {'decode':>7} {'p50':>8} {'p95':>8} {'p99':>8} {'frames/s':>9} {'gc>1ms':>7}  per model infer p50")
+    for name, r in runs.items():
+        f = r["frame_ms"]
+        decode = (r.get("decode_ms") or {}).get("p50")
+        infer = " / ".join(f"{m}: {(v['infer_ms'] or {}).get('p50', 0):.2f}" for m, v in r.get("models", {}).items())
+        print(f"{name:<14} {decode if decode is not None else float('nan'):>7.2f} {f['p50']:>8.2f} {f['p95']:>8.2f} "
+              f"{f['p99']:>8.2f} {r['fps']:>9.1f} {r['gc']['pauses']:>7}  {infer}")
+    for g in report["goals"]:
+        print(f"goal {g['goal']}: {g['value']} ({g['limit']}) {'met' if g['met'] else 'NOT met'}")
+    print(json.dumps(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

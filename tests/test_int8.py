@@ -320,3 +320,104 @@ def test_missing_internal_is_a_capability_error_before_any_work(yolo, tmp_path, 
         assert not (tmp_path / "out.onnx").exists()
     finally:
         modelopt_compat._checked.cache_clear()
+
+
+# --- the shortcuts (modelopt_compat.quantize_shortcuts): ModelOpt's graph, byte for byte --------------------
+
+
+@pytest.mark.slow
+def test_shortcut_graph_is_modelopts_own(yolo, tmp_path, monkeypatch):
+    """The fixture's graph was calibrated with the shortcuts; ModelOpt's own pass from its cache writes the same bytes."""
+    from enginekit.stages import modelopt_compat
+
+    shape_runs = []
+    real = modelopt_compat._tensor_shapes
+    monkeypatch.setattr(modelopt_compat, "_tensor_shapes", lambda *a, **k: shape_runs.append(1) or real(*a, **k))
+    own = quantize_int8(yolo.fp32, tmp_path / "own.onnx", None, "images", exclude_nodes=yolo.exclude,
+                        calibration_cache=yolo.cache, shortcuts=False)
+    assert shape_runs == []
+    assert (tmp_path / "own.onnx").read_bytes() == yolo.int8.read_bytes()
+    fast = quantize_int8(yolo.fp32, tmp_path / "fast.onnx", None, "images", exclude_nodes=yolo.exclude,
+                         calibration_cache=yolo.cache)
+    assert shape_runs == [1]  # one shape run answered both of ModelOpt's inference probes (attention, MatMul)
+    assert (tmp_path / "fast.onnx").read_bytes() == yolo.int8.read_bytes()
+    assert own.n_qdq_nodes == fast.n_qdq_nodes > 100
+    print(f"yolo12n int8 from cache: ModelOpt's own {own.seconds:.2f}s, shortcuts {fast.seconds:.2f}s")
+
+
+@pytest.mark.slow
+def test_task_model_shortcut_graph_is_modelopts_own(workdir, tmp_path):
+    """A segmentation model: calibrated by ModelOpt's own pass, then from its cache with the shortcuts."""
+    from enginekit.families import resolve
+
+    fp32 = export(workdir, "yolo11n-seg", "1x3x320x320")
+    exclude = list(resolve("yolo11n-seg").int8_exclude)
+    cache = tmp_path / "seg.calib"
+    own = quantize_int8(fp32, tmp_path / "own.onnx", calibration_batch("yolo11n-seg", (320, 320)), "images",
+                        method="max", exclude_nodes=exclude, write_cache=cache, shortcuts=False)
+    fast = quantize_int8(fp32, tmp_path / "fast.onnx", None, "images", method="max", exclude_nodes=exclude,
+                         calibration_cache=cache)
+    assert own.calibrated and not fast.calibrated
+    assert (tmp_path / "fast.onnx").read_bytes() == (tmp_path / "own.onnx").read_bytes()
+    assert own.n_qdq_nodes == fast.n_qdq_nodes > 100
+
+
+def symmetric_int8_cases():
+    rng = np.random.default_rng(0)
+    yield from (rng.standard_normal(n).astype(np.float32) * scale
+                for n in (1, 3, 27, 576) for scale in (1e-3, 0.05, 1.0, 300.0))
+    yield np.zeros(9, np.float32)  # scale under float32's tiny: 1.0
+    yield np.full(4, 1e-40, np.float32)  # denormal
+    yield -np.abs(rng.standard_normal(16)).astype(np.float32)  # negative only
+    yield np.abs(rng.standard_normal(16)).astype(np.float32)  # positive only
+    yield np.float32([3.4e38, -1.0])  # near float32's max
+    yield np.float32([np.nan, 1.0])  # left to the original
+    yield np.float32([np.inf, 1.0])
+    yield np.float32([])
+    yield rng.standard_normal(8)  # float64: left to the original
+
+
+@pytest.mark.parametrize("data", list(symmetric_int8_cases()), ids=lambda a: f"{a.dtype}x{a.size}")
+def test_symmetric_int8_params_are_onnxruntimes(data):
+    import onnx as onnx_
+
+    from enginekit.stages import modelopt_compat
+    from onnxruntime.quantization.quant_utils import compute_data_quant_params
+
+    fast = modelopt_compat._symmetric_int8_params(compute_data_quant_params)
+    for qtype, symmetric in ((onnx_.TensorProto.INT8, True), (onnx_.TensorProto.INT8, False),
+                             (onnx_.TensorProto.UINT8, False)):
+        assert outcome(fast, data, qtype, symmetric) == outcome(compute_data_quant_params, data, qtype, symmetric)
+
+
+def outcome(function, *args):
+    """(dtype, shape, bytes) of each returned array, or the exception raised (NaN data makes ORT assert)."""
+    try:
+        with np.errstate(all="ignore"):
+            return [(a.dtype, a.shape, a.tobytes()) for a in function(*args)]
+    except Exception as exc:  # noqa: BLE001 - compared, not hidden
+        return type(exc).__name__, str(exc)
+
+
+def test_graph_helpers_are_onnxruntimes():
+    import copy
+
+    from enginekit.stages import modelopt_compat
+    from onnxruntime.quantization.onnx_model import ONNXModel
+    from onnxruntime.quantization.quant_utils import find_by_name
+
+    nodes = [onnx.helper.make_node("Add", ["a", "a"], ["b"], name="n0"),
+             onnx.helper.make_node("Mul", ["b", "c"], ["d"], name="n1"),
+             onnx.helper.make_node("Relu", ["a"], ["e"], name="n2")]
+    graph = onnx.helper.make_graph(nodes, "g", [], [], [onnx.helper.make_tensor("c", 1, [], [1.0]),
+                                                        onnx.helper.make_tensor("c", 1, [], [2.0])])
+    model = onnx.helper.make_model(graph)
+    for name in ("a", "b", "zz"):
+        want, got = ONNXModel(copy.deepcopy(model)), ONNXModel(copy.deepcopy(model))
+        want.replace_input_of_all_nodes(name, "new")
+        modelopt_compat._replace_input_of_all_nodes(got, name, "new")
+        assert got.model == want.model
+    for name in ("c", "n1", "missing"):
+        for items in (model.graph.initializer, model.graph.node):
+            assert modelopt_compat._find_by_name(name, items) is find_by_name(name, items) or \
+                modelopt_compat._find_by_name(name, items) == find_by_name(name, items)

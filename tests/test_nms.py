@@ -104,8 +104,8 @@ def test_nms_graph_loads_and_predicts_as_ultralytics(graphs, detector_images, tr
     yolo = YOLO(str(trained_detector.weights))
     for path in sorted(detector_images.iterdir()):
         (got,) = predictor([str(path)])
-        (want,) = yolo.predict(str(path), imgsz=640, rect=False, conf=0.25, iou=0.7, max_det=300, verbose=False,
-                               device="cpu")
+        (want,) = yolo.predict(str(path), imgsz=640, conf=0.25, iou=0.7, max_det=300, verbose=False,
+                               device="cpu")  # the NMS graph takes any H x W too: the .pt's rectangle
         b = want.boxes
         _assert_same_detections(got.boxes, got.scores, got.class_ids, b.xyxy.numpy(), b.conf.numpy(),
                                 b.cls.numpy(), path.name)

@@ -85,7 +85,8 @@ def test_bad_recipe_is_one_line_naming_file_line_and_key(run_cli, tmp_path, case
 
 
 @pytest.mark.parametrize("text, needles", [
-    ("model: {variant: yolo12n}\nprofiles: [1x3x640x640, 1x3x320x320]\n", [":2:", "profiles", "one H x W"]),
+    # YOLO detectors take any H x W (each profile its own); RT-DETR exports at one
+    ("model: {variant: rtdetr-l}\nprofiles: [1x3x640x640, 1x3x320x320]\n", [":2:", "profiles", "one H x W"]),
     ("model: {variant: yolo12n}\nprecisions: [fp16, fp4]\n", [":2:", "precisions[1]", "'fp4'"]),
     ("model: {variant: yolo12n}\nprecisions: [fp16, fp8]\nbackend: tensorrt-rtx\ntargets: ['8.6,8.9']\n",
      [":4:", "targets[0]", "fp8", "8.6"]),
@@ -263,3 +264,19 @@ def test_a_bad_override_is_a_one_line_usage_error():
     assert "\n" not in str(err.value)
     with pytest.raises(UsageError, match="unknown tolerance 'map5'"):
         recipe.verify_request("int8", {"tolerances": ["int8.map5=0.3"]})
+
+
+def test_recipe_labels_go_to_verify(tmp_path):
+    """verification.data (and its split, limit and label limits) reach verify --data's request and gates."""
+    from enginekit.compare.comparison import Gates
+    from enginekit.recipes import load_recipe
+
+    (tmp_path / "data.yaml").write_text("path: .\nval: images\nnames:\n  0: a\n")
+    recipe = load_recipe(write(tmp_path, "r.yaml", TINY_RECIPE + (
+        "verification:\n  data: data.yaml\n  data_limit: 50\n"
+        "  tolerances:\n    int8:\n      labels: {map50_95_drop: 0.02}\n")))
+    request = recipe.verify_request("int8", {})
+    assert request.data == tmp_path / "data.yaml" and request.data_limit == 50 and request.data_split == "val"
+    gates = Gates(recipe.adapter(), request.tolerances)
+    assert gates.ground_truth("int8")["map50_95_drop"] == 0.02
+    assert gates.ground_truth("fp16")["map50_95_drop"] == 0.01  # the family's default elsewhere

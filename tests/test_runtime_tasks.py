@@ -107,9 +107,11 @@ def test_onnx_cpu_matches_ultralytics_predict_on_trained_task_model(task, task_o
     model = YOLO(str(weights), task=task)
     compared = compared_wide = 0
     for image in task_images[task]:
-        # the fixed square input of the graph (rect=False: for a .pt Ultralytics would pad to a multiple of 32 only);
-        # retina_masks: masks at the original resolution, as ours
-        ref = model.predict(str(image), imgsz=size, rect=False, retina_masks=True, verbose=False, device="cpu",
+        # segment, pose and obb graphs take any H x W: each image at its smallest 32-aligned rectangle, as the .pt
+        # predict letterboxes it; semantic graphs keep a fixed square input (rect=False). retina_masks: masks at
+        # the original resolution, as ours
+        rect = {} if task in ("segment", "pose", "obb") else {"rect": False}
+        ref = model.predict(str(image), imgsz=size, retina_masks=True, verbose=False, device="cpu", **rect,
                             **({"conf": conf} if conf else {}))[0]
         ours = predictor(image)
         json.dumps(ours.to_json())  # the results contract serialises

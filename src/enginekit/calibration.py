@@ -1,8 +1,11 @@
-"""Calibration and reference data: photographs (a folder or the embedded default) or arrays.
+"""Calibration and reference data: photographs (a folder, a dataset YAML's train split, frames of a
+video, or the embedded default) or arrays.
 
 Its digest keys the FP16 and INT8 stages. It is computed from the files (their hashes, the
 count, the shape, the family's preprocessing), not from decoded pixels, so a cache hit needs
-neither an image decoder nor the model's preprocessing code.
+neither an image decoder nor the model's preprocessing code. A folder or a dataset split with more
+images than ``count`` gives ``count`` of them spread evenly over its sorted list (datasets are often
+sequences: the first ``count`` would be near-copies); a video gives ``count`` frames sampled evenly.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from enginekit.datasets import evenly, is_video, is_yaml, load_dataset, video_frames
 from enginekit.errors import UsageError
 from enginekit.images import embedded_image_paths, list_images, read_rgb
 from enginekit.cache import sha256_file
@@ -28,7 +32,7 @@ ARRAY_SUFFIXES = {".npy", ".npz"}
 
 @dataclass
 class CalibrationData:
-    source: Path | None = None  # image folder, .npy/.npz file, or None: embedded photographs
+    source: Path | None = None  # image folder, dataset YAML (its train split), video, .npy/.npz, or None: embedded
     count: int = 8
     skipped: list[str] = field(default_factory=list)  # "name: reason" of unreadable files
     used_paths: list[Path] = field(default_factory=list)  # images in the last batch, in order
@@ -43,23 +47,38 @@ class CalibrationData:
     def is_array(self) -> bool:
         return self.source is not None and self.source.suffix.lower() in ARRAY_SUFFIXES
 
+    @property
+    def is_video(self) -> bool:
+        return self.source is not None and is_video(self.source)
+
     def describe(self) -> str:
         if self.source is None:
             return f"embedded photographs (up to {self.count})"
+        if is_yaml(self.source):
+            return f"the train split of {self.source} (up to {self.count} images, spread evenly)"
+        if self.is_video:
+            return f"{self.source} (up to {self.count} frames, sampled evenly)"
         return f"{self.source} (up to {self.count})"
 
     @cached_property
     def image_paths(self) -> list[Path]:
+        """The image files used, in order (a video: the video itself)."""
         if self.source is None:
             paths = embedded_image_paths()
             if not paths:
                 raise UsageError("no embedded photographs found: pass --calib-data DIR")
             return paths[: self.count]
         if not self.source.exists():
-            raise UsageError(f"image folder or array not found: {self.source}")
+            raise UsageError(f"image folder, dataset, video or array not found: {self.source}")
+        if is_yaml(self.source):
+            return evenly(load_dataset(self.source).images("train"), self.count)
+        if self.is_video:
+            if not self.source.is_file():
+                raise UsageError(f"expected a video file, not {self.source}")
+            return [self.source]
         if not self.source.is_dir():
-            raise UsageError(f"expected an image folder or a .npy/.npz file, not {self.source}")
-        return list_images(self.source)[: self.count]
+            raise UsageError(f"expected an image folder, a dataset YAML, a video or a .npy/.npz file, not {self.source}")
+        return evenly(list_images(self.source), self.count)
 
     def digest(self, adapter: ModelAdapter, shape: Shape) -> str:
         """Identity of the calibration batch this would produce at ``shape``."""
@@ -67,6 +86,8 @@ class CalibrationData:
         h.update(f"{adapter.family}|{adapter.input_description}|{format_shape(shape[1:])}|{self.count}".encode())
         if self.augment_to and not self.is_array:
             h.update(f"|views{AUGMENT_VERSION}x{self.augment_to}".encode())
+        if self.is_video:
+            h.update(f"|video-frames-evenly/{VIDEO_SAMPLING}".encode())
         if self.is_array:
             if not self.source.is_file():
                 raise UsageError(f"image folder or array not found: {self.source}")
@@ -83,9 +104,20 @@ class CalibrationData:
         """N x C x H x W float32, preprocessed exactly as the PyTorch reference expects."""
         if self.is_array:
             return self._array_batch(shape)
+        images = self.read()
+        arrays = [adapter.preprocess(img, (shape[2], shape[3])) for img in images]
+        return np.concatenate(arrays).astype(np.float32)
+
+    def read(self) -> list[np.ndarray]:
+        """The images (HxWx3 uint8 RGB), with views added up to ``augment_to``; ``used_paths`` and ``skipped``
+        say which files they are."""
         images = []
         self.skipped, self.used_paths = [], []
-        for p in self.image_paths:
+        if self.is_video:
+            for index, frame in video_frames(self.source, self.count):
+                images.append(frame)
+                self.used_paths.append(Path(f"{self.source.name}#frame{index}"))
+        for p in [] if self.is_video else self.image_paths:
             img = read_rgb(p)
             if img is None:
                 self.skipped.append(f"{p.name}: not a readable image")
@@ -96,8 +128,7 @@ class CalibrationData:
             raise UsageError(f"no readable images in {self.source or 'the embedded set'} ({len(self.skipped)} broken)")
         if self.augment_to > len(images):
             images = augmented_views(images, self.augment_to)
-        arrays = [adapter.preprocess(img, (shape[2], shape[3])) for img in images]
-        return np.concatenate(arrays).astype(np.float32)
+        return images
 
     def _array_batch(self, shape: Shape) -> np.ndarray:
         try:
@@ -120,6 +151,7 @@ class CalibrationData:
 # without new pictures. Deterministic: the same images and count give the same views.
 
 AUGMENT_VERSION = 1  # part of the calibration digest: bump when the views change
+VIDEO_SAMPLING = 1  # part of the digest of a video's frames: bump when the sampling changes
 
 # Measured (benchmarks/int8_calibration.py, 2-core CPU, ONNX Runtime CPU): the suite's trained yolov8n,
 # INT8 detections at conf 0.25 vs FP32 PyTorch's (same class, IoU >= 0.5), 8 held-out shape images at

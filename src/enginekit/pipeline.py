@@ -140,6 +140,8 @@ class Stages:
             parts["identity"] = identity
         if self.adapter.nms is not None:  # a graph ending in NMS is another graph (absent: the keys of before)
             parts["nms"] = self.adapter.nms.to_json()
+        # which axes stay symbolic: a YOLO graph takes any H x W since export keys held them (batch only before)
+        parts["dynamic_axes"] = {name: sorted(axes) for name, axes in self.adapter.dynamic_axes.items()}
         return parts
 
     def export(self, shape: Shape, opset: int) -> Artifact:

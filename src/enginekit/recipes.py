@@ -37,7 +37,8 @@ from enginekit.compare.tolerances import Limit, Tolerances
 from enginekit.errors import UsageError
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
-VERIFY_ONLY = ("images", "image_count", "require_engine", "task_required", "tolerances", "report_dir", "junit")  # VerifyRequest names
+VERIFY_ONLY = ("images", "image_count", "require_engine", "task_required", "tolerances", "report_dir", "junit",
+               "data", "data_limit", "data_split")  # VerifyRequest names
 DEFAULT_TARGETS = "default"  # a target set meaning: this GPU, else the backend's portable set
 CALIBRATION_OPTIONS = ("calib_data", "calib_count", "calib_method", "calib_cache", "exclude")  # BuildRequest names
 
@@ -97,7 +98,9 @@ class ModelSection(_Strict):
 class Calibration(_Strict):
     """INT8 post-training calibration (ignored by fp32 and fp16)."""
 
-    data: Optional[str] = None  # image folder or .npy/.npz; default: photographs in installed packages
+    # an image folder, a dataset YAML (its train split), a video (frames sampled evenly) or a .npy/.npz;
+    # default: photographs in installed packages
+    data: Optional[str] = None
     count: int = Field(8, gt=0)  # --calib-count
     method: Optional[str] = None  # --calib-method; None: the family's default
     cache: Optional[str] = None  # --calib-cache: read if it exists, else written
@@ -143,12 +146,14 @@ class ToleranceSpec(_Strict):
     cosine: Optional[float] = None  # minimum cosine similarity
     parts: dict[str, PartToleranceSpec] = {}  # per output part: {scores: {max_abs: 0.01}}
     task: dict[str, float] = {}  # task-metric limits (map50, recall, ... / abs_rel, delta1)
+    labels: dict[str, float] = {}  # against verification.data's labels: {map50_95_drop: 0.01} (--tol gt.NAME)
 
     def limits(self, precision: str) -> list[tuple[Loc, Limit]]:
         """Each limit set here, with the key it is written at (below ``verification.tolerances.<precision>``)."""
         found = [((name,), Limit(name, value, precision)) for name, value in
                  (("rel_l2", self.rel_l2), ("cosine", self.cosine)) if value is not None]
         found += [(("task", metric), Limit(metric, value, precision)) for metric, value in self.task.items()]
+        found += [(("labels", name), Limit(name, value, precision, "gt")) for name, value in self.labels.items()]
         for part, spec in self.parts.items():
             found += [(("parts", part, name), Limit(name, value, precision, part))
                       for name, value in spec.model_dump().items() if value is not None]
@@ -160,6 +165,11 @@ class Verification(_Strict):
 
     images: Optional[str] = None  # photographs to verify on (verify --images); default: packaged ones
     image_count: int = Field(4, gt=0)  # verify --image-count
+    # a labelled dataset (an Ultralytics dataset YAML or a folder with YOLO labels): every precision scored
+    # against its labels (verify --data), its split (--data-split) and how many images (--data-limit)
+    data: Optional[str] = None
+    data_split: str = "val"
+    data_limit: Optional[int] = Field(None, gt=0)
     on_build: bool = True  # record a parity check in the manifest at build time (build --no-verify)
     require_engine: bool = False  # fail when the engine cannot run here (verify --require-engine)
     # False: where the reference has nothing to compare (a random-weight detector finds nothing at
@@ -441,7 +451,8 @@ class Recipe(_Strict):
         for run_option in ("force", "explain"):
             build.pop(run_option, None)
         options = {"target": build["target"], "precision": build["precision"], "images": self.images(),
-                   "image_count": self.verification.image_count,
+                   "image_count": self.verification.image_count, "data": self._file(self.verification.data),
+                   "data_split": self.verification.data_split, "data_limit": self.verification.data_limit,
                    "require_engine": self.verification.require_engine,
                    "task_required": self.verification.task_required,
                    "tolerances": self.tolerances() + _given_tolerances(given.pop("tolerances", None)),
@@ -796,6 +807,8 @@ def _check_verification(recipe: Recipe, adapter) -> None:
     v = recipe.verification
     if v.images is not None and not recipe._file(v.images).exists():
         raise _Problem(("verification", "images"), f"images not found: {recipe._file(v.images)}")
+    if v.data is not None and not recipe._file(v.data).exists():
+        raise _Problem(("verification", "data"), f"dataset not found: {recipe._file(v.data)}")
     gates = getattr(adapter, "task_gates", {})
     known = sorted({metric for per_precision in gates.values() for metric in per_precision})
     for precision, spec in v.tolerances.items():

@@ -355,6 +355,11 @@ class VerifyRequest(Options):
     #: is reported as not compared instead of failing the task gate; parity is gated as always
     task_required: bool = True
     build: Optional[BuildRequest] = None
+    #: labels to score every candidate and the FP32 PyTorch model against: an Ultralytics dataset YAML or a
+    #: folder of images with YOLO labels (``--data``); its split and how many of its images (spread evenly)
+    data: Optional[Path] = None
+    data_split: str = "val"
+    data_limit: Optional[int] = Field(None, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -366,13 +371,20 @@ class VerifyRequest(Options):
         target = data.get("target")
         kind = _target_kind(target, data.get("reference"))
         if kind == "model":
-            precision = data.get("precision") or "fp32"
+            precision = _precision_list(data.get("precision") or "fp32")[0]
             data["build"] = BuildRequest(target=target, precision=precision, **options)
         elif kind == "onnx" and target is not None:  # the weights (or seed) to compare the file against
             if data.get("reference") is not None and options.get("weights") is not None:
                 raise UsageError("--reference and --weights name the same checkpoint: pass one")
             data["build"] = BuildRequest(target=target, precision=data.get("precision") or "fp32", **options)
         return data
+
+    @field_validator("data")
+    @classmethod
+    def _data(cls, value: Optional[Path]) -> Optional[Path]:
+        if value is not None and not Path(value).exists():
+            raise UsageError(f"--data: dataset not found: {value}")
+        return value
 
     @field_validator("tolerances", mode="before")
     @classmethod
@@ -382,15 +394,23 @@ class VerifyRequest(Options):
     @model_validator(mode="after")
     def _build_matches(self) -> "VerifyRequest":
         b = self.build
-        if b is not None and (b.target != self.target or (self.precision or b.precision) != b.precision):
+        first = self.precisions[0] if self.precision else None
+        if b is not None and (b.target != self.target or (first or b.precision) != b.precision):
             raise UsageError(f"verify {self.target} {self.precision or ''} does not match its build request "
                              f"({b.target} {b.precision})".replace("  ", " "))
+        if len(self.precisions) > 1 and self.kind != "model":
+            raise UsageError(f"--precision {self.precision}: a list of precisions needs a model name (each its engine)")
         return self
 
     @field_validator("precision")
     @classmethod
     def _precision(cls, value: Optional[str]) -> Optional[str]:
-        return None if value is None else precisions.get(value).name
+        return None if value is None else ",".join(_precision_list(value))
+
+    @property
+    def precisions(self) -> list[str]:
+        """The precisions asked for (``--precision fp16,int8``), in order; [] where none was."""
+        return _precision_list(self.precision) if self.precision else []
 
     @field_validator("report_dir")
     @classmethod
@@ -409,10 +429,27 @@ class VerifyRequest(Options):
 
     @property
     def build_request(self) -> BuildRequest:
-        """How a model-name target is built (or found in the cache)."""
+        """How a model-name target is built (or found in the cache): its first precision."""
         if self.build is not None:
             return self.build
-        return BuildRequest(target=self.target, precision=self.precision or "fp32")
+        return BuildRequest(target=self.target, precision=(self.precisions or ["fp32"])[0])
+
+    @property
+    def build_requests(self) -> list[BuildRequest]:
+        """One build per precision asked for (``--precision fp16,int8``), the same flags otherwise."""
+        first = self.build_request
+        return [first if p == first.precision else first.replace(precision=p) for p in (self.precisions or
+                                                                                         [first.precision])]
+
+
+def _precision_list(value: str) -> list[str]:
+    """``"fp16,int8"`` -> ["fp16", "int8"]: each a known precision, none twice."""
+    names = [precisions.get(p.strip()).name for p in str(value).split(",") if p.strip()]
+    if not names:
+        raise UsageError(f"--precision {value!r}: name a precision ({', '.join(precisions.NAMES)})")
+    if len(set(names)) != len(names):
+        raise UsageError(f"--precision {value}: a precision is named twice")
+    return names
 
 
 def _target_kind(target: Optional[str], reference: Any) -> str:

@@ -303,7 +303,8 @@ def bind_to_model(parsed: list[Profile], adapter) -> tuple[list[Profile], Shape,
     for rng in ranges:
         adapter.constraint.check_range(rng, what="profile")
     if 2 in adapter.dynamic_axes.get(adapter.input_name, {}):  # dynamic H/W
-        export_shape = adapter.default_input
+        opt = ranges[0].opt
+        export_shape = (1, *opt[1:]) if getattr(adapter, "export_at_profile_size", False) else adapter.default_input
     else:
         sides = {s[2:] for r in ranges for s in (r.min, r.opt, r.max)}
         if len(sides) != 1:

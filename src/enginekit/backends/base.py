@@ -50,8 +50,24 @@ class SessionInfo:
 
     @property
     def fixed_hw(self) -> tuple[int, int] | None:
+        """The one H x W the session takes: the graph's fixed size, or the one size all engine profiles fix."""
+        if len(self.input_shape) < 4:
+            return None
         h, w = self.input_shape[2], self.input_shape[3]
-        return (h, w) if isinstance(h, int) and isinstance(w, int) else None
+        if isinstance(h, int) and isinstance(w, int):
+            return (h, w)
+        sizes = {tuple(p[self.input_name][k][2:4]) for p in self.profiles for k in ("min", "max")}
+        return tuple(sizes.pop()) if len(sizes) == 1 else None
+
+    def accepts_hw(self, hw: tuple[int, int]) -> bool:
+        """Whether the session takes an input of H x W ``hw`` (any batch it takes): a dynamic graph any, an
+        engine what one of its profiles covers, a static graph its own size."""
+        if self.profiles:
+            return any(all(p[self.input_name]["min"][i] <= hw[i - 2] <= p[self.input_name]["max"][i] for i in (2, 3))
+                       for p in self.profiles)
+        if len(self.input_shape) < 4:
+            return False
+        return all(d is None or d == v for d, v in zip(self.input_shape[2:4], hw))
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ class OnnxRuntimeCuda(_OnnxRuntime):
     Runtime's fused ``MultiHeadAttention`` (``enginekit.onnx.attention``; built once per graph into
     ``cache``); ``source_path`` stays the graph asked for, ``fused_attention`` counts the blocks fused.
 
-    Options: ``cuda_graph`` (None: where H/W are fixed), ``prefer_nhwc``, ``stream``, ``fuse_attention``,
+    Options: ``cuda_graph`` (None: where H/W are fixed, or ``graph_per_shape``), ``prefer_nhwc``, ``stream``, ``fuse_attention``,
     ``cache``; bench: ``threads``.
     """
 
@@ -200,8 +200,9 @@ class OnnxRuntimeCuda(_OnnxRuntime):
         self.session = self._make_session(graph=False)  # runs every shape; learns output shapes
         name, shape, dtype, outs = _io(self.session)
         self.info = SessionInfo(self.name, f"cuda:{self.index}", name, outs, shape, dtype, _max_batch(shape))
-        if cuda_graph is None:  # default: replay a captured graph where H/W are fixed (one graph per batch size)
-            self.cuda_graph = self.info.fixed_hw is not None
+        if cuda_graph is None:  # default: replay a captured graph where H/W are fixed (one graph per batch size), or
+            # where frames come in a few shapes (``graph_per_shape``: YOLO's letterbox rectangles, one per aspect)
+            self.cuda_graph = self.info.fixed_hw is not None or bool(self.options.get("graph_per_shape"))
         self.run_options = self.ort.RunOptions()
         # ordering on our stream is enough: no device-wide sync at the end of each run
         self.run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")

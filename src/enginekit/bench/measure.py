@@ -108,7 +108,37 @@ def measure(plan: BenchPlan, tick: Tick = lambda n: None) -> BenchReport:
     for item in plan.items:
         for batch in plan.settings.batches:
             rows.append(_measure_one(plan, item, batch, tick))
+    _keep_records(plan, rows)
     return BenchReport(plan, rows, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def _keep_records(plan: BenchPlan, rows: list[BenchRow]) -> None:
+    """Each measured artifact's p50 into the cache's bench records (``bench.records``: verify --data's ladder
+    quotes them). A record that cannot be written loses only the ladder's latency, never the measurement."""
+    from enginekit.bench.records import record
+    from enginekit.cache import sha256_file
+
+    cache = getattr(plan.pipeline, "cache", None)
+    if cache is None:
+        return
+    items = {item.name: item for item in plan.items}
+    graphs: dict = {}
+    for row in rows:
+        item = items.get(row.backend)
+        if row.status != "ok" or item is None or not row.latency_ms:
+            continue
+        try:
+            manifest = item.manifests.get(row.batch)
+            if manifest and manifest.get("key"):
+                identity = f"engine:{manifest['key']}"
+            elif item.onnx is not None:
+                identity = graphs.get(item.onnx) or f"onnx:{sha256_file(item.onnx)}"
+                graphs[item.onnx] = identity
+            else:
+                continue
+            record(cache, row.device or "cpu", identity, row.backend, row.batch, row.latency_ms["p50"])
+        except OSError:
+            continue
 
 
 def _measure_one(plan: BenchPlan, item: Planned, batch: int, tick: Tick) -> BenchRow:

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         target_cc: Annotated[Optional[str], typer.Option("--target-cc", help="TensorRT-RTX compute capabilities, e.g. 8.6,8.9,12.0 (default: this GPU, else all portable ones).")] = None,
         workspace: Annotated[Optional[str], typer.Option("--workspace", help="Builder workspace limit, e.g. 4G.")] = None,
         opt_level: Annotated[Optional[int], typer.Option("--opt-level", help="Builder optimization level 0..5.")] = None,
-        calib_data: Annotated[Optional[Path], typer.Option("--calib-data", help="INT8: image folder or .npy/.npz (default: embedded photographs).")] = None,
+        calib_data: Annotated[Optional[Path], typer.Option("--calib-data", help="INT8: an image folder, a dataset YAML (its train split), a video (frames sampled evenly) or a .npy/.npz (default: embedded photographs).")] = None,
         calib_count: Annotated[int, typer.Option("--calib-count", help="INT8: number of calibration inputs.")] = 8,
         calib_method: Annotated[Optional[str], typer.Option("--calib-method", help="INT8 calibration method (default: the family's: max for YOLO, entropy otherwise).")] = None,
         calib_cache: Annotated[Optional[Path], typer.Option("--calib-cache", help="INT8: calibration cache to read (if it exists) or write.")] = None,

@@ -260,3 +260,33 @@ def _figure(value, fmt: str) -> str:
     import math
 
     return "-" if value is None or not math.isfinite(value) else format(value, fmt)
+
+
+def ladder_table(outcome) -> None:
+    """verify --data: per precision and artifact, the headline figure against the labels and its drop against the
+    FP32 PyTorch model (the gate on it), the file's size, and bench's latency where bench ran it here."""
+    rows = outcome.ladder
+    info = next((r.ground_truth for r in outcome.reports if r.ground_truth), {})
+    metric = rows[0]["metric"] if rows else "map50_95"
+    title = (f"against the labels of {info.get('data', '?')} ({info.get('split', 'val')}: {info.get('images', '?')} "
+             f"images, {info.get('instances', '?')} instances, at {'x'.join(map(str, info.get('network_hw', [])))})")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    latency = any(r.get("latency_ms") for r in rows)
+    for col in ("precision", "artifact", metric.replace("_", " ").replace("map50 95", "mAP50-95").replace("map", "mAP"),
+                "drop", "gate", "size MB", *(["p50 ms (bench)"] if latency else [])):
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        drop = "" if r["artifact"] == "PyTorch" else f"{r['drop']:+.4f}" if r["drop"] is not None else ""
+        if r["passed"] is None:
+            gate = "reference" if r["artifact"] == "PyTorch" else ""
+        else:
+            gate = (f"[green]pass[/] (<= {r['limit']:g})" if r["passed"] else f"[bold red]FAIL[/] (> {r['limit']:g})")
+        cells = [r["precision"], r["artifact"], f"{r['value']:.4f}", drop, gate,
+                 f"{r['size_mb']:.1f}" if r["size_mb"] else ""]
+        if latency:
+            lat = r.get("latency_ms")
+            cells.append(f"{lat['p50_ms']:.2f} ({lat['backend']})" if lat else "")
+        table.add_row(*cells)
+    console.print(table)
+    for note in info.get("notes", []):
+        console.print(f"  [yellow]note:[/] {escape(note)}")

@@ -18,10 +18,13 @@ def register(app: typer.Typer) -> None:
     @handles_errors
     def verify_cmd(
         target: Annotated[Optional[str], typer.Argument(help="Nothing (every cached engine), a cache key, a model name, or an ONNX file.")] = None,
-        precision: Annotated[Optional[str], typer.Option("--precision", help="With a model name: fp32, fp16 or int8.")] = None,
+        precision: Annotated[Optional[str], typer.Option("--precision", help="With a model name: fp32, fp16, int8 or fp8, or a list (fp16,int8): one engine each.")] = None,
         profile: Annotated[Optional[list[str]], typer.Option("--profile", "-p", help="With a model name: the engine's profiles.")] = None,
         images: Annotated[Optional[Path], typer.Option("--images", help="Folder of photographs (default: embedded).")] = None,
         image_count: Annotated[int, typer.Option("--image-count", help="Photographs to use.")] = 4,
+        data: Annotated[Optional[Path], typer.Option("--data", help="Labels: an Ultralytics dataset YAML (its val split) or a folder of images with YOLO labels; the FP32 PyTorch model and every graph (and the engine where it runs) are scored against them with Ultralytics' validator metrics, and each drop against the FP32 model is gated (--tol gt.map50_95_drop=0.01).")] = None,
+        data_limit: Annotated[Optional[int], typer.Option("--data-limit", help="With --data: score this many images of the split, spread evenly (default: all).")] = None,
+        data_split: Annotated[str, typer.Option("--data-split", help="With --data: the dataset's split to score (val, test, train).")] = "val",
         report: Annotated[Optional[Path], typer.Option("--report", help="Folder for report.json, summary.md, junit.xml and PNGs.")] = None,
         junit: Annotated[Optional[Path], typer.Option("--junit", help="JUnit XML path (one test case per artifact x check).")] = None,
         tol: Annotated[Optional[list[str]], typer.Option("--tol", help="Override a tolerance: rel_l2=1e-3, fp16.map50=0.9 (repeatable).")] = None,
@@ -71,6 +74,8 @@ def register(app: typer.Typer) -> None:
           enginekit verify KEY --images data/val --report out/ --junit out/verify.xml
 
           enginekit verify model.onnx --weights model.pt
+
+          enginekit verify yolov8s --weights best.pt --data data.yaml --precision fp16,int8
 
         Every build flag that changes the engine is accepted, so `verify MODEL` with the flags of a
         `build` finds (or builds) that same engine.
@@ -122,6 +127,7 @@ def register(app: typer.Typer) -> None:
                                      calib_cache=calib_cache, exclude=exclude or [], repair=repair,
                                      tolerances=(tol or []) if repair else [], nms=nms)
             request = VerifyRequest(target=target, precision=precision, images=images, image_count=image_count,
+                                    data=data, data_limit=data_limit, data_split=data_split,
                                     report_dir=report, junit=junit, tolerances=tol or [], reference=reference,
                                     model=model, require_engine=require_engine, task_required=task_required,
                                     build_options=build_options)
@@ -143,5 +149,9 @@ def _render(outcome) -> None:
             console.print(f"  [yellow]note:[/] {note}")
         if r.skipped_images:
             console.print(f"  [yellow]skipped images:[/] {'; '.join(r.skipped_images)}")
+    if outcome.ladder:
+        from enginekit.cli.render import ladder_table
+
+        ladder_table(outcome)
     for kind, path in outcome.files.items():
         console.print(f"  {kind}: {path}")

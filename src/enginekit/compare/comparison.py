@@ -55,6 +55,9 @@ class Case:
     kind: str
     feed: dict[str, np.ndarray]
     outputs: Optional[dict[str, np.ndarray]] = None
+    #: a photograph letterboxed to its own rectangle ("rect", as YOLO's .pt predict: a candidate that takes
+    #: that shape is checked on it instead of on the "" full-size one of the same photograph)
+    letterbox: str = ""
 
 
 @dataclass
@@ -142,6 +145,17 @@ class Gates:
         if not limits or precision not in PRECISIONS or not PRECISIONS[precision].reduced:
             return 0
         return binomial_minimum(max(limits))
+
+    def ground_truth(self, precision: str) -> dict[str, float]:
+        """Limits on a candidate's loss against labels (``verify --data``): the family's defaults (on its headline
+        metric, ``label_gates``), then the user's ``gt.NAME`` limits, the more specific winning."""
+        from enginekit.compare.metrics import GROUND_TRUTH_PART
+
+        defaults = dict(getattr(self.adapter, "label_gates", {}).get(precision, {}))
+        names = list(defaults) + [lim.name for lim in self.tolerances if lim.part == GROUND_TRUTH_PART
+                                  and lim.name not in defaults]
+        limits = {n: self.tolerances.get(precision, n, defaults.get(n), part=GROUND_TRUTH_PART) for n in names}
+        return {n: float(v) for n, v in limits.items() if v is not None}
 
 
 @dataclass
@@ -297,6 +311,15 @@ def compare(run: Runner, cases: Iterable[Case], *, adapter: Family, gates: Gates
     return result
 
 
+def _photo_batch(outputs: dict[str, list[np.ndarray]]):
+    """The photographs' outputs as one batch per output; photographs letterboxed to their own rectangles give
+    outputs of other sizes: then a list of one output dict per photograph (instance families take both)."""
+    if all(len({o.shape for o in v}) == 1 for v in outputs.values()):
+        return {k: np.concatenate(v) for k, v in outputs.items()}
+    count = len(next(iter(outputs.values())))
+    return [{k: v[i] for k, v in outputs.items()} for i in range(count)]
+
+
 def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_ref, photo_got, require_task) -> None:
     name = result.name
     if not photo_ref:
@@ -305,8 +328,7 @@ def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_
         else:
             result.notes.append("task metrics not computed: no photographs among the inputs")
         return
-    ref_batch = {k: np.concatenate(v) for k, v in photo_ref.items()}
-    got_batch = {k: np.concatenate(v) for k, v in photo_got.items()}
+    ref_batch, got_batch = _photo_batch(photo_ref), _photo_batch(photo_got)
     result.task = adapter.task_metrics(ref_batch, got_batch, metadata, gates.options(precision))
     result.task_gates = gates.task(precision)
     if result.task.get("compared", 1.0) <= 0:

@@ -33,6 +33,9 @@ class ArtifactReport:
     parts: dict[str, dict] = field(default_factory=dict)  # per output part: what it is, worst figures, limits
     notes: list[str] = field(default_factory=list)
     pictures: list[str] = field(default_factory=list)
+    #: verify --data: its figures against the labels, its drops against the FP32 PyTorch model's, the limits
+    ground_truth: dict = field(default_factory=dict)
+    size_bytes: int = 0  # the graph or engine file (verify --data's ladder)
 
     @property
     def passed(self) -> bool:
@@ -48,6 +51,8 @@ class VerifyReport:
     references_status: str
     artifacts: list[ArtifactReport] = field(default_factory=list)
     skipped_images: list[str] = field(default_factory=list)
+    #: verify --data: the labels (dataset, split, images, instances, network size, the headline metric)
+    ground_truth: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -70,9 +75,12 @@ class VerifyReport:
 
 
 def check_candidate(name: str, kind: str, precision: str, run: Runner, refs, gates: Gates, adapter: Family,
-                    metadata: dict[str, str]) -> ArtifactReport:
-    """Run a candidate on every reference case (``refs.cases``); compare by part, task metrics, gates."""
-    found = compare(run, refs.cases, adapter=adapter, gates=gates, precision=precision, metadata=metadata, name=name,
+                    metadata: dict[str, str], accepts_hw=None) -> ArtifactReport:
+    """Run a candidate on every reference case (``refs.cases_for``: each photograph letterboxed as the
+    candidate's runtime would, ``accepts_hw`` saying which input sizes it takes); compare by part, task
+    metrics, gates."""
+    cases = refs.cases_for(accepts_hw) if hasattr(refs, "cases_for") else refs.cases
+    found = compare(run, cases, adapter=adapter, gates=gates, precision=precision, metadata=metadata, name=name,
                     require_task=gates.task_required)
     return ArtifactReport(name, kind, precision, checks=found.checks, cases=found.cases, task=found.task,
                           parts=found.parts_json(), notes=found.notes)

@@ -157,6 +157,13 @@ STATISTICS: dict[str, Statistic] = {s.name: s for s in (
     Statistic("abs_rel", "AbsRel", "<=", "the largest mean absolute relative depth error", kind="task"),
     Statistic("delta1", "delta1", ">=", "the least share of pixels within 1.25x of the reference's depth",
               kind="task", **_RATIO),
+    # against labels (verify --data): the most a candidate's figure may fall below the FP32 PyTorch model's,
+    # each a limit written gt.NAME (``--tol gt.map50_95_drop=0.01``)
+    *(Statistic(f"{m}_drop", f"{label} drop", "<=", f"the most the candidate's {label} against the labels may fall "
+                "below the FP32 PyTorch model's", kind="ground_truth", limits=(0.0, 1.0), closed=("low", "high"))
+      for m, label in (("map50_95", "mAP50-95"), ("map50", "mAP50"), ("mask_map50_95", "mask mAP50-95"),
+                       ("mask_map50", "mask mAP50"), ("pose_map50_95", "pose mAP50-95"), ("pose_map50", "pose mAP50"),
+                       ("top1", "top-1"), ("top5", "top-5"))),
     # task options: where the task metrics are computed, set like a tolerance
     Statistic("conf", "conf", "", "the confidence both sides' detections are kept at", kind="option",
               limits=(0.0, 1.0), closed=("high",)),
@@ -171,6 +178,9 @@ STATISTICS: dict[str, Statistic] = {s.name: s for s in (
 #: parity statistics a tolerance can limit (``--tol rel_l2=...``, ``--tol scores.max_abs=...``)
 PARITY_LIMITS: tuple[str, ...] = tuple(n for n, s in STATISTICS.items() if s.tolerance)
 PARITY_STATISTICS: tuple[str, ...] = tuple(n for n, s in STATISTICS.items() if s.kind == "parity")
+#: limits on a candidate's loss against labels (``--tol gt.NAME``), written with the ``gt`` part
+GROUND_TRUTH_PART = "gt"
+GROUND_TRUTH_LIMITS: tuple[str, ...] = tuple(n for n, s in STATISTICS.items() if s.kind == "ground_truth")
 
 
 def statistic(name: str, reference: np.ndarray, candidate: np.ndarray) -> float:

@@ -65,15 +65,21 @@ class ParityResult:
         }
 
 
-def parity_inputs(adapter, shape: Shape, images: ImageSet | None, *, photos: int = 2, seed: int = 0) -> list[Case]:
+def parity_inputs(adapter, shape: Shape, images: ImageSet | None, *, photos: int = 2, seed: int = 0,
+                  rect: bool = True) -> list[Case]:
     """Real photographs preprocessed as the reference does, plus one random batch (the reference's
-    outputs not computed yet: ``ReferenceCache.cases``)."""
+    outputs not computed yet: ``ReferenceCache.cases``). ``rect``: each photograph also at its own rectangle
+    where the family letterboxes so (YOLO's .pt predict; its graphs take any H x W)."""
     cases: list[Case] = []
     hw = (shape[2], shape[3])
     name = adapter.input_name
     if images is not None:
         for img, path in list(zip(images.images, images.paths))[:photos]:
             cases.append(Case(f"photo {path.name} @{hw[0]}x{hw[1]}", "photo", {name: adapter.preprocess(img, hw)}))
+            box = adapter.rect_hw(img.shape[:2], hw) if rect else None
+            if box is not None and tuple(box) != hw:  # at its own rectangle too, as YOLO's .pt predict (any H/W graph)
+                cases.append(Case(f"photo {path.name} @{box[0]}x{box[1]}", "photo",
+                                  {name: adapter.preprocess_rect(img, hw)}, letterbox="rect"))
     cases.append(Case(f"random {format_shape(shape)}", "random", {name: adapter.random_inputs(shape, seed)}))
     return cases
 

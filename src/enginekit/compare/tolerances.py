@@ -2,7 +2,8 @@
 
 A limit is ``[precision.][part.]NAME=VALUE``: NAME is a parity statistic (``rel_l2``, ``cosine``,
 ``max_abs``: per output part too, ``scores.max_abs=0.01``), a family's task metric (``map50``) or
-task option (``conf``); a precision prefix (``fp16.rel_l2``) limits one precision only. Values
+task option (``conf``), or, with the part ``gt``, a loss against labels (``gt.map50_95_drop=0.01``:
+``verify --data``); a precision prefix (``fp16.rel_l2``) limits one precision only. Values
 are range-checked by the statistics table (``cosine`` in (0, 1], ``recall`` at most 1, ...).
 Requests and recipes hold a :class:`Tolerances`; the gates (``compare.comparison.Gates``) take
 the family's defaults from it, with the more specific limit winning and, of equal ones, the later.
@@ -15,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
-from enginekit.compare.metrics import PARITY_LIMITS, STATISTICS
+from enginekit.compare.metrics import GROUND_TRUTH_LIMITS, GROUND_TRUTH_PART, PARITY_LIMITS, STATISTICS
 from enginekit.errors import UsageError
 from enginekit.precisions import NAMES as PRECISIONS
 
@@ -45,6 +46,12 @@ class Limit:
         if self.precision is not None and self.precision not in PRECISIONS:
             return f"unknown precision {self.precision!r}: choose {', '.join(PRECISIONS)}"
         known = known_names(names)
+        if self.part == GROUND_TRUTH_PART or self.name in GROUND_TRUTH_LIMITS:
+            if self.part != GROUND_TRUTH_PART:
+                return f"a loss against labels is written {GROUND_TRUTH_PART}.{self.name}"
+            if self.name not in GROUND_TRUTH_LIMITS:
+                return f"unknown limit against labels {self.name!r}: choose {', '.join(GROUND_TRUTH_LIMITS)}"
+            return STATISTICS[self.name].limit_problem(self.value)
         if self.part is not None and self.name not in PARITY_LIMITS:
             return f"a part takes a parity limit ({', '.join(PARITY_LIMITS)}), not {self.name!r}"
         if self.name not in known:
@@ -61,7 +68,7 @@ def known_names(names: Optional[Iterable[str]] = None) -> tuple[str, ...]:
     """Names a tolerance may set: the parity limits, then ``names`` (default: the table's task metrics
     and options)."""
     if names is None:
-        names = [n for n, s in STATISTICS.items() if s.kind != "parity"]
+        names = [n for n, s in STATISTICS.items() if s.kind not in ("parity", "ground_truth")]
     return (*PARITY_LIMITS, *sorted(set(names) - set(PARITY_LIMITS)))
 
 
@@ -168,7 +175,8 @@ class Tolerances:
         parts, names = set(parts), set(metrics) | set(options)
         for limit in self.limits:
             ok = (limit.part is None and (limit.name in PARITY_LIMITS or limit.name in names)) or (
-                limit.part in parts and limit.name in PARITY_LIMITS)
+                limit.part in parts and limit.name in PARITY_LIMITS) or (
+                limit.part == GROUND_TRUTH_PART and limit.name in GROUND_TRUTH_LIMITS)
             if not ok:
                 known = ", ".join([*PARITY_LIMITS, *sorted(names)])
                 raise UsageError(f"unknown tolerance {limit.key!r} for {family}: use {GRAMMAR} with NAME one of "

@@ -94,6 +94,10 @@ class Export(ABC):
     default_input: Shape = ()
     #: axes of each input/output that stay symbolic in the exported graph
     dynamic_axes: dict[str, dict[int, str]] = {}
+    #: a graph with dynamic H/W is exported at the first profile's opt size, which it records (``export_shape``)
+    #: as the size the runtime letterboxes frames to (YOLO: its ``imgsz``); False: at ``default_input`` whatever
+    #: the profiles (Depth-Anything resizes in the graph)
+    export_at_profile_size: bool = False
     #: input layout and normalisation, written into the ONNX metadata
     input_description: str = ""
     #: what happens to an input size, written into the build manifest ("" where the graph takes the size as is)
@@ -167,6 +171,16 @@ class Export(ABC):
     @abstractmethod
     def preprocess(self, image_rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
         """HxWx3 uint8 RGB -> 1x3xHxW float32, exactly as the reference pipeline does it."""
+
+    def rect_hw(self, image_hw: tuple[int, int], hw: tuple[int, int]) -> tuple[int, int] | None:
+        """Where the reference pipeline letterboxes a frame to the smallest rectangle around it rather than to the
+        network's full size (YOLO's ``.pt`` predict: ``LetterBox(auto=True)``), the H x W a frame of ``image_hw``
+        gets at network size ``hw``; None: every frame goes to ``hw`` (``preprocess``)."""
+        return None
+
+    def preprocess_rect(self, image_rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        """HxWx3 uint8 RGB -> 1x3xhxw float32 at the frame's rectangle (``rect_hw``) for network size ``hw``."""
+        raise NotImplementedError(f"{type(self).__name__} letterboxes every frame to the network's size")
 
     def example_input(self, shape: Shape) -> "torch.Tensor":
         """The tracing example. Batch 2 so no exporter mistakes batch for a constant."""

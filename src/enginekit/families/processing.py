@@ -38,10 +38,14 @@ def parse_names(value) -> dict[int, str]:
     return {}
 
 
-def network_hw(adapter, info, input_size) -> tuple[int, int]:
-    """The network's H x W: the graph's fixed size, else ``input_size`` (int or (H, W)), else the family's."""
+def network_hw(adapter, info, input_size, metadata: dict | None = None) -> tuple[int, int]:
+    """The network's H x W: the graph's fixed size, else ``input_size`` (int or (H, W)), else the size a graph
+    of dynamic H/W was exported at where its family letterboxes to it (``export_shape``), else the family's."""
     fixed = info.fixed_hw
     if input_size is None:
+        exported = (metadata or {}).get("export_shape") if getattr(adapter, "export_at_profile_size", False) else None
+        if not fixed and exported:
+            return tuple(int(v) for v in str(exported).split("x")[2:4])
         return fixed or tuple(adapter.default_input[2:])
     size = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
     if fixed and tuple(size) != fixed:
@@ -73,11 +77,16 @@ class ImageProcessor:
         self.adapter = adapter
         self.info = info
         self.names = parse_names(metadata.get("names"))
-        self.hw = network_hw(adapter, info, input_size)
+        self.hw = network_hw(adapter, info, input_size, metadata)
         self._norm: dict = {}
 
     def input_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
         return self.hw
+
+    @property
+    def input_note(self) -> str:
+        """How frames become the network's input, for ``predictor.reason`` ("" where there is nothing to say)."""
+        return ""
 
     def preprocess_cpu(self, rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
         return self.adapter.preprocess(rgb, hw)[0]

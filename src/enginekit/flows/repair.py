@@ -73,7 +73,8 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
               "method": calib_method if precision == "int8" else None, "exclude": sorted(exclude)}
 
     refs = ReferenceCache(pipe.adapter, pipe.loaded)
-    cases = parity_inputs(pipe.adapter, shape, load_images(folder, limit=REPAIR_PHOTOS), photos=REPAIR_PHOTOS)
+    cases = parity_inputs(pipe.adapter, shape, load_images(folder, limit=REPAIR_PHOTOS), photos=REPAIR_PHOTOS,
+                          rect=False)  # trials: full size
 
     def check(artifact):
         result = check_onnx(refs, artifact.path, cases, precision, gates=gates)

@@ -13,6 +13,7 @@ from pathlib import Path
 from enginekit import reporting
 from enginekit.errors import UsageError
 from enginekit.requests import VerifyRequest
+from enginekit.verification.references import engine_accepts_hw, onnx_accepts_hw
 
 
 @dataclass
@@ -20,6 +21,8 @@ class VerifyOutcome:
     reports: list  # compare.gate.VerifyReport
     files: dict[str, Path] = field(default_factory=dict)
     events: list = field(default_factory=list)  # reporting.Event, what the run reported
+    #: with --data: one row per precision and artifact against the labels (``verification.ladder``)
+    ladder: list = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -40,19 +43,31 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
     data = CalibrationData(Path(r.images) if r.images else None, count=r.image_count)
     data.image_paths  # noqa: B018 - refuse a missing or empty folder before any work
 
+    labels = None
+    if r.data is not None:
+        from enginekit.verification.ground_truth import LabelRequest
+
+        labels = LabelRequest(Path(r.data), r.data_split, r.data_limit)
+        labels.check()  # a dataset without images in that split is refused before any work
     if r.kind == "onnx":
         reports = [verify_onnx_file(Path(r.target), r.reference, r.model, data, overrides, cache, spec=r.build,
                                     precision=r.precision,
-                                    task_required=r.task_required)]
+                                    task_required=r.task_required, labels=labels)]
     else:
         found = entries_to_verify(r, cache)
         reports = [verify_corrupt(e) if isinstance(e, CorruptEntry) else
-                   verify_entry(e, data, overrides, cache, r.report_dir, given=given, task_required=r.task_required)
+                   verify_entry(e, data, overrides, cache, r.report_dir, given=given, task_required=r.task_required,
+                                labels=labels)
                    for e, given in found]
         from enginekit.flows.store import publish_verdicts
 
         publish_verdicts(cache, found, reports)
     outcome = VerifyOutcome(reports)
+    if labels is not None:
+        from enginekit.bench.records import latency_of
+        from enginekit.verification.ladder import precision_ladder
+
+        outcome.ladder = precision_ladder(reports, lambda identity: latency_of(identity, cache))
     write_reports(outcome, r.report_dir, r.junit)
     if r.require_engine and not outcome.engine_ran:
         from enginekit.errors import CapabilityError
@@ -81,11 +96,13 @@ def entries_to_verify(request: VerifyRequest, cache) -> list[tuple]:
         return [(_resolve_engine(request.target, cache), None)]
     from enginekit.flows.build import run_build
 
-    build = request.build_request
-    outcome = run_build(build, cache)
-    # The same engine may have been built from an exported ONNX file (same content, same key):
-    # this request's model and chain of artifacts are what it is compared against.
-    return [(outcome.entry, (build.model_request, outcome.artifacts))]
+    found = []
+    for build in request.build_requests:  # one engine per precision asked for
+        outcome = run_build(build, cache)
+        # The same engine may have been built from an exported ONNX file (same content, same key):
+        # this request's model and chain of artifacts are what it is compared against.
+        found.append((outcome.entry, (build.model_request, outcome.artifacts)))
+    return found
 
 
 @dataclass
@@ -154,7 +171,7 @@ def model_of(entry, given):
     return request, [a.to_json() for a in artifacts]
 
 
-def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_required: bool = True):
+def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_required: bool = True, labels=None):
     from enginekit.compare.gate import Gates, VerifyReport, check_candidate, skipped, unrunnable
     from enginekit.pipeline import Stages
     from enginekit.precisions import of_stage
@@ -189,7 +206,7 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
             try:
                 with onnx_candidate(path) as runner:
                     art = check_candidate(name, "onnx", stage_precision, runner.infer_feed, refs, gates, pipe.adapter,
-                                          metadata)
+                                          metadata, accepts_hw=onnx_accepts_hw(path))
             except Exception as exc:  # noqa: BLE001 - ORT refuses FP8 Q/DQ graphs: say so, and fail
                 first = (str(exc).splitlines() or [""])[0][:160]
                 if type(exc).__module__.startswith("onnxruntime"):
@@ -201,6 +218,8 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
         report.artifacts.append(art)
     checked = [a.name for a in report.artifacts if a.kind == "onnx" and a.ran]
     report.artifacts.append(verify_engine(entry, pipe, refs, gates, metadata, precision, checked))
+    if labels is not None:
+        ground_truth_of_entry(report, entry, pipe, links, cache, gates, metadata, labels)
     note_calibration(report, calibrated_on)
     repaired = m.get("repair")
     if repaired and repaired.get("nodes"):  # the repair's figures, where the report shows the engine
@@ -213,6 +232,51 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
 
         draw_pictures(report, refs, entry, cache, pipe.adapter, metadata, Path(report_dir))
     return report
+
+
+def ground_truth_of_entry(report, entry, pipe, links, cache, gates, metadata, labels) -> None:
+    """``verify --data``: the FP32 PyTorch model, every ONNX artifact that ran and the engine where it runs,
+    scored against the labels; each candidate's drop against the reference gated (``gt.*_drop``)."""
+    from enginekit.backends import ENGINE, ONNX, Artifact, verifier
+    from enginekit.pipeline import model_versions, onnxruntime_version
+    from enginekit.verification.ground_truth import GroundTruth
+
+    photo_shape = tuple(entry.manifest["profiles"][0][pipe.adapter.input_name]["opt"])
+    hw = _network_hw(pipe.adapter, metadata, photo_shape)
+    gt = GroundTruth(pipe, labels, metadata, hw)
+    report.ground_truth = {**gt.describe(), "notes": gt.notes}
+    versions = {**model_versions(pipe.adapter), "onnxruntime": onnxruntime_version()}
+    paths = {f"onnx-{link['stage']}": (link, cache.lookup(link["kind"], link["key"]).entry)
+             for link in links if "kind" in link}
+    for art in report.artifacts:
+        if not art.ran:
+            continue
+        if art.kind == "onnx" and art.name in paths and paths[art.name][1] is not None:
+            link, found = paths[art.name]
+            path = found.file("model.onnx")
+            accepts = onnx_accepts_hw(path)
+            with onnx_candidate(path) as runner:
+                result = gt.score(art.name, f"onnx:{link['sha256']}", runner.infer_feed, accepts, versions)
+        elif art.kind == "engine":
+            accepts = engine_accepts_hw(entry.manifest, pipe.adapter.input_name)
+            engine = Artifact.engine(entry.file("engine.plan"), entry.manifest, pipe.adapter.input_name)
+            with verifier(ENGINE)(engine, io="host") as runner:
+                result = gt.score("engine", f"engine:{entry.key}", runner.infer_feed, accepts,
+                                  {**versions, **(entry.manifest.get("versions") or {})})
+        else:
+            continue
+        art.size_bytes = (path.stat().st_size if art.kind == "onnx" else entry.file("engine.plan").stat().st_size)
+        gt.judge(art, gt.reference(accepts), result, gates, art.precision)
+        art.ground_truth["identity"] = f"onnx:{link['sha256']}" if art.kind == "onnx" else f"engine:{entry.key}"
+
+
+def _network_hw(adapter, metadata: dict, opt_shape) -> tuple[int, int]:
+    """The size frames are letterboxed to, as the runtime takes it: a graph's export size where it takes any
+    H x W (YOLO), else the profile's (the reference photographs' size)."""
+    exported = metadata.get("export_shape")
+    if exported and getattr(adapter, "export_at_profile_size", False):
+        return tuple(int(v) for v in exported.split("x")[2:4])
+    return tuple(int(v) for v in opt_shape[2:4])
 
 
 def note_calibration(report, calibrated_on: str | None) -> None:
@@ -255,13 +319,14 @@ def verify_engine(entry, pipe, refs, gates, metadata, precision, checked=()):
         return skipped("engine", "engine", precision, f"{reason}; {instead}")
     with backend(engine, io="host") as runner:
         with reporting.stage("verify engine") as s:
-            art = check_candidate("engine", "engine", precision, runner.infer_feed, refs, gates, pipe.adapter, metadata)
+            art = check_candidate("engine", "engine", precision, runner.infer_feed, refs, gates, pipe.adapter, metadata,
+                                  accepts_hw=engine_accepts_hw(m, pipe.adapter.input_name))
             s.status = "pass" if art.passed else "fail"
     return art
 
 
 def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=None, *, task_required: bool = True,
-                     precision: str | None = None):
+                     precision: str | None = None, labels=None):
     """Any ONNX against its PyTorch model: an enginekit-written ONNX names its model and weights.
 
     A graph is checked at the precision its metadata records; ``precision`` (``--precision``) names
@@ -299,10 +364,26 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
     try:
         gates = Gates(adapter, overrides, task_required=task_required)
         with onnx_candidate(path) as runner:
-            art = check_candidate(path.name, "onnx", precision, runner.infer_feed, refs, gates, adapter, metadata)
+            art = check_candidate(path.name, "onnx", precision, runner.infer_feed, refs, gates, adapter, metadata,
+                                  accepts_hw=onnx_accepts_hw(path))
     except (KeyError, ValueError) as exc:
         raise UsageError(f"{path.name} does not compute {adapter.variant}'s outputs: {exc}") from None
     report.artifacts.append(art)
+    if labels is not None and art.ran:
+        from enginekit.cache import sha256_file
+        from enginekit.pipeline import model_versions, onnxruntime_version
+        from enginekit.verification.ground_truth import GroundTruth
+
+        gt = GroundTruth(pipe, labels, metadata, _network_hw(adapter, metadata, opt))
+        report.ground_truth = {**gt.describe(), "notes": gt.notes}
+        accepts = onnx_accepts_hw(path)
+        identity = f"onnx:{sha256_file(path)}"
+        with onnx_candidate(path) as runner:
+            result = gt.score(path.name, identity, runner.infer_feed, accepts,
+                              {**model_versions(adapter), "onnxruntime": onnxruntime_version()})
+        art.size_bytes = path.stat().st_size
+        gt.judge(art, gt.reference(accepts), result, gates, precision)
+        art.ground_truth["identity"] = identity
     return report
 
 
@@ -354,8 +435,8 @@ def write_reports(outcome: VerifyOutcome, report_dir: Path | None, junit: Path |
 
     if report_dir is not None:
         folder = Path(report_dir)
-        outcome.files["json"] = write_json(outcome.reports, folder / "report.json")
-        outcome.files["markdown"] = write_markdown(outcome.reports, folder / "summary.md")
+        outcome.files["json"] = write_json(outcome.reports, folder / "report.json", outcome.ladder)
+        outcome.files["markdown"] = write_markdown(outcome.reports, folder / "summary.md", outcome.ladder)
         outcome.files["junit"] = write_junit(outcome.reports, Path(junit) if junit else folder / "junit.xml")
     elif junit is not None:
         outcome.files["junit"] = write_junit(outcome.reports, Path(junit))

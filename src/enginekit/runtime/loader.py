@@ -255,15 +255,19 @@ def open_plan(p: LoadPlan, *, conf: float = 0.25, iou: float = 0.7, max_det: int
     else:
         raise UsageError(chosen.refuses(t) or f"the {chosen.name} backend cannot run {t.label}")
     fuse = adapter.fusable_attention if fuse_attention is None else fuse_attention
+    # frames letterboxed to their rectangle come in a few shapes (one per aspect ratio): a graph of dynamic
+    # H/W is worth capturing per shape, as one of fixed H/W is (ONNX Runtime CUDA)
+    per_shape = bool(getattr(processor_cls, "rect", False))
     session = chosen(artifact, device=p.device, precision=p.precision, cuda_graph=cuda_graph, fuse_attention=fuse,
-                     cache=cache)
+                     cache=cache, graph_per_shape=per_shape)
     session.activate()
     if "names" not in metadata and (names := adapter.default_class_names()):  # a graph that names no classes
         metadata["names"] = str(names)
     processor = processor_cls(adapter, metadata, session.info, conf=conf, iou=iou, max_det=max_det,
                               input_size=input_size)
-    return Predictor(session, processor, model=adapter.variant, family=adapter.family, reason=p.reason,
-                     precision=p.precision or "fp32", source=source)
+    note = getattr(processor, "input_note", "")
+    return Predictor(session, processor, model=adapter.variant, family=adapter.family,
+                     reason=f"{p.reason}; {note}" if note else p.reason, precision=p.precision or "fp32", source=source)
 
 
 def target_adapter(t: Target):

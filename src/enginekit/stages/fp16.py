@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from enginekit.onnx.graph import get_metadata, initializer_dtype_share, load_model, save_model, set_metadata
-from enginekit.stages.modelopt_compat import stable_subgraph_nodes
+from enginekit.stages.modelopt_compat import autocast
 
 
 def quiet_modelopt() -> None:
@@ -23,19 +23,21 @@ def quiet_modelopt() -> None:
 
 
 def convert_fp16(src: Path, out: Path, *, keep_fp32_nodes: list[str] | None = None,
-                 calibration: Path | None = None) -> dict[str, float]:
+                 calibration: Path | None = None, shortcuts: bool = True) -> dict[str, float]:
     """AutoCast ``src`` to FP16 with FP32 I/O; returns the initializer dtype shares.
 
     ``calibration`` (.npz, one array per input) feeds AutoCast's reference run, which decides
     what stays FP32 from real value ranges; without it AutoCast invents inputs with every
-    dynamic dim set to 1, which a dynamic-H/W model cannot run.
+    dynamic dim set to 1, which a dynamic-H/W model cannot run. ``shortcuts``: AutoCast's
+    reference ranges measured in the graph instead of copied out (modelopt_compat.autocast);
+    False runs ModelOpt's own way, for comparison. Both write the same graph.
     """
     from modelopt.onnx.autocast import convert_to_mixed_precision
 
     quiet_modelopt()
 
     original = load_model(src)
-    with stable_subgraph_nodes():
+    with autocast(shortcuts):
         model = convert_to_mixed_precision(
             onnx_path=str(src),
             low_precision_type="fp16",

@@ -37,6 +37,7 @@ from enginekit.stages.modelopt_compat import (
     calibrator_factory,
     check,
     ort_int8_scale,
+    quantize_shortcuts,
     symmetric_ranges,
     tensors_to_calibrate,
 )
@@ -304,6 +305,7 @@ def quantize_int8(
     write_cache: Path | None = None,
     input_shape: Sequence[int] | None = None,
     high_precision: str = "fp32",
+    shortcuts: bool = True,
 ) -> Int8Report:
     """Quantize ``src`` to INT8 with explicit Q/DQ nodes and write it to ``out``.
 
@@ -313,7 +315,8 @@ def quantize_int8(
     settings. For a graph with dynamic H/W, that needs the calibration shape: from
     ``calibration``, ``input_shape``, or the graph's own ``export_shape`` metadata.
     ``exclude_nodes``: regular expressions matched at the start of node names; those nodes stay
-    out of INT8. ``write_cache``: where to write the calibration cache.
+    out of INT8. ``write_cache``: where to write the calibration cache. ``shortcuts``: ModelOpt's
+    pass with modelopt_compat's faster, same-result helpers (False: exactly as ModelOpt runs it).
     """
     start = time.perf_counter()
     src, out = Path(src), Path(out)
@@ -334,7 +337,7 @@ def quantize_int8(
     # A cached run feeds zeros: ModelOpt's shape probes need an input, and only its shape counts.
     feed = batch if cache is None else np.zeros(probe, np.float32)
 
-    quantized = _run_modelopt(src, feed, input_name, method, list(exclude_nodes), high_precision, source)
+    quantized = _run_modelopt(src, feed, input_name, method, list(exclude_nodes), high_precision, source, shortcuts)
     n_qdq = sum(n.op_type == "QuantizeLinear" for n in quantized.graph.node)
     if n_qdq == 0 or not source.scales:
         raise UsageError(f"nothing in {src} was quantized: the exclude patterns and ModelOpt's rules leave no node")
@@ -361,7 +364,7 @@ def _cache_for(path: Path, method: str) -> dict[str, float]:
 
 
 def _run_modelopt(src: Path, feed: np.ndarray, input_name: str, method: str, exclude: list[str],
-                  high_precision: str, source):
+                  high_precision: str, source, shortcuts: bool = True):
     """ModelOpt's INT8 pass in a scratch folder (it writes intermediate files beside its input)."""
     import onnx
     from modelopt.onnx.quantization import quantize
@@ -376,8 +379,8 @@ def _run_modelopt(src: Path, feed: np.ndarray, input_name: str, method: str, exc
         reader = CalibrationDataProvider(str(work), {input_name: feed})
         # ORT's histogram calibrator prints its bin counts to stdout, ModelOpt's progress bars go
         # to stderr: neither belongs in enginekit's output.
-        with calibrator_factory(source.calibrator), contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()):
+        with calibrator_factory(source.calibrator), quantize_shortcuts(shortcuts, output=result), \
+                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             quantize(
                 str(work),
                 quantize_mode="int8",

@@ -148,8 +148,7 @@ def draw_pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -
     """One picture per checked ONNX artifact of an engine entry, on the first photograph."""
     from enginekit.compare.gate import onnx_runner
 
-    photo = next((c for c in refs.cases if c.kind == "photo"), None)
-    if photo is None or adapter.picture_kind is None:
+    if adapter.picture_kind is None or not any(c.kind == "photo" for c in refs.cases):
         return
     folder.mkdir(parents=True, exist_ok=True)
     by_name = {f"onnx-{link['stage']}": link for link in entry.manifest.get("chain", []) if "kind" in link}
@@ -157,7 +156,12 @@ def draw_pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -
         if not art.ran or art.kind != "onnx" or art.name not in by_name:
             continue
         link = by_name[art.name]
-        got = onnx_runner(cache.lookup(link["kind"], link["key"]).entry.file("model.onnx"))(photo.feed)
+        graph = cache.lookup(link["kind"], link["key"]).entry.file("model.onnx")
+        from enginekit.verification.references import onnx_accepts_hw
+
+        # the photograph as the graph's runtime letterboxes it (its own rectangle where the graph takes that)
+        photo = next(c for c in refs.cases_for(onnx_accepts_hw(graph)) if c.kind == "photo")
+        got = onnx_runner(graph)(photo.feed)
         path = draw_picture(adapter, photo.feed[adapter.input_name][0], photo.outputs, got, metadata,
                             folder / f"{report.subject}-{report.precision}-{art.name}")
         if path is not None:

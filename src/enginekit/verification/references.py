@@ -30,6 +30,22 @@ class References:
     status: str  # cache status: hit | miss | ...
     skipped_images: list[str]
 
+    def cases_for(self, accepts_hw=None) -> list[Case]:
+        """The cases a candidate is checked on: each photograph letterboxed as the candidate's runtime would
+        (at its own rectangle where the candidate takes that shape, ``accepts_hw(hw)``; else at the full
+        size), and every random input. ``accepts_hw`` None: the full-size photographs."""
+        rect = {c.label.split(" @", 1)[0]: c for c in self.cases if c.letterbox == "rect"}
+        out = []
+        for c in self.cases:
+            if c.letterbox == "rect":
+                continue
+            r = rect.get(c.label) if c.kind == "photo" else None
+            if r is not None and accepts_hw is not None and accepts_hw(tuple(r.feed[next(iter(r.feed))].shape[2:])):
+                out.append(r)
+            else:
+                out.append(c)
+        return out
+
 
 def reference_shapes(profiles: list[dict], input_name: str) -> tuple[tuple, list[tuple]]:
     """(photo shape: the first profile's opt at batch 1, distinct min/opt/max shapes of all profiles)."""
@@ -71,6 +87,8 @@ def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: in
     }
     if adapter.nms is not None:  # the kept boxes of the model wrapped in NMS
         parts["nms"] = adapter.nms.to_json()
+    if adapter.rect_hw(photo_shape[2:], photo_shape[2:]) is not None:  # each photograph at its rectangle too
+        parts["letterbox"] = "rect/1"
     identity = adapter.identity()  # a user module's source, declared outputs and preprocessing
     if identity:
         parts["identity"] = identity
@@ -91,17 +109,24 @@ def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: in
 def _compute(pipe, images: CalibrationData, photo_shape, random_shapes, seed) -> list[Case]:
     adapter = pipe.adapter
     cases: list[Case] = []
-    photos = images.batch(adapter, photo_shape)
-    for i, path in enumerate(images.used_paths):
-        cases.append(_case(pipe, f"photo {path.name}", "photo", photos[i : i + 1]))
+    hw = tuple(photo_shape[2:])
+    if images.is_array:
+        photos = images.batch(adapter, photo_shape)
+        cases.extend(_case(pipe, f"photo {images.source.name}[{i}]", "photo", photos[i:i + 1]) for i in range(len(photos)))
+    for img, path in zip([] if images.is_array else images.read(), images.used_paths):
+        cases.append(_case(pipe, f"photo {path.name}", "photo", adapter.preprocess(img, hw)))
+        rect = adapter.rect_hw(img.shape[:2], hw)
+        if rect is not None and tuple(rect) != hw:  # as YOLO's .pt predict: the photograph's own rectangle
+            cases.append(_case(pipe, f"photo {path.name} @{rect[0]}x{rect[1]}", "photo",
+                               adapter.preprocess_rect(img, hw), letterbox="rect"))
     for j, shape in enumerate(random_shapes):
         cases.append(_case(pipe, f"random {format_shape(shape)}", "random", adapter.random_inputs(shape, seed + j)))
     return cases
 
 
-def _case(pipe, label: str, kind: str, array: np.ndarray) -> Case:
+def _case(pipe, label: str, kind: str, array: np.ndarray, letterbox: str = "") -> Case:
     feed = {pipe.adapter.input_name: np.ascontiguousarray(array, dtype=np.float32)}
-    return Case(label, kind, feed, pipe.adapter.reference(pipe.loaded, feed[pipe.adapter.input_name]))
+    return Case(label, kind, feed, pipe.adapter.reference(pipe.loaded, feed[pipe.adapter.input_name]), letterbox)
 
 
 def _save(folder: Path, cases: list[Case]) -> None:
@@ -113,7 +138,8 @@ def _save(folder: Path, cases: list[Case]) -> None:
     results = RunResults()
     results.append((RUNNER_NAME, [IterationResult(c.outputs, runner_name=RUNNER_NAME) for c in cases]))
     results.save(str(folder / OUTPUTS_FILE))
-    (folder / LABELS_FILE).write_text(json.dumps([{"label": c.label, "kind": c.kind} for c in cases]))
+    (folder / LABELS_FILE).write_text(json.dumps([{"label": c.label, "kind": c.kind, "letterbox": c.letterbox}
+                                                  for c in cases]))
 
 
 def _load(folder: Path) -> list[Case]:
@@ -124,5 +150,23 @@ def _load(folder: Path) -> list[Case]:
     results = RunResults.load(str(folder / OUTPUTS_FILE))
     (_, iterations), = results.items()
     labels = json.loads((folder / LABELS_FILE).read_text())
-    return [Case(l["label"], l["kind"], dict(f), {k: np.asarray(v) for k, v in it.items()})
+    return [Case(l["label"], l["kind"], dict(f), {k: np.asarray(v) for k, v in it.items()}, l.get("letterbox", ""))
             for l, f, it in zip(labels, feeds, iterations)]
+
+
+def onnx_accepts_hw(path: Path):
+    """Which input H x W an ONNX graph takes (a graph of dynamic H/W: any), as its runtime's session says."""
+    from enginekit.backends.base import SessionInfo, static
+    from enginekit.onnx.graph import input_dims, load_model
+
+    dims = input_dims(load_model(path))
+    name, shape = next(iter(dims.items()))
+    return SessionInfo("onnx", "cpu", name, (), static(shape)).accepts_hw
+
+
+def engine_accepts_hw(manifest: dict, input_name: str):
+    """Which input H x W an engine takes: what one of its profiles covers."""
+    from enginekit.backends.base import SessionInfo
+
+    return SessionInfo("engine", "", input_name, (), (None, None, None, None),
+                       profiles=list(manifest.get("profiles") or [])).accepts_hw

@@ -10,10 +10,12 @@ from enginekit.compare.gate import VerifyReport
 from enginekit.compare.metrics import STATISTICS
 
 
-def write_json(reports: list[VerifyReport], path: Path) -> Path:
+def write_json(reports: list[VerifyReport], path: Path, ladder: list | None = None) -> Path:
     from enginekit.fsutil import atomic_write_text, json_text
 
     data = {"passed": all(r.passed for r in reports), "entries": [r.to_json() for r in reports]}
+    if ladder:
+        data["ladder"] = ladder  # verify --data: per precision and artifact against the labels
     atomic_write_text(path, json_text(data, indent=2, default=_json_default) + "\n")  # strict JSON: NaN is null
     return path
 
@@ -44,8 +46,8 @@ def write_junit(reports: list[VerifyReport], path: Path) -> Path:
     return path
 
 
-def write_markdown(reports: list[VerifyReport], path: Path) -> Path:
-    lines = ["# enginekit verify", ""]
+def write_markdown(reports: list[VerifyReport], path: Path, ladder: list | None = None) -> Path:
+    lines = ["# enginekit verify", ""] + ladder_lines(reports, ladder or [])
     for r in reports:
         state = "PASS" if r.passed else "FAIL"
         lines += [f"## {r.subject} ({r.precision}): {state}", "",
@@ -62,6 +64,27 @@ def write_markdown(reports: list[VerifyReport], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path
+
+
+def ladder_lines(reports: list[VerifyReport], ladder: list) -> list[str]:
+    """verify --data: the precision ladder against the labels (headline metric, drop, gate, size, latency)."""
+    if not ladder:
+        return []
+    info = next((r.ground_truth for r in reports if r.ground_truth), {})
+    metric = ladder[0]["metric"]
+    lines = [f"## Against the labels of `{info.get('data', '?')}` ({info.get('split', 'val')}: "
+             f"{info.get('images', '?')} images, {info.get('instances', '?')} instances)", "",
+             f"| precision | artifact | {metric} | drop | gate | size MB | p50 ms (bench) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in ladder:
+        drop = "" if r["artifact"] == "PyTorch" or r["drop"] is None else f"{r['drop']:+.4f}"
+        gate = ("reference" if r["artifact"] == "PyTorch" else "") if r["passed"] is None else \
+            f"{'pass' if r['passed'] else 'FAIL'} (limit {r['limit']:g})"
+        lat = r.get("latency_ms")
+        latency = f"{lat['p50_ms']:.2f} ({lat['backend']})" if lat else ""
+        lines.append(f"| {r['precision']} | {r['artifact']} | {r['value']:.4f} | {drop} | {gate} | "
+                     f"{r['size_mb'] or ''} | {latency} |")
+    return lines + [""]
 
 
 TASK_FIGURES = ("conf", "reference_detections", "candidate_detections", "recall", "precision", "map50", "map50_95",

@@ -30,34 +30,105 @@ from enginekit.families.processing import DepthMaps, ImageProcessor, TopClasses
 from enginekit.results import Detections, OrientedBoxes, Poses, SemanticMap, Segments
 
 
-def letterbox_geometry(shape: tuple[int, int], new: tuple[int, int]) -> tuple[tuple[int, int], int, int, int, int]:
-    """Ultralytics LetterBox(auto=False, scaleup=True, center=True): resized (h, w) and the padding."""
-    h, w = shape
-    r = min(new[0] / h, new[1] / w)
-    unpad_w, unpad_h = int(round(w * r)), int(round(h * r))
-    dw, dh = (new[1] - unpad_w) / 2, (new[0] - unpad_h) / 2
-    top, bottom = int(round(dh - 0.1)), int(round(dh + 0.1))
-    left, right = int(round(dw - 0.1)), int(round(dw + 0.1))
-    return (unpad_h, unpad_w), top, bottom, left, right
+def letterbox(new_shape: tuple[int, int], *, auto: bool = False, stride: int = 32):
+    """Ultralytics' ``LetterBox`` as its predictor makes it (scaleup, centred, gray 114): ``auto`` for the
+    smallest stride-aligned rectangle around the frame (``.pt`` predict), else the full ``new_shape``."""
+    from ultralytics.data.augment import LetterBox
+
+    return LetterBox(new_shape=tuple(new_shape), auto=auto, scaleup=True, center=True, stride=stride)
+
+
+def letterbox_params(shape: tuple[int, int], new_shape: tuple[int, int], *, auto: bool = False,
+                     stride: int = 32) -> dict:
+    """``LetterBox.get_params`` for a frame of H x W ``shape``: resized size (``new_unpad``, w h) and padding."""
+    return letterbox(new_shape, auto=auto, stride=stride).get_params(
+        {"img": np.broadcast_to(np.zeros((), np.uint8), (*shape, 1))})
+
+
+def letterbox_geometry(shape: tuple[int, int], new: tuple[int, int], *, auto: bool = False,
+                       stride: int = 32) -> tuple[tuple[int, int], int, int, int, int]:
+    """Ultralytics LetterBox (scaleup, centred; ``auto``: the smallest rectangle): resized (h, w) and the padding."""
+    p = letterbox_params(shape, new, auto=auto, stride=stride)
+    return (p["new_unpad"][1], p["new_unpad"][0]), p["top"], p["bottom"], p["left"], p["right"]
+
+
+def letterboxed_hw(shape: tuple[int, int], new: tuple[int, int], *, auto: bool = False,
+                   stride: int = 32) -> tuple[int, int]:
+    """The H x W a frame of ``shape`` is letterboxed to."""
+    (uh, uw), top, bottom, left, right = letterbox_geometry(shape, new, auto=auto, stride=stride)
+    return uh + top + bottom, uw + left + right
 
 
 class YoloProcessor(ImageProcessor):
-    """Detections: letterboxed input, Ultralytics' NMS, boxes in the original image's pixels."""
+    """Detections: letterboxed input, Ultralytics' NMS, boxes in the original image's pixels.
+
+    Letterbox: where the session takes it (a graph of dynamic H/W, an engine whose profiles cover it), each
+    frame goes to the smallest stride-aligned rectangle around it, as ``YOLO(pt).predict`` letterboxes
+    (``LetterBox(auto=True)``: 640x480 for a 4:3 frame at 640); else to the full network size (square),
+    which gives other boxes on a frame that is not square. ``input_note`` says which, and why."""
 
     gpu_graphable = True  # preprocess_gpu launches only device work: the predictor may capture it
+    #: the family letterboxes as Ultralytics' predictor (RT-DETR stretches instead: no rectangle)
+    rect = True
 
     def __init__(self, adapter, metadata: dict, info, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
                  input_size=None, **_):
         super().__init__(adapter, metadata, info, input_size=input_size)
         self.end2end = str(metadata.get("end2end")) == "True"
         self.conf, self.iou, self.max_det = conf, iou, max_det
+        self.stride = int(metadata.get("stride") or 32)
+
+    def rect_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
+        """The smallest stride-aligned rectangle ``YOLO(pt).predict`` letterboxes a frame of ``image_hw`` to."""
+        return letterboxed_hw(tuple(image_hw), self.hw, auto=True, stride=self.stride)
+
+    def input_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
+        if self.rect and self.adapter.rect_hw(tuple(image_hw), tuple(self.hw)) is not None:
+            hw = self.rect_hw(image_hw)
+            if hw != tuple(self.hw) and self.info.accepts_hw(hw):
+                return hw
+        return tuple(self.hw)
+
+    @property
+    def input_note(self) -> str:
+        if not self.rect or self.adapter.rect_hw(tuple(self.hw), tuple(self.hw)) is None:
+            return ""
+        h, w = self.hw
+        probe = self.rect_hw((h * 3, w * 4)) if w >= h else self.rect_hw((h * 4, w * 3))  # a 4:3 frame
+        if self.info.accepts_hw(probe):
+            return (f"letterbox as YOLO(pt).predict: each frame to the smallest {self.stride}-aligned rectangle at "
+                    f"{h}x{w} (a 4:3 frame: {probe[0]}x{probe[1]})")
+        what = "its engine's profiles take" if self.info.profiles else "the graph's input is fixed at"
+        fix = (f"build with a --profile covering the frames' rectangle (e.g. 1x3x{probe[0]}x{probe[1]})"
+               if self.info.profiles else "export it with dynamic H/W (enginekit export does for YOLO)")
+        return (f"letterbox to {h}x{w} (square), not YOLO(pt).predict's rectangle: {what} "
+                f"{'x'.join(map(str, self.info.fixed_hw or self.hw))} only; boxes on a non-square frame differ from "
+                f"the .pt's: {fix}")
+
+    def letterbox_for(self, image_hw: tuple[int, int], hw: tuple[int, int]):
+        """The ``LetterBox`` that takes a frame of ``image_hw`` to the network input ``hw`` (``input_hw``'s)."""
+        if tuple(hw) != tuple(self.hw):  # the frame's rectangle
+            return letterbox(self.hw, auto=True, stride=self.stride)
+        return letterbox(hw)
+
+    def preprocess_cpu(self, rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        if tuple(hw) == tuple(self.hw):
+            return self.adapter.preprocess(rgb, hw)[0]  # the full size: the family's own, as parity measured it
+        boxed = self.letterbox_for(rgb.shape[:2], hw)(image=rgb)
+        if boxed.shape[:2] != tuple(hw):
+            raise ValueError(f"a {rgb.shape[0]}x{rgb.shape[1]} frame letterboxes to {boxed.shape[0]}x{boxed.shape[1]}, "
+                             f"not {hw[0]}x{hw[1]}")
+        return np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0
 
     def preprocess_gpu(self, chw, hw: tuple[int, int]):
-        """``chw``: 3xHxW float32 RGB in 0..255 on the GPU -> 3xhxw letterboxed in 0..1."""
+        """``chw``: 3xHxW float32 RGB in 0..255 on the GPU -> 3xhxw letterboxed in 0..1 (the frame's rectangle
+        where ``hw`` is one, as on the CPU)."""
         import torch
         import torch.nn.functional as F
 
-        (uh, uw), top, bottom, left, right = letterbox_geometry(tuple(chw.shape[1:]), hw)
+        rect = tuple(hw) != tuple(self.hw)
+        (uh, uw), top, bottom, left, right = letterbox_geometry(tuple(chw.shape[1:]), self.hw if rect else tuple(hw),
+                                                                auto=rect, stride=self.stride)
         x = chw[None]
         if (uh, uw) != tuple(chw.shape[1:]):
             x = F.interpolate(x, size=(uh, uw), mode="bilinear", align_corners=False)
@@ -204,6 +275,8 @@ class RtdetrProcessor(YoloProcessor):
     stretched to the network's size (Ultralytics' ``scale_fill``), no letterbox."""
 
     preprocess_gpu = ImageProcessor.preprocess_gpu
+    preprocess_cpu = ImageProcessor.preprocess_cpu
+    rect = False  # stretched to the network's size, as RTDETRPredictor (scale_fill): no rectangle
 
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Detections]:
         from ultralytics.utils import ops
@@ -222,6 +295,8 @@ class RtdetrProcessor(YoloProcessor):
 
 class SemanticProcessor(YoloProcessor):
     """A class id per pixel at the original resolution, from the exported logits (B, nc, H, W)."""
+
+    rect = False  # its graphs keep a fixed H x W: letterboxed to the full size
 
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[SemanticMap]:
         import torch.nn.functional as F

@@ -35,6 +35,7 @@ from enginekit.families.evaluation import (
     InstanceEvaluation,
     SemanticEvaluation,
     instance_gates,
+    label_gates,
 )
 from enginekit.families.registry import FamilyInfo, register
 from enginekit.families.ultralytics.base import (
@@ -133,6 +134,32 @@ class YoloFamily(UltralyticsAdapter):
         return (f"{self.variant} is a {self.task} model: it has no boxes to suppress (--nms applies to detectors, "
                 "segment, pose and obb models)")
 
+    # -- labels (verify --data): an Ultralytics dataset, read by Ultralytics (families.ultralytics.labels) ------
+    def read_labels(self, dataset, split: str, metadata: dict[str, str], *, limit: int | None = None):
+        """The labelled images of ``split`` (a ``labels.LabelledSplit``); one line where this task takes none."""
+        import ast
+
+        from enginekit.families.processing import parse_names
+        from enginekit.families.ultralytics.labels import read_split
+
+        if not hasattr(self, "label_scores"):
+            raise UsageError(f"{self.variant} is a {self.task} model: verify --data scores detect, segment, pose, obb "
+                             "and classify models against labels")
+        kpt = metadata.get("kpt_shape")
+        return read_split(dataset, split, self.task, parse_names(metadata.get("names")) or self.default_class_names(),
+                          limit=limit, kpt_shape=ast.literal_eval(kpt) if isinstance(kpt, str) else kpt)
+
+    def label_truth(self, split, sample, image_bgr, letterbox):
+        from enginekit.families.ultralytics.labels import truth_instances
+
+        return truth_instances(split, sample, image_bgr, letterbox)
+
+    def label_letterbox(self, image_hw: tuple[int, int], hw: tuple[int, int], rect: bool):
+        """The ``LetterBox`` the runtime gives a frame at network size ``hw`` (``rect``: its own rectangle)."""
+        from enginekit.families.ultralytics.runtime import letterbox
+
+        return letterbox(hw, auto=rect, stride=getattr(self, "rect_stride", 32))
+
 
 # -- instances: detect, segment, pose, obb --------------------------------------------------------------
 _END2END_REFUSAL = ("{} ends in a one-to-one head whose outputs are the kept boxes already (no NMS to add): "
@@ -165,15 +192,16 @@ def _zero_padded(nms_model):
 
 
 def nms_rows(output: np.ndarray, conf: float, *, nc: int = 0, end2end: bool = False, rotated: bool = False,
-             max_det: int = MAX_DET) -> list[np.ndarray]:
+             max_det: int = MAX_DET, multi_label: bool = False) -> list[np.ndarray]:
     """Kept rows per image by Ultralytics' NMS (or its end-to-end filter), with no time limit:
-    [x1, y1, x2, y2 (xywh for rotated), score, class, task channels (angle last for obb)]."""
+    [x1, y1, x2, y2 (xywh for rotated), score, class, task channels (angle last for obb)]. ``multi_label``:
+    a box kept once per class scoring above ``conf``, as Ultralytics' validators decode."""
     import torch
     from ultralytics.utils.nms import non_max_suppression
 
     preds = non_max_suppression(torch.from_numpy(np.ascontiguousarray(output, dtype=np.float32)), conf_thres=conf,
                                 iou_thres=IOU_NMS, max_det=max_det, nc=0 if end2end else nc, rotated=rotated,
-                                end2end=end2end, max_time_img=NO_TIME_LIMIT)
+                                end2end=end2end, max_time_img=NO_TIME_LIMIT, multi_label=multi_label)
     return [p.numpy() for p in preds]
 
 
@@ -185,6 +213,35 @@ class _YoloInstances(InstanceEvaluation, YoloFamily):
     extra_kind = "values"
     #: rotated boxes (obb): decoded with probiou NMS, drawn as centre, size and angle
     rotated = False
+    # Graphs take any H x W (Ultralytics' dynamic=True export): the runtime then letterboxes each frame to the
+    # smallest stride-aligned rectangle, as YOLO(pt).predict does (LetterBox(auto=True): 640x480 for a 4:3
+    # frame), and gives its boxes on any aspect ratio. Exported at the first profile's size, the graph records
+    # it (export_shape) as the size frames are letterboxed to. Engines take what their profiles cover.
+    export_at_profile_size = True
+
+    #: the stride the rectangle is aligned to (every YOLO of Ultralytics' P5 YAMLs: 32)
+    rect_stride = 32
+
+    def rect_hw(self, image_hw, hw):
+        from enginekit.families.ultralytics.runtime import letterboxed_hw
+
+        return letterboxed_hw(tuple(image_hw), tuple(hw), auto=True, stride=self.rect_stride)
+
+    def preprocess_rect(self, image_rgb, hw):
+        """Ultralytics' ``LetterBox(auto=True)`` at network size ``hw``, as its ``.pt`` predictor."""
+        from enginekit.families.ultralytics.runtime import letterbox
+
+        boxed = letterbox(hw, auto=True, stride=self.rect_stride)(image=image_rgb)
+        return (np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0)[None]
+
+    @property
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        kept = self.nms is not None or ends_in_own_nms(self.variant, self.suffix)  # (B, max_det, 6+): rows, not anchors
+        axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch"} if kept else
+                {0: "batch", 2: "anchors"}}
+        if "output1" in self.output_names:  # mask prototypes at 1/4 of the input
+            axes["output1"] = {0: "batch", 2: "mask_height", 3: "mask_width"}
+        return axes
     # the head's branches that INT8 leaves alone: box/DFL and class branches (as for detectors), and
     # each task's own branch (mask coefficients, keypoints, angle: cv4) and the mask prototypes
     int8_exclude = (
@@ -230,13 +287,14 @@ class _YoloInstances(InstanceEvaluation, YoloFamily):
         return {**reference, "output0": ref}, {**candidate, "output0": cand}
 
     # -- decoding: outputs -> instances in the input's pixels ------------------------------------------
-    def _rows(self, outputs, metadata, conf, max_det) -> list[np.ndarray]:
+    def _rows(self, outputs, metadata, conf, max_det, validator=False) -> list[np.ndarray]:
         nc = 0 if not self.extra_part else class_count(metadata) or 80
         return nms_rows(outputs["output0"], conf, nc=nc, end2end=metadata.get("end2end") == "True",
-                        rotated=self.rotated, max_det=max_det)
+                        rotated=self.rotated, max_det=max_det, multi_label=validator)
 
-    def decode(self, outputs, metadata, conf, *, hw=None, max_det=MAX_DET):
-        return [Instances.from_rows(r) for r in self._rows(outputs, metadata, conf, max_det)]
+    def decode(self, outputs, metadata, conf, *, hw=None, max_det=MAX_DET, validator=False):
+        """``validator``: as Ultralytics' validators decode for mAP against labels (multi-label NMS)."""
+        return [Instances.from_rows(r) for r in self._rows(outputs, metadata, conf, max_det, validator)]
 
     # -- --nms ---------------------------------------------------------------------------------------
     def nms_refusal(self) -> str | None:
@@ -364,9 +422,9 @@ class YoloSegmentAdapter(_YoloTaskInstances):
     example = "yolo11n-seg"
     summary = "instance masks: output0 boxes + class scores + 32 mask coefficients, output1 prototypes"
     output_names = ("output0", "output1")
-    dynamic_axes = {"images": {0: "batch"}, "output0": {0: "batch"}, "output1": {0: "batch"}}
     extra_part = "mask_coefficients"
     task_gates = instance_gates("mask_map50")
+    label_gates = label_gates("mask_map50_95")
     metric_prefix = "mask_"
     box_map50 = True
     ranked_max_det = MAX_DET_MASKS
@@ -377,16 +435,17 @@ class YoloSegmentAdapter(_YoloTaskInstances):
     def known_parts(self):
         return (*super().known_parts(), "prototypes")
 
-    def decode(self, outputs, metadata, conf, *, hw=None, max_det=MAX_DET):
+    def decode(self, outputs, metadata, conf, *, hw=None, max_det=MAX_DET, validator=False):
         """Instances with binary masks at the prototypes' resolution (1/4 of the input, as the validator's
         ``mask_ratio`` 4), by Ultralytics' ``process_mask``. An instance whose mask is empty (no pixel inside
-        its box) has nothing to compare by mask IoU: it is left out (``Instances.left_out``)."""
+        its box) has nothing to compare by mask IoU: it is left out (``Instances.left_out``), unless
+        ``validator`` (decoded as Ultralytics' validator does, for mAP against labels: multi-label, all kept)."""
         import torch
         from ultralytics.utils.ops import process_mask
 
         protos = outputs["output1"]
         result = []
-        for rows, proto in zip(self._rows(outputs, metadata, conf, max_det), protos):
+        for rows, proto in zip(self._rows(outputs, metadata, conf, max_det, validator), protos):
             mh, mw = proto.shape[1:]  # the prototypes upsample stride-8 features twice
             if len(rows):
                 masks = process_mask(torch.from_numpy(proto),
@@ -395,6 +454,8 @@ class YoloSegmentAdapter(_YoloTaskInstances):
             else:
                 masks = np.zeros((0, mh, mw), dtype=np.float32)
             keep = masks.reshape(len(rows), -1).any(1) if len(rows) else np.zeros(0, dtype=bool)
+            if validator:
+                keep[:] = True
             instances = Instances.from_rows(rows[keep], masks=masks[keep])
             instances.left_out = int((~keep).sum())
             result.append(instances)
@@ -418,6 +479,7 @@ class YoloPoseAdapter(_YoloTaskInstances):
     summary = "keypoints: output0 boxes + class scores + keypoints (x, y, visibility) per anchor"
     extra_part = "keypoints"
     task_gates = instance_gates("pose_map50")
+    label_gates = label_gates("pose_map50_95")
     metric_prefix = "pose_"
     box_map50 = True
 
@@ -432,15 +494,16 @@ class YoloPoseAdapter(_YoloTaskInstances):
 
         return tuple(ast.literal_eval(metadata.get("kpt_shape", "[17, 3]")))
 
-    def _rows(self, outputs, metadata, conf, max_det):
+    def _rows(self, outputs, metadata, conf, max_det, validator=False):
         nc = class_count(metadata) or 1
-        return nms_rows(outputs["output0"], conf, nc=nc, end2end=metadata.get("end2end") == "True", max_det=max_det)
+        return nms_rows(outputs["output0"], conf, nc=nc, end2end=metadata.get("end2end") == "True", max_det=max_det,
+                        multi_label=validator)
 
-    def decode(self, outputs, metadata, conf, *, hw=None, max_det=MAX_DET):
+    def decode(self, outputs, metadata, conf, *, hw=None, max_det=MAX_DET, validator=False):
         """Instances with keypoints (N, K, 3): x, y in the input's pixels, visibility (1 where the head has none)."""
         nk, dims = self._kpt_shape(metadata)
         result = []
-        for rows in self._rows(outputs, metadata, conf, max_det):
+        for rows in self._rows(outputs, metadata, conf, max_det, validator):
             k = np.ascontiguousarray(rows[:, 6:6 + nk * dims]).reshape(len(rows), nk, dims)
             if dims == 2:
                 k = np.concatenate([k, np.ones_like(k[..., :1])], -1)
@@ -466,10 +529,10 @@ class YoloObbAdapter(_YoloTaskInstances):
     nms_form = "fast"
     rotated = True  # rotated boxes stay centre + size, the angle beside them
 
-    def decode(self, outputs, metadata, conf, *, hw=None, max_det=MAX_DET):
+    def decode(self, outputs, metadata, conf, *, hw=None, max_det=MAX_DET, validator=False):
         """Instances with rotated boxes (N, 5): centre x, centre y, width, height, angle (radians)."""
         result = []
-        for rows in self._rows(outputs, metadata, conf, max_det):
+        for rows in self._rows(outputs, metadata, conf, max_det, validator):
             instances = Instances.from_rows(rows)
             instances.boxes = np.ascontiguousarray(np.concatenate([rows[:, :4], rows[:, -1:]], axis=1),
                                                    dtype=np.float32)

@@ -1,0 +1,121 @@
+"""Predictions against labels, by Ultralytics' validator metric code: the figures users quote (``yolo val``).
+
+Family-agnostic: per image, the labels and the candidate's ranked predictions are ``Instances`` in the same
+input pixels (a family decodes its outputs; ``families.ultralytics.labels`` reads labels); each prediction
+is matched to the labels as the validators' ``_process_batch`` does (``BaseValidator.match_predictions``
+over 10 IoU thresholds 0.5..0.95, same class, with the similarity of the task: box IoU, mask IoU, keypoint
+OKS, probiou), and the statistics go into the task's Ultralytics metrics class (``DetMetrics``,
+``SegmentMetrics``, ``PoseMetrics``, ``OBBMetrics``; ``ClassifyMetrics`` for top-1/top-5), whose
+``process`` computes precision, recall, mAP50 and mAP50-95 (``ap_per_class``) exactly as ``val`` does.
+
+Keys: ``precision``, ``recall``, ``map50``, ``map50_95`` (boxes; obb: rotated boxes), ``mask_*`` (segment),
+``pose_*`` (pose), ``top1``/``top5`` (classify); ``images`` and ``instances`` counted.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from enginekit.compare.instances import Instances, Similarity
+
+#: Ultralytics' metrics class per task, and the prefix of our keys per results_dict suffix
+_METRICS = {"detect": "DetMetrics", "segment": "SegmentMetrics", "pose": "PoseMetrics", "obb": "OBBMetrics"}
+_EXTRA_STAT = {"segment": "tp_m", "pose": "tp_p"}
+_SUFFIX = {"(B)": "", "(M)": "mask_", "(P)": "pose_"}
+_NAMES = {"precision": "precision", "recall": "recall", "mAP50": "map50", "mAP50-95": "map50_95"}
+
+#: the metric a drop against the reference is gated on, per task
+HEADLINE = {"detect": "map50_95", "obb": "map50_95", "segment": "mask_map50_95", "pose": "pose_map50_95",
+            "classify": "top1"}
+
+
+def _match(pred: Instances, truth: Instances, sim: np.ndarray) -> np.ndarray:
+    """The validator's correct-prediction matrix (Npred, 10): ``BaseValidator.match_predictions``."""
+    import torch
+    from ultralytics.engine.validator import BaseValidator
+
+    iouv = torch.linspace(0.5, 0.95, 10)
+    if not len(truth) or not len(pred):
+        return np.zeros((len(pred), len(iouv)), dtype=bool)
+    matcher = type("Matcher", (), {"iouv": iouv})()
+    return BaseValidator.match_predictions(matcher, torch.from_numpy(pred.classes), torch.from_numpy(truth.classes),
+                                           torch.from_numpy(np.asarray(sim, dtype=np.float32))).numpy()
+
+
+class InstanceScores:
+    """Accumulates images of one task (labels and ranked predictions) into Ultralytics' metrics class.
+
+    ``box``: the similarity of the boxes (IoU; probiou for rotated boxes); ``extra``: the task's own
+    (mask IoU, keypoint OKS), for ``mask_*`` / ``pose_*``."""
+
+    def __init__(self, task: str, names: dict[int, str], box: Similarity, extra: Similarity | None = None):
+        from ultralytics.utils import metrics
+
+        if task not in _METRICS:
+            raise ValueError(f"no label metrics for task {task!r}")
+        self.task = task
+        self.metrics = getattr(metrics, _METRICS[task])(names=dict(names))
+        self.box, self.extra = box, extra
+        self.images = 0
+        self.instances = 0
+
+    def add(self, truth: Instances, pred: Instances, name: str = "") -> None:
+        """One image: its labels (``truth``) and the candidate's predictions down to the validator's conf."""
+        stat = {"tp": _match(pred, truth, self.box(truth, pred)) if len(truth) and len(pred) else
+                np.zeros((len(pred), 10), dtype=bool),
+                "conf": pred.scores.astype(np.float32), "pred_cls": pred.classes.astype(np.float32),
+                "target_cls": truth.classes.astype(np.float32), "target_img": np.unique(truth.classes).astype(np.float32),
+                "im_name": name or str(self.images)}
+        key = _EXTRA_STAT.get(self.task)
+        if key is not None:
+            stat[key] = _match(pred, truth, self.extra(truth, pred)) if len(truth) and len(pred) else \
+                np.zeros((len(pred), 10), dtype=bool)
+        self.metrics.update_stats(stat)
+        self.images += 1
+        self.instances += len(truth)
+
+    def result(self) -> dict[str, float]:
+        self.metrics.process()
+        out: dict[str, float] = {}
+        for key, value in self.metrics.results_dict.items():
+            if not key.startswith("metrics/"):
+                continue
+            stem, _, suffix = key[len("metrics/"):].partition("(")
+            prefix = _SUFFIX.get("(" + suffix)
+            if prefix is not None and stem in _NAMES:
+                out[prefix + _NAMES[stem]] = float(value)
+        return {**out, "images": float(self.images), "instances": float(self.instances)}
+
+
+class ClassifyScores:
+    """Top-1 and top-5 accuracy by Ultralytics' ``ClassifyMetrics``."""
+
+    def __init__(self):
+        self.targets: list = []
+        self.preds: list = []
+
+    def add(self, class_id: int, probabilities: np.ndarray) -> None:
+        import torch
+
+        top = np.argsort(-np.asarray(probabilities).reshape(-1), kind="stable")[:5]
+        self.preds.append(torch.from_numpy(top.astype(np.int32))[None])
+        self.targets.append(torch.tensor([class_id], dtype=torch.int32))
+
+    def result(self) -> dict[str, float]:
+        from ultralytics.utils.metrics import ClassifyMetrics
+
+        m = ClassifyMetrics()
+        m.process(self.targets, self.preds)
+        return {"top1": float(m.top1), "top5": float(m.top5), "images": float(len(self.targets)),
+                "instances": float(len(self.targets))}
+
+
+def drops(reference: dict[str, float], candidate: dict[str, float]) -> dict[str, float]:
+    """The candidate's loss against the reference on each figure both have (positive: worse)."""
+    skip = {"images", "instances", "rectangles"}
+    return {f"{k}_drop": float(reference[k] - candidate[k]) for k in reference if k in candidate and k not in skip}
+
+
+Scorer = Callable[[], "InstanceScores | ClassifyScores"]

@@ -1,0 +1,165 @@
+"""``verify --data``: the FP32 PyTorch model and every candidate scored against a dataset's labels.
+
+Each image goes through the preprocessing of the runtime the candidate stands for (Ultralytics' letterbox at
+the network size: the image's own rectangle where the graph or engine takes it, as ``YOLO(pt).predict``;
+else the full size), one image per inference (batch 1, as the runtime runs a frame); the outputs are decoded
+by the family as Ultralytics' validator decodes them (confidence 0.001, NMS IoU 0.7, multi-label, 300 per
+image or the most labels an image has) and scored by Ultralytics' validator metrics
+(``compare.ground_truth``). The FP32 PyTorch reference is scored with each candidate's own letterbox, so a
+candidate's drop is its own loss. Every score is a cache entry (``ground-truth``) keyed by the candidate
+(weights, graph sha256 or engine key), the labels' content and the input sizes: a second verify scores
+nothing again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from enginekit import reporting
+from enginekit.compare.ground_truth import HEADLINE, drops
+from enginekit.compare.instances import IOU_NMS, MAX_DET
+from enginekit.errors import UsageError
+
+GROUND_TRUTH_VERSION = 1  # part of every ground-truth key: bump when scoring changes
+
+
+@dataclass(frozen=True)
+class LabelRequest:
+    """Which labels: a dataset YAML or folder, its split, and how many images (spread evenly; None: all)."""
+
+    source: Path
+    split: str = "val"
+    limit: int | None = None
+
+    def check(self) -> None:
+        """Refuse (one line) a dataset that cannot be read or whose split has no images."""
+        from enginekit.datasets import load_dataset
+
+        dataset = load_dataset(self.source)
+        if dataset.classify_layout:
+            dataset.class_folders(self.split)
+        else:
+            dataset.images(self.split)
+
+
+class GroundTruth:
+    """A labelled split for one model, scored per candidate (cached)."""
+
+    def __init__(self, pipe, request: LabelRequest, metadata: dict[str, str], hw: tuple[int, int]):
+        from enginekit.datasets import load_dataset
+
+        self.pipe, self.adapter, self.request = pipe, pipe.adapter, request
+        self.metadata = dict(metadata)
+        self.hw = tuple(hw)
+        if not hasattr(self.adapter, "read_labels") or not hasattr(self.adapter, "label_scores"):
+            raise UsageError(f"{self.adapter.variant} ({self.adapter.family}) takes no labels: verify --data scores "
+                             "detect, segment, pose, obb and classify models")
+        with reporting.stage(f"labels ({request.source.name}, {request.split})") as s:
+            self.split = self.adapter.read_labels(load_dataset(request.source), request.split, self.metadata,
+                                                  limit=request.limit)
+            s.detail = f"{len(self.split.samples)} images, {self.split.instances} instances"
+        self.digest = self.split.digest()
+        self.max_det = max(MAX_DET, self.split.max_labels)  # as the validator raises its max_det to fit the labels
+        self.notes = list(self.split.notes)
+        self.task = self.split.task
+        self.headline = HEADLINE.get(self.task, "map50_95")
+
+    def describe(self) -> dict:
+        return {"data": str(self.request.source), "split": self.request.split, "images": len(self.split.samples),
+                "instances": self.split.instances, "network_hw": list(self.hw), "headline": self.headline,
+                "limit": self.request.limit}
+
+    # -- input sizes -------------------------------------------------------------------------------
+    def input_sizes(self, accepts_hw: Callable | None) -> list[tuple[tuple[int, int], bool]]:
+        """Per image: (network input H x W, whether it is the image's rectangle), as the candidate's runtime."""
+        sizes = []
+        for sample in self.split.samples:
+            shape = _image_hw(sample)
+            rect = self.adapter.rect_hw(shape, self.hw) if shape is not None else None
+            if rect is not None and tuple(rect) != self.hw and accepts_hw is not None and accepts_hw(tuple(rect)):
+                sizes.append((tuple(rect), True))
+            else:
+                sizes.append((self.hw, False))
+        return sizes
+
+    # -- scoring ------------------------------------------------------------------------------------
+    def score(self, name: str, identity: str, run: Callable, accepts_hw: Callable | None, versions: dict) -> dict:
+        """The candidate ``run`` (feed -> outputs) scored against the labels: cached by ``identity``."""
+        sizes = self.input_sizes(accepts_hw)
+        parts = {"stage": "ground-truth", "version": GROUND_TRUTH_VERSION, "candidate": identity,
+                 "labels": self.digest, "network_hw": list(self.hw),
+                 "inputs": hashlib.sha256(json.dumps([list(hw) for hw, _ in sizes]).encode()).hexdigest(),
+                 "decode": {"conf": 0.001, "iou": IOU_NMS, "max_det": self.max_det, "multi_label": True},
+                 "versions": versions}
+
+        def produce(tmp: Path) -> dict:
+            return {"result": self._score(run, sizes), "rectangles": sum(r for _, r in sizes)}
+
+        with reporting.stage(f"labels: {name}") as s:
+            entry, status = self.pipe.cache.get_or_create("ground-truth", parts, produce, subject=self.pipe.subject)
+            s.status = status
+        result = dict(entry.manifest["result"])
+        result["rectangles"] = float(entry.manifest.get("rectangles", 0))
+        return result
+
+    def _score(self, run: Callable, sizes) -> dict:
+        import cv2
+
+        scores = self.adapter.label_scores(self.split.names, self.metadata)
+        name = self.adapter.input_name
+        for sample, (hw, rect) in zip(self.split.samples, sizes):
+            bgr = cv2.imread(str(sample.path), cv2.IMREAD_COLOR)
+            if bgr is None:
+                raise UsageError(f"cannot read image {sample.path}")
+            rgb = np.ascontiguousarray(bgr[..., ::-1])
+            x = self.adapter.preprocess_rect(rgb, self.hw) if rect else self.adapter.preprocess(rgb, self.hw)
+            if tuple(x.shape[2:]) != tuple(hw):
+                raise ValueError(f"{sample.path.name} letterboxed to {x.shape[2:]}, not {hw}")
+            outputs = run({name: np.ascontiguousarray(x, dtype=np.float32)})
+            letterbox = self.adapter.label_letterbox(bgr.shape[:2], self.hw, rect) if hasattr(
+                self.adapter, "label_letterbox") else None
+            self.adapter.add_label_image(scores, self.split, sample, bgr, outputs, self.metadata, letterbox, self.max_det)
+        return scores.result()
+
+    def reference(self, accepts_hw: Callable | None) -> dict:
+        """The FP32 PyTorch model, letterboxed as a candidate that takes ``accepts_hw``'s sizes."""
+        from enginekit.pipeline import model_versions
+
+        pipe = self.pipe
+        identity = f"pytorch:{pipe.request.weights_identity}" + (
+            f"+nms:{json.dumps(self.adapter.nms.to_json(), sort_keys=True)}" if self.adapter.nms is not None else "")
+
+        def run(feed):
+            return self.adapter.reference(pipe.loaded, feed[self.adapter.input_name])
+
+        return self.score("PyTorch FP32", identity, run, accepts_hw, model_versions(self.adapter))
+
+    def judge(self, art, reference: dict, candidate: dict, gates, precision: str) -> None:
+        """The candidate's figures, its drop against the reference, and the gates on the drop, into ``art``."""
+        from enginekit.compare.gate import Check
+        from enginekit.compare.metrics import passes
+
+        lost = drops(reference, candidate)
+        art.ground_truth = {**candidate, **lost, "reference": {k: v for k, v in reference.items()}}
+        limits = gates.ground_truth(precision)
+        for metric, limit in limits.items():
+            if metric not in lost:
+                continue
+            value = lost[metric]
+            art.checks.append(Check(art.name, f"labels {metric.replace('_drop', '')} drop", value, "<=", limit,
+                                    passes("<=", value, limit)))
+        art.ground_truth["limits"] = {k: v for k, v in limits.items() if k in lost}
+
+
+def _image_hw(sample) -> tuple[int, int] | None:
+    """An image's H x W as Ultralytics read it (EXIF orientation applied), without decoding it again."""
+    if sample.label is not None and sample.label.get("shape") is not None:
+        h, w = sample.label["shape"]
+        return int(h), int(w)
+    return None

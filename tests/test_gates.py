@@ -69,11 +69,11 @@ def test_yolo_declares_boxes_and_scores():
 
 
 def test_identical_outputs_pass_with_figures():
-    ref, _ = yolo_output()
+    ref, _ = yolo_output(batch=4)  # 24 detections: enough to judge the 5% rule (22, binomial_minimum)
     found = compare(run_with(ref.copy()), cases_of(ref), adapter=yolo_adapter(), gates=Gates(yolo_adapter()),
                     precision="fp16")
     assert found.passed, found.failures()
-    assert found.task["reference_detections"] == 12 and found.task["recall"] == 1.0
+    assert found.task["reference_detections"] == 24 and found.task["recall"] == 1.0
     # Ultralytics integrates 101 points with the trapezoid rule: a perfect ranking scores 0.995
     assert found.task["map50"] == pytest.approx(0.995) and found.task["map50_95"] == pytest.approx(0.995)
     assert found.task["score_shift_max"] == 0.0
@@ -98,7 +98,7 @@ def test_shifting_only_the_class_scores_fails_the_scores_part():
 
 
 def test_small_noise_passes_and_is_measured():
-    ref, logits = yolo_output()
+    ref, logits = yolo_output(batch=4)
     rng = np.random.default_rng(1)
     cand = ref.copy()
     cand[:, :4] += rng.normal(0, 0.05, cand[:, :4].shape).astype(np.float32)
@@ -142,7 +142,7 @@ def test_nothing_to_compare_fails_with_the_reason():
     assert found.passed and "nothing to compare" in found.notes[0]
     # a lower operating point finds them again
     found = compare(run_with(ref.copy()), cases_of(ref), adapter=adapter,
-                    gates=Gates(adapter, Tolerances.parse(["conf=0.05"])), precision="fp16")
+                    gates=Gates(adapter, Tolerances.parse(["conf=0.05", "min_detections=0"])), precision="fp16")
     assert found.passed and found.task["conf"] == 0.05 and found.task["reference_detections"] > 0
 
 
@@ -154,13 +154,108 @@ def test_random_cases_gate_parity_but_not_the_task():
     assert [c.name for c in found.checks if not c.passed] == ["task: photographs compared"]
 
 
+def _near_threshold(score: float, batch: int = 4):
+    """Reference outputs (``batch`` images of 6 objects) whose object 0 of image 0 scores ``score``."""
+    ref, _ = yolo_output(batch=batch)
+    ref[0, 4:, 0:3] = 0.001
+    ref[0, 4, 0:3] = [score, score - 0.05, score - 0.1]  # its best anchor scores ``score``
+    return ref
+
+
+@pytest.mark.parametrize("moved, margin, lost", [(0.015, 0.02, False), (0.015, 0.0, True), (0.05, 0.02, True)])
+def test_detection_conf_margin_tells_a_threshold_flip_from_a_loss(moved, margin, lost):
+    """A detection 0.01 above conf 0.25 that drops by ``moved``: when it lands within the margin below conf
+    it is a threshold flip (neither lost nor counted against recall), further below a loss; margin 0 is
+    the plain rule. The same for a detection the candidate adds."""
+    ref = _near_threshold(0.26)
+    cand = ref.copy()
+    cand[0, 4, 0:3] -= moved
+    adapter = yolo_adapter()
+    gates = Gates(adapter, Tolerances.parse([f"conf_margin={margin}"]))
+    found = compare(run_with(cand), cases_of(ref), adapter=adapter, gates=gates, precision="int8")
+    assert found.task["reference_detections"] == 24
+    assert found.task["recall"] == pytest.approx(23 / 24 if lost else 1.0)
+    assert found.task.get("threshold_flips", 0.0) == (0.0 if lost or not margin else 1.0)
+    # the other way round: a candidate detection 0.01 above conf that the reference scores ``moved`` lower
+    up_ref = _near_threshold(0.26 - moved)
+    up = up_ref.copy()
+    up[0, 4, 0:3] += moved
+    found = compare(run_with(up), cases_of(up_ref), adapter=adapter, gates=gates, precision="int8")
+    assert found.task["precision"] == pytest.approx(23 / 24 if lost else 1.0)
+
+
+def test_binomial_minimum_of_the_share_gates():
+    """Too few detections to judge an x% rule: fewer than 1 / (p (1 - p)), p = 1 - limit."""
+    from enginekit.compare.comparison import binomial_minimum
+
+    assert binomial_minimum(0.95) == 22  # the 5% rule: 1 / 0.0475 = 21.05
+    assert binomial_minimum(0.9) == 12 and binomial_minimum(0.99) == 102
+    assert binomial_minimum(1.0) == 0 and binomial_minimum(0.0) == 0  # no rate to judge
+
+
+def test_too_few_detections_is_not_enough_evidence_and_asks_for_images():
+    """6 detections (one image): a perfect INT8 candidate does not pass on them, and a candidate that lost one
+    does not fail on that flip alone: both fail as 'not enough evidence', naming the remedy. 24 detections
+    judge the 5% rule; FP32 keeps the plain count; min_detections sets the minimum (0: none)."""
+    adapter = yolo_adapter()
+    ref, _ = yolo_output(batch=1)
+    for precision in ("fp16", "int8"):
+        found = compare(run_with(ref.copy()), cases_of(ref), adapter=adapter, gates=Gates(adapter), precision=precision)
+        assert not found.passed and found.task["recall"] == 1.0
+        (failed,) = [c for c in found.checks if not c.passed]
+        assert failed.name.startswith("task: not enough evidence: 6 reference detections") and "--images" in failed.name
+        assert (failed.value, failed.limit) == (6.0, 22.0) and "5% rule" in failed.name
+        assert "on 1 image," in failed.name and "--image-count 4" in failed.name  # 22 / 6 per image
+    lost = ref.copy()
+    lost[0, 4:, 0:3] = 0.001
+    found = compare(run_with(lost), cases_of(ref), adapter=adapter, gates=Gates(adapter), precision="int8")
+    assert any(c.name.startswith("task: not enough evidence") for c in found.checks if not c.passed)
+    # build parity (require_task=False) says so in a note
+    found = compare(run_with(ref.copy()), cases_of(ref), adapter=adapter, gates=Gates(adapter), precision="int8",
+                    require_task=False)
+    assert found.passed and any("not enough evidence" in n for n in found.notes)
+    # FP32: PyTorch's scores to ~1e-6, a flip is a fault whatever the count
+    assert compare(run_with(ref.copy()), cases_of(ref), adapter=adapter, gates=Gates(adapter), precision="fp32").passed
+    # enough detections, or the minimum set by the user
+    four, _ = yolo_output(batch=4)
+    assert compare(run_with(four.copy()), cases_of(four), adapter=adapter, gates=Gates(adapter), precision="int8").passed
+    for tol in (["min_detections=0"], ["int8.min_detections=6"], ["recall=0.75", "precision=0.75"]):
+        found = compare(run_with(ref.copy()), cases_of(ref), adapter=adapter, gates=Gates(adapter, tol),
+                        precision="int8")
+        assert found.passed, (tol, found.failures())  # a 25% rule needs 6 detections (1 / 0.1875 = 5.3)
+    with pytest.raises(UsageError, match="min_detections"):
+        Gates(adapter, ["min_detections=-1"])
+
+
+def test_int8_parity_is_judged_on_photographs_and_noise_only_for_structure():
+    """A calibrated graph is out of range on noise: its random cases gate only finite outputs (their figures
+    kept in the report); an FP16 graph's random cases gate parity as before; INT8 with no photograph fails."""
+    adapter = yolo_adapter()
+    ref, logits = yolo_output(batch=4)
+    noisy = ref.copy()
+    noisy[:, 4:] = _sigmoid(logits + 3.0)  # far off on every anchor
+    cases = cases_of(ref) + [Case("random", "random", {"images": np.full((1,), 4, np.float32)}, {"output0": ref[:1]})]
+    cand = np.concatenate([ref, noisy[:1]])
+    found = compare(run_with(cand), cases, adapter=adapter, gates=Gates(adapter), precision="int8")
+    assert found.passed, found.failures()
+    assert found.structure["scores"]["rel_l2"] > 0.5 and found.worst["scores"]["rel_l2"] == 0.0
+    assert found.cases[-1]["gated"] == "finite only" and any("random inputs" in n for n in found.notes)
+    assert not compare(run_with(cand), cases, adapter=adapter, gates=Gates(adapter), precision="fp16").passed
+    cand[4, 5, 3] = np.nan
+    found = compare(run_with(cand), cases, adapter=adapter, gates=Gates(adapter), precision="int8")
+    assert [c.name for c in found.checks if not c.passed] == ["parity scores finite (random inputs)"]
+    found = compare(run_with(cand), cases[-1:], adapter=adapter, gates=Gates(adapter), precision="int8",
+                    require_task=False)
+    assert any(c.name.startswith("parity: photographs compared") for c in found.checks if not c.passed)
+
+
 def test_overrides_by_part_precision_and_option():
     adapter = yolo_adapter()
     gates = Gates(adapter, Tolerances.parse(["scores.max_abs=0.5", "fp16.rel_l2=0.1", "int8.map50=0.7", "conf=0.1"]))
     assert gates.parity("fp16", "scores").max_abs == 0.5
     assert gates.parity("fp16", "boxes").rel_l2 == 0.1 and gates.parity("int8", "boxes").rel_l2 != 0.1
     assert gates.task("int8")["map50"] == (">=", 0.7) and gates.task("fp16")["map50"] == (">=", 0.9)
-    assert gates.options("fp16") == {"conf": 0.1}
+    assert gates.options("fp16") == {"conf": 0.1, "conf_margin": 0.0}
     # the most specific limit wins whatever the order; of two equal ones, the later
     gates = Gates(adapter, ["fp16.scores.rel_l2=0.3", "scores.rel_l2=0.2", "fp16.rel_l2=0.1", "rel_l2=0.05",
                             "rel_l2=0.04"])

@@ -3,8 +3,9 @@
 Calibrated on images of the models' own domain (generated shapes, another seed than the held-out
 images), INT8 keeps what FP32 predicts; calibrated on noise it loses instances and its task gate
 fails. The default calibration set, the embedded photographs, is unlike anything these models
-saw: their INT8 scores (segment, pose) and boxes (obb) drift past the parity limits, and the
-verdict names those checks (measured figures in families/ultralytics/yolo.py).
+saw: the obb model's INT8 boxes drift past their parity limit, and the verdict names that check
+(measured figures in families/ultralytics/yolo.py; a calibrated precision's scores are judged by the
+task gates, families/ultralytics/base.py).
 
 The models are the suite's (tests/trained_tasks.py), compared at 160 px on 8 held-out images at
 conf 0.1, the operating point tests/test_tasks.py uses for them: at 0.25 these lightly trained
@@ -19,6 +20,11 @@ from test_gates import _int8_artifact
 
 SHAPE = "1x3x160x160"
 CONF = "conf=0.1"
+# 8 held-out images hold 25 / 11 / 18 instances at conf 0.1 (segment / pose / obb): fewer than the 5% rule needs
+# for pose and obb (22, compare.comparison.binomial_minimum), where verify says "not enough evidence". What
+# these tests check is the calibration set's domain (kept or lost instances, drifting boxes), so the sample
+# minimum is set aside, as tests/test_tasks.py does for its hand-built outputs.
+ANY_COUNT = "min_detections=0"
 # task -> (model, its task metric)
 TASKS = {"segment": ("yolo11n-seg", "mask_map50"), "pose": ("yolo11n-pose", "pose_map50"), "obb": ("yolo11n-obb", "map50")}
 
@@ -31,7 +37,7 @@ def int8_tasks(tmp_path_factory):
     return int8_sets(tmp_path_factory.mktemp("int8-tasks"), TASKS, 160, held_out_tasks=(*TASKS, "classify"))
 
 
-def _verify_int8(task, data, calib_data, name=None, shape=SHAPE, tolerances=(CONF,)):
+def _verify_int8(task, data, calib_data, name=None, shape=SHAPE, tolerances=(CONF, ANY_COUNT)):
     from trained_tasks import trained_task_model
 
     from enginekit import api
@@ -74,7 +80,7 @@ def test_default_calibration_failure_names_the_metric_and_the_remedy(int8_tasks,
 
     r = run_cli("verify", "yolo11n-obb", "--weights", str(trained_task_model("obb")), "--precision", "int8",
                 "--profile", SHAPE, "--images", str(int8_tasks["held_out"]["obb"]), "--image-count", "8",
-                "--tol", CONF, env={"ENGINEKIT_CACHE": str(int8_tasks["root"] / "cache")})
+                "--tol", CONF, "--tol", ANY_COUNT, env={"ENGINEKIT_CACHE": str(int8_tasks["root"] / "cache")})
     line = assert_one_line_error(r, 1, "onnx-int8: parity boxes rel_l2")
     assert "onnx-simplify" not in line  # the FP32 graphs pass: only the quantized one is named
     assert "note: calibrated on the embedded photographs" in r.stderr and "--calib-data DIR" in r.stderr, r.stderr

@@ -92,7 +92,10 @@ def test_int8_repair_on_the_trained_detector(trained_detector, detector_images, 
                     cache=Cache(tmp_path / "cache"), quiet=True)
     rec = out.manifest["repair"]
     assert rec["passed"] and rec["failures_before"] and not rec["failures_after"], rec
-    assert 0 < len(rec["nodes"]) <= 0.15 * rec["candidates"], (len(rec["nodes"]), rec["candidates"])
+    # a gate 5x tighter than the default on every output part: with only the head's last convolutions and the
+    # DFL excluded (the family's default), the search kept 18 of 81 candidates (22%); with the whole head
+    # excluded (19 nodes more, none of them candidates) it had kept at most 15% of the candidates left
+    assert 0 < len(rec["nodes"]) <= 0.25 * rec["candidates"], (len(rec["nodes"]), rec["candidates"])
     assert rec["task_after"]["recall"] >= 0.95 and rec["task_after"]["compared"] > 0  # the task was gated too
     assert rec["trial_seconds"] < 2.0  # an ONNX edit, not a ModelOpt run
     assert out.manifest["precision"]["repaired_nodes"] == rec["nodes"]

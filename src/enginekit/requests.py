@@ -147,6 +147,8 @@ def tolerance_names() -> tuple[str, ...]:
     classes = registered()
     metrics = {m for cls in classes for per in getattr(cls, "task_gates", {}).values() for m in per}
     options = {o for cls in classes for o in getattr(cls, "task_options", {})}
+    if metrics & {"recall", "precision"}:  # share gates rest on a number of detections (compare.comparison)
+        options.add("min_detections")
     return tuple(sorted(metrics | options))
 
 

@@ -168,6 +168,9 @@ STATISTICS: dict[str, Statistic] = {s.name: s for s in (
     Statistic("conf", "conf", "", "the confidence both sides' detections are kept at", kind="option",
               limits=(0.0, 1.0), closed=("high",)),
     Statistic("iou", "IoU", "", "the IoU two detections match at", kind="option", limits=(0.0, 1.0), closed=("high",)),
+    Statistic("min_detections", "min detections", "", "the fewest reference detections a reduced-precision task "
+              "verdict rests on (default: from the binomial noise of its recall/precision rule; 0: no minimum)",
+              kind="option", limits=(0.0, math.inf), closed=("low",)),
     Statistic("conf_margin", "conf margin", "", "how far below conf a candidate's detection may score and still "
               "match", kind="option", limits=(0.0, 1.0), closed=("low",)),
 )}

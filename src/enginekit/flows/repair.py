@@ -11,6 +11,26 @@ from __future__ import annotations
 from enginekit import reporting
 
 
+# Photographs each repair trial is judged on (the calibration folder's first, else the embedded ones): enough
+# detections for the share gates (22 for the 5% rule, compare.comparison.binomial_minimum) on most detectors.
+REPAIR_PHOTOS = 16
+
+
+def _enough_evidence(gates, precision: str, task: dict, folder) -> None:
+    """A repair searches for the nodes the task gates need: on too few reference detections one flip
+    decides every trial, so it refuses (ParityError, as a failed gate) and says what would do."""
+    from enginekit.errors import ParityError
+
+    minimum = gates.sample_minimum(precision)
+    found = task.get("reference_detections", task.get("compared"))
+    if not minimum or found is None or found >= minimum:
+        return
+    where = f"the first {REPAIR_PHOTOS} images of {folder}" if folder else "the embedded photographs"
+    raise ParityError(f"repair cannot judge the task gates: {found:g} reference detections on {where}, fewer than "
+                      f"the {minimum} the share gates need; calibrate on a folder of images of what the model sees "
+                      "(--calib-data DIR), which repair is judged on too")
+
+
 class TrialGraph:
     """A repair trial's graph, outside the cache (an artifact-like ``path``)."""
 
@@ -53,7 +73,8 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
               "method": calib_method if precision == "int8" else None, "exclude": sorted(exclude)}
 
     refs = ReferenceCache(pipe.adapter, pipe.loaded)
-    cases = parity_inputs(pipe.adapter, shape, load_images(folder, limit=4), photos=4, rect=False)  # trials: full size
+    cases = parity_inputs(pipe.adapter, shape, load_images(folder, limit=REPAIR_PHOTOS), photos=REPAIR_PHOTOS,
+                          rect=False)  # trials: full size
 
     def check(artifact):
         result = check_onnx(refs, artifact.path, cases, precision, gates=gates)
@@ -73,6 +94,7 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
         if check(artifact)[0]:
             return artifact, {**memory.manifest["result"], "reused": True}
     passed, worst, first = check(chain[-1])
+    _enough_evidence(gates, precision, first.task, folder)
     # INT8: every node the quantizer gave Q/DQ inputs (Conv, and Add/Concat/... between them)
     names = rp.quantized_nodes(chain[-1].path) if precision == "int8" else rp.candidate_nodes(source.path, precision)
     if passed:

@@ -210,8 +210,14 @@ def test_repair_that_cannot_pass_says_so():
 
 @pytest.mark.gpu
 def test_engine_runs_through_polygraphy_where_a_gpu_allows(cache, tmp_path):
-    """Needs a GPU that the engine's backend supports (TensorRT-RTX: not compute capability 9.0)."""
-    outcome = verify(cache, "depth", "fp16", tmp_path)
+    """Needs a GPU that the engine's backend supports (TensorRT-RTX: not compute capability 9.0), and a
+    TensorRT builder installed."""
+    from enginekit.errors import CapabilityError
+
+    try:
+        outcome = verify(cache, "depth", "fp16", tmp_path)
+    except CapabilityError as exc:  # no TensorRT builder on this machine: there is no engine to run
+        pytest.skip(str(exc))
     engine = outcome.reports[0].artifacts[-1]
     if not engine.ran:
         pytest.skip(f"the engine cannot run here: {engine.reason}")

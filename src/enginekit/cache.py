@@ -167,11 +167,11 @@ def parse_size(text: str) -> int:
         if not _SIZE_SHAPE_RE.match(str(text).strip()):  # ByteSize alone reads "1.5.2G" as 1
             raise ValueError
         return int(TypeAdapter(ByteSize).validate_python(spelled))
-    except (ValidationError, ValueError):
+    except (ValidationError, ValueError) as cause:
         raise UsageError(
             f"malformed size {text!r}: expected a number with an optional K, M, G or T suffix, "
             "like 20G"
-        ) from None
+        ) from cause
 
 
 def parse_age(text: str) -> float:
@@ -358,11 +358,11 @@ class Cache:
         lock = self._filelock(kind, key)
         try:
             lock.acquire(timeout=self.lock_timeout)
-        except Timeout:
+        except Timeout as cause:
             raise EnginekitError(
                 f"timed out after {self.lock_timeout:.0f}s waiting for the cache lock "
                 f"{self._lock_path(kind, key)}"
-            ) from None
+            ) from cause
         try:
             yield
         finally:
@@ -574,7 +574,7 @@ class Cache:
                     manifest = remote.quietly(remote.fetch, kind, key, tmp)
             except CorruptObject as exc:
                 if strict:
-                    raise UsageError(f"{exc}: not used") from None
+                    raise UsageError(f"{exc}: not used") from exc
                 reporting.warning(f"{exc}: not used")
                 manifest = None
             if manifest is None:

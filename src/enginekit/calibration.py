@@ -97,7 +97,7 @@ class CalibrationData:
                 try:
                     h.update(sha256_file(p).encode())
                 except OSError as exc:
-                    raise UsageError(f"cannot read {p}: {exc.strerror}") from None
+                    raise UsageError(f"cannot read {p}: {exc.strerror}") from exc
         return h.hexdigest()
 
     def batch(self, adapter: ModelAdapter, shape: Shape) -> np.ndarray:
@@ -135,7 +135,7 @@ class CalibrationData:
             loaded = np.load(self.source)
             array = loaded[loaded.files[0]] if isinstance(loaded, np.lib.npyio.NpzFile) else loaded
         except Exception as exc:  # noqa: BLE001
-            raise UsageError(f"cannot read calibration array {self.source}: {str(exc).splitlines()[0][:200]}") from None
+            raise UsageError(f"cannot read calibration array {self.source}: {str(exc).splitlines()[0][:200]}") from exc
         array = np.asarray(array, dtype=np.float32)
         if array.ndim != 4 or tuple(array.shape[1:]) != tuple(shape[1:]):
             raise UsageError(

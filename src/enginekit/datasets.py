@@ -88,7 +88,7 @@ def _listed(root: Path, spec: str, what: str) -> list[Path]:
         try:
             lines = [line.strip() for line in p.read_text().splitlines() if line.strip()]
         except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{what}: cannot read the image list {p}: {exc}") from None
+            raise UsageError(f"{what}: cannot read the image list {p}: {exc}") from exc
         out = []
         for line in lines:
             f = Path(line[2:]) if line.startswith("./") else Path(line)
@@ -119,7 +119,7 @@ def load_dataset(path: Path | str) -> Dataset:
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise UsageError(f"cannot read dataset {path}: {str(exc).splitlines()[0][:160]}") from None
+        raise UsageError(f"cannot read dataset {path}: {str(exc).splitlines()[0][:160]}") from exc
     if not isinstance(data, dict):
         raise UsageError(f"{path} is not an Ultralytics dataset YAML (expected keys path, train, val, names)")
     root = _root(path, data.get("path"))
@@ -150,8 +150,8 @@ def _names(yaml_path: Path, data: dict) -> dict[int, str]:
     if isinstance(names, dict):
         try:
             return {int(k): str(v) for k, v in names.items()}
-        except (TypeError, ValueError):
-            raise UsageError(f"{yaml_path}: names must map class indices to names") from None
+        except (TypeError, ValueError) as cause:
+            raise UsageError(f"{yaml_path}: names must map class indices to names") from cause
     if names is None and isinstance(data.get("nc"), int):
         return {i: f"class{i}" for i in range(data["nc"])}
     raise UsageError(f"{yaml_path} has no names (a list or an index: name mapping)")

@@ -53,7 +53,7 @@ def list_images(folder: Path, *, what: str = "image folder") -> list[Path]:
         # regular files only: a FIFO named x.jpg would block its read forever
         paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     except OSError as exc:
-        raise UsageError(f"cannot read {what} {folder}: {exc.strerror}") from None
+        raise UsageError(f"cannot read {what} {folder}: {exc.strerror}") from exc
     if not paths:
         raise UsageError(f"{what} {folder} has no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
     return paths

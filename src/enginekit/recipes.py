@@ -123,7 +123,7 @@ class Calibration(_Strict):
             try:
                 re.compile(pattern)
             except re.error as exc:
-                raise _problem(("calibration", "exclude", i), f"bad regex {pattern!r}: {exc}") from None
+                raise _problem(("calibration", "exclude", i), f"bad regex {pattern!r}: {exc}") from exc
         return patterns
 
 
@@ -209,7 +209,7 @@ class Builder(_Strict):
             try:
                 workspace_bytes(workspace, "workspace")
             except UsageError as exc:
-                raise _problem(("builder", "workspace"), str(exc)) from None
+                raise _problem(("builder", "workspace"), str(exc)) from exc
         return workspace
 
 
@@ -242,7 +242,7 @@ class RuntimeSection(_Strict):
             try:
                 h, w = image_size(value, "input")
             except UsageError as exc:
-                raise _problem(("runtime", "input"), str(exc)) from None
+                raise _problem(("runtime", "input"), str(exc)) from exc
             return f"{h}x{w}"
         return value
 
@@ -292,7 +292,7 @@ class Recipe(_Strict):
             try:
                 precision_registry.get(precision)
             except UsageError as exc:
-                raise _problem(("precisions", i), str(exc)) from None
+                raise _problem(("precisions", i), str(exc)) from exc
             if precision in precisions[:i]:
                 raise _problem(("precisions", i), f"{precision} is listed twice")
         return precisions
@@ -308,7 +308,7 @@ class Recipe(_Strict):
         try:
             _check(self)
         except _Problem as problem:
-            raise _problem(problem.loc, problem.message) from None
+            raise _problem(problem.loc, problem.message) from problem
         return self
 
     # -- identity ---------------------------------------------------------------------
@@ -554,9 +554,9 @@ def _compose(text: str, file: str) -> tuple[Any, dict[Loc, int]]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
-        raise UsageError(f"{file}:{line}: malformed YAML: {exc.problem or exc.context}") from None
-    except RecursionError:  # the parser itself recurses per level: `[[[[...` ends here
-        raise UsageError(f"{file}: nested too deeply (a recipe nests at most {MAX_RECIPE_DEPTH} levels)") from None
+        raise UsageError(f"{file}:{line}: malformed YAML: {exc.problem or exc.context}") from exc
+    except RecursionError as cause:  # the parser itself recurses per level: `[[[[...` ends here
+        raise UsageError(f"{file}: nested too deeply (a recipe nests at most {MAX_RECIPE_DEPTH} levels)") from cause
     finally:
         loader.dispose()
     lines: dict[Loc, int] = {(): 1}
@@ -726,7 +726,7 @@ def _expect(loc: Loc, fn, *args):
     try:
         return fn(*args)
     except UsageError as exc:
-        raise _Problem(loc, str(exc)) from None
+        raise _Problem(loc, str(exc)) from exc
 
 
 def _check_model(recipe: Recipe):
@@ -800,7 +800,7 @@ def _check_targets(recipe: Recipe) -> None:
                 require_fp8(parse_target_set(text), subject="precision fp8", no_targets="the default targets",
                             fix="write targets like '8.9,12.0'")
             except UsageError as exc:
-                raise _Problem(("targets", i), str(exc)) from None
+                raise _Problem(("targets", i), str(exc)) from exc
 
 
 def _check_verification(recipe: Recipe, adapter) -> None:
@@ -908,14 +908,14 @@ def load_recipe(name_or_path: Union[str, Path]) -> Recipe:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read recipe {file}: {exc}") from None
+        raise UsageError(f"cannot read recipe {file}: {exc}") from exc
     data, lines = _compose(text, file)
     if not isinstance(data, dict):
         raise UsageError(f"{file}:1: a recipe is a mapping of keys (model, profiles, precisions, ...)")
     try:
         return Recipe.model_validate(data, context={"path": path})
     except ValidationError as exc:
-        raise _validation_error(exc, file, lines) from None
+        raise _validation_error(exc, file, lines) from exc
 
 
 def collect_recipe_files(paths: list[str]) -> list[Path]:

@@ -97,7 +97,7 @@ class Options(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise UsageError(_one_line(exc)) from None
+            raise UsageError(_one_line(exc)) from exc
 
     def replace(self, **changes: Any):
         """A copy with ``changes``, validated again."""
@@ -279,7 +279,7 @@ class BuildRequest(_ModelOptions):
             try:
                 re.compile(pattern)
             except re.error as exc:
-                raise UsageError(f"--exclude: bad regex {pattern!r}: {exc}") from None
+                raise UsageError(f"--exclude: bad regex {pattern!r}: {exc}") from exc
         return value
 
     @field_validator("workspace")
@@ -489,8 +489,8 @@ def milliseconds(value: Any, what: str) -> Optional[float]:
         text, scale = text[:-1], 1000.0
     try:
         return float(text) * scale
-    except ValueError:
-        raise UsageError(f"{what} {value!r}: expected milliseconds, e.g. 25 or 25ms") from None
+    except ValueError as cause:
+        raise UsageError(f"{what} {value!r}: expected milliseconds, e.g. 25 or 25ms") from cause
 
 
 def _items(value: Any) -> list[str]:
@@ -669,7 +669,7 @@ class TuneRequest(Options):
             except UsageError as exc:
                 hint = "" if own or len(self.models) == 1 else \
                     f" (give each model its own: --input {self.models[index]}=SIZE)"
-                raise UsageError(f"{exc}{hint}") from None
+                raise UsageError(f"{exc}{hint}") from exc
         return sizes
 
     def model_request(self, index: int):

@@ -67,8 +67,8 @@ def max_tensor_bytes() -> int:
     if raw:
         try:
             limit = int(raw)
-        except ValueError:
-            raise UsageError(f"{MAX_TENSOR_BYTES_ENV}={raw!r} is not a number of bytes") from None
+        except ValueError as cause:
+            raise UsageError(f"{MAX_TENSOR_BYTES_ENV}={raw!r} is not a number of bytes") from cause
     available = available_memory()
     if available is not None:
         limit = min(limit, available)

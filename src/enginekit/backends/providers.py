@@ -173,7 +173,7 @@ def require_cuda_provider():
     try:
         import onnxruntime as ort
     except Exception as exc:  # noqa: BLE001
-        raise CapabilityError(f"onnxruntime is not importable: {str(exc).splitlines()[0][:160]}") from None
+        raise CapabilityError(f"onnxruntime is not importable: {str(exc).splitlines()[0][:160]}") from exc
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise CapabilityError(f"onnxruntime {ort.__version__} has no CUDA provider: install onnxruntime-gpu")
     if not _has_gpu():

@@ -14,8 +14,8 @@ def plot(report, path: Path) -> Path:
     """Latency (p50, bars to p99) and throughput against batch size, one line per backend."""
     try:
         import matplotlib
-    except ImportError:
-        raise CapabilityError("--plot needs matplotlib: pip install matplotlib") from None
+    except ImportError as cause:
+        raise CapabilityError("--plot needs matplotlib: pip install matplotlib") from cause
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter

@@ -51,8 +51,8 @@ def parse_batches(text: str) -> list[int]:
     """``"1,8,16"`` -> sorted, de-duplicated positive batch sizes."""
     try:
         values = {int(part) for part in text.split(",") if part.strip()}
-    except ValueError:
-        raise UsageError(f"malformed --batch {text!r}: expected positive integers like 1,8,16") from None
+    except ValueError as cause:
+        raise UsageError(f"malformed --batch {text!r}: expected positive integers like 1,8,16") from cause
     if not values or min(values) <= 0:
         raise UsageError(f"malformed --batch {text!r}: expected positive integers like 1,8,16")
     return sorted(values)

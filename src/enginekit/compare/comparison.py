@@ -303,14 +303,14 @@ def compare(run: Runner, cases: Iterable[Case], *, adapter: Family, gates: Gates
         try:
             ref_rows, got_rows = adapter.parity_outputs(case.outputs, got, metadata)
         except KeyError as exc:
-            raise ValueError(f"the candidate has no output {exc}") from None
+            raise ValueError(f"the candidate has no output {exc}") from exc
         gated = case.kind == "photo" or not photos_only
         stats = []
         for part in parts:
             try:
                 s = output_stats(part.name, part.take(ref_rows), part.take(got_rows))
             except KeyError as exc:
-                raise ValueError(f"the candidate has no output {exc}") from None
+                raise ValueError(f"the candidate has no output {exc}") from exc
             stats.append({"part": part.name, **s.to_json()})
             ref_parts.setdefault(part.name, []).append(np.asarray(part.take(ref_rows)))
             _worst((result.worst if gated else result.structure).setdefault(part.name, {}), s)

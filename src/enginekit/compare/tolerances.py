@@ -80,8 +80,8 @@ def parse_limit(item: str, names: Optional[Iterable[str]] = None, *, flag: str =
         if not sep or not key:
             raise ValueError
         value = float(text)
-    except ValueError:
-        raise UsageError(f"malformed {flag} {item!r}: expected NAME=NUMBER, {EXAMPLES}") from None
+    except ValueError as cause:
+        raise UsageError(f"malformed {flag} {item!r}: expected NAME=NUMBER, {EXAMPLES}") from cause
     tokens = key.split(".")
     if len(tokens) > 1 and re.fullmatch(r"(fp|bf|int)\d+", tokens[0]) and tokens[0] not in PRECISIONS:
         raise UsageError(f"{flag} {key}: unknown precision {tokens[0]!r}: choose {', '.join(PRECISIONS)}")

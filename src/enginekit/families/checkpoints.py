@@ -234,7 +234,7 @@ def safe_load(path: Path) -> Any:
     except ValueError:
         needed = []  # not a zip archive: the restricted unpickler below still refuses globals
     except Exception as exc:  # noqa: BLE001 - a damaged archive
-        raise UsageError(f"cannot read checkpoint {path}: {_first_line(exc)}") from None
+        raise UsageError(f"cannot read checkpoint {path}: {_first_line(exc)}") from exc
     if any(name.startswith("torchvision.transforms.") for name in needed):
         _add_torchvision_transforms(registry)
     refused = [name for name in needed if name not in registry]
@@ -257,10 +257,10 @@ def safe_load(path: Path) -> Any:
     except pickle.UnpicklingError as exc:
         match = _UNSUPPORTED_GLOBAL_RE.search(str(exc)) or _UNBUILDABLE_RE.search(str(exc))
         if match:
-            raise _refusal(path, match.group(1)) from None
-        raise UsageError(f"{path} is not a PyTorch checkpoint ({_torch_reason(exc)})") from None
+            raise _refusal(path, match.group(1)) from exc
+        raise UsageError(f"{path} is not a PyTorch checkpoint ({_torch_reason(exc)})") from exc
     except Exception as exc:  # noqa: BLE001 - truncated, empty, a text file...
-        raise UsageError(f"{path} is not a PyTorch checkpoint ({_torch_reason(exc)})") from None
+        raise UsageError(f"{path} is not a PyTorch checkpoint ({_torch_reason(exc)})") from exc
 
 
 def load_ultralytics_model(path: Path, *, trust: bool | None = None):

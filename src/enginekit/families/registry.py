@@ -102,8 +102,8 @@ def recorded_declaration(metadata: dict) -> dict:
         return {}
     try:
         value = json.loads(text)
-    except ValueError:
-        raise UsageError(f"the graph's model declaration is not JSON: {text[:80]!r}") from None
+    except ValueError as cause:
+        raise UsageError(f"the graph's model declaration is not JSON: {text[:80]!r}") from cause
     return value if isinstance(value, dict) else {}
 
 

@@ -405,7 +405,7 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
             art = check_candidate(path.name, "onnx", precision, runner.infer_feed, refs, gates, adapter, metadata,
                                   accepts_hw=onnx_accepts_hw(path))
     except (KeyError, ValueError) as exc:
-        raise UsageError(f"{path.name} does not compute {adapter.variant}'s outputs: {exc}") from None
+        raise UsageError(f"{path.name} does not compute {adapter.variant}'s outputs: {exc}") from exc
     report.artifacts.append(art)
     if labels is not None and art.ran:
         from enginekit.cache import sha256_file

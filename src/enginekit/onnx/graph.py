@@ -26,7 +26,7 @@ def load_model(path: Path):
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
     except Exception as exc:  # noqa: BLE001 - protobuf and checker errors are long
-        raise UsageError(f"{path} is not a valid ONNX model: {first_line(exc, 200)}") from None
+        raise UsageError(f"{path} is not a valid ONNX model: {first_line(exc, 200)}") from exc
     known = onnx.defs.onnx_opset_version()
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx") and opset.version > known:  # the checker lets it through

@@ -49,7 +49,7 @@ def _onnx_metadata(path: Path) -> dict:
     try:
         return get_metadata(onnx.load(str(path), load_external_data=False))
     except Exception as exc:  # noqa: BLE001
-        raise UsageError(f"{path} is not a readable ONNX model: {str(exc).splitlines()[0][:160]}") from None
+        raise UsageError(f"{path} is not a readable ONNX model: {str(exc).splitlines()[0][:160]}") from exc
 
 
 def _engine_target(plan: Path, manifest: dict, label: str, cache) -> Target:

@@ -104,7 +104,7 @@ def _read_cache(path: Path) -> tuple[str, dict[str, float]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not a text file"
-        raise UsageError(f"cannot read calibration cache {path}: {reason}") from None
+        raise UsageError(f"cannot read calibration cache {path}: {reason}") from exc
     header = _HEADER.match(lines[0].strip()) if lines else None
     if header is None:
         example = cache_header("entropy")
@@ -235,7 +235,7 @@ def _compile_patterns(patterns: Sequence[str]) -> list[re.Pattern]:
         try:
             compiled.append(re.compile(pattern))
         except re.error as exc:
-            raise UsageError(f"bad exclude pattern {pattern!r}: {exc}") from None
+            raise UsageError(f"bad exclude pattern {pattern!r}: {exc}") from exc
     return compiled
 
 

@@ -132,7 +132,7 @@ def _ort_session(path: Path, what: str):
         from enginekit.errors import first_line
 
         message = first_line(exc, 300).split(" failed:", 1)[-1].strip()
-        raise UsageError(f"ONNX Runtime cannot load {what} {path.name}: {message}") from None
+        raise UsageError(f"ONNX Runtime cannot load {what} {path.name}: {message}") from exc
 
 
 def compare_graphs(a: Path, b: Path, shapes: list[Shape], seed: int = 0, *, align: Align | None = None,
@@ -147,7 +147,7 @@ def compare_graphs(a: Path, b: Path, shapes: list[Shape], seed: int = 0, *, alig
             return runtime.run(session, feed)
         except Exception as exc:  # noqa: BLE001
             shape = format_shape(feed[name].shape)
-            raise UsageError(f"cannot run the graph at {shape}: {str(exc).splitlines()[0][:200]}") from None
+            raise UsageError(f"cannot run the graph at {shape}: {str(exc).splitlines()[0][:200]}") from exc
 
     cases = []
     for i, shape in enumerate(shapes):

@@ -38,7 +38,7 @@ class FileStore:
             self.check()
             return None
         except OSError as exc:
-            raise self._error(exc, f"read {name}") from None
+            raise self._error(exc, f"read {name}") from exc
 
     def get_file(self, name: str, dest: Path) -> tuple[int, str]:
         """The object into ``dest``, hashed as it is copied: (bytes written, their sha256)."""
@@ -58,7 +58,7 @@ class FileStore:
         except OSError as exc:
             if exc.filename == str(dest):
                 raise  # ours to report (a full disk here), not the store's
-            raise self._error(exc, f"read {name}") from None
+            raise self._error(exc, f"read {name}") from exc
         return written, digest.hexdigest()
 
     def _staged(self, name: str, write) -> Path:
@@ -72,7 +72,7 @@ class FileStore:
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o666 & ~current_umask())
         except OSError as exc:
-            raise self._error(exc, f"write {name}") from None
+            raise self._error(exc, f"write {name}") from exc
         return Path(tmp)
 
     def put(self, name: str, data: bytes, *, if_absent: bool = False) -> bool:
@@ -86,7 +86,7 @@ class FileStore:
             else:
                 os.replace(tmp, self._path(name))
         except OSError as exc:
-            raise self._error(exc, f"write {name}") from None
+            raise self._error(exc, f"write {name}") from exc
         finally:
             tmp.unlink(missing_ok=True)
         return True
@@ -101,7 +101,7 @@ class FileStore:
             os.replace(tmp, self._path(name))
         except OSError as exc:
             tmp.unlink(missing_ok=True)
-            raise self._error(exc, f"write {name}") from None
+            raise self._error(exc, f"write {name}") from exc
 
     def head(self, name: str) -> ObjectInfo | None:
         try:
@@ -133,7 +133,7 @@ class FileStore:
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                raise self._error(exc, f"delete {name}") from None
+                raise self._error(exc, f"delete {name}") from exc
 
     def check(self, write: bool = False) -> None:
         if not self.root.is_dir():

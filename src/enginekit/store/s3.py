@@ -60,7 +60,7 @@ class S3Store:
         try:
             self.client = session.client("s3", config=config)
         except Exception as exc:  # noqa: BLE001 - a bad profile or region setting: one line
-            raise StoreError(f"cannot set up the S3 client for {url}: {_first(exc)}", "credentials") from None
+            raise StoreError(f"cannot set up the S3 client for {url}: {_first(exc)}", "credentials") from exc
         self.endpoint = self.client.meta.endpoint_url
         self.transfer = TransferConfig(multipart_threshold=PART, multipart_chunksize=PART,
                                        max_concurrency=CONCURRENCY, use_threads=True)
@@ -79,7 +79,7 @@ class S3Store:
         except Exception as exc:  # noqa: BLE001
             if _code(exc) in ("NoSuchKey", "404"):
                 return None
-            raise self._error(exc, f"read {name}") from None
+            raise self._error(exc, f"read {name}") from exc
 
     def get_file(self, name: str, dest: Path) -> tuple[int, str]:
         """The object into ``dest``: 16 MiB ranges fetched 8 at a time, written and hashed in order as
@@ -92,8 +92,8 @@ class S3Store:
             size = int(self.client.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
         except Exception as exc:  # noqa: BLE001
             if _code(exc) in ("NoSuchKey", "404"):
-                raise FileNotFoundError(name) from None
-            raise self._error(exc, f"read {name}") from None
+                raise FileNotFoundError(name) from exc
+            raise self._error(exc, f"read {name}") from exc
         digest = hashlib.sha256()
         starts = list(range(0, size, PART)) or [0]
 
@@ -126,8 +126,8 @@ class S3Store:
             if isinstance(exc, OSError) and not isinstance(exc, BotoCoreError) and exc.errno is not None:
                 raise  # this machine's disk (full?), not the store
             if _code(exc) in ("NoSuchKey", "404"):
-                raise FileNotFoundError(name) from None
-            raise self._error(exc, f"read {name}") from None
+                raise FileNotFoundError(name) from exc
+            raise self._error(exc, f"read {name}") from exc
         return written, digest.hexdigest()
 
     def put(self, name: str, data: bytes, *, if_absent: bool = False) -> bool:
@@ -137,14 +137,14 @@ class S3Store:
         except Exception as exc:  # noqa: BLE001
             if if_absent and _code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
                 return False
-            raise self._error(exc, f"write {name}") from None
+            raise self._error(exc, f"write {name}") from exc
         return True
 
     def put_file(self, name: str, src: Path) -> None:
         try:
             self.client.upload_file(str(src), self.bucket, self._key(name), Config=self.transfer)
         except Exception as exc:  # noqa: BLE001
-            raise self._error(exc, f"write {name}") from None
+            raise self._error(exc, f"write {name}") from exc
 
     def head(self, name: str) -> ObjectInfo | None:
         try:
@@ -158,7 +158,7 @@ class S3Store:
                 except Exception as detailed:  # noqa: BLE001
                     if _code(detailed) not in ("NoSuchKey", "404"):
                         exc = detailed
-            raise self._error(exc, f"look up {name}") from None
+            raise self._error(exc, f"look up {name}") from exc
         return ObjectInfo(name, int(meta["ContentLength"]), meta.get("LastModified"))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
@@ -168,7 +168,7 @@ class S3Store:
                 for obj in page.get("Contents", []):
                     yield ObjectInfo(self._name(obj["Key"]), int(obj["Size"]), obj.get("LastModified"))
         except Exception as exc:  # noqa: BLE001
-            raise self._error(exc, f"list {prefix or 'the store'}") from None
+            raise self._error(exc, f"list {prefix or 'the store'}") from exc
 
     def delete(self, names: list[str]) -> None:
         for start in range(0, len(names), 1000):
@@ -176,7 +176,7 @@ class S3Store:
             try:
                 answer = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
             except Exception as exc:  # noqa: BLE001
-                raise self._error(exc, "delete objects") from None
+                raise self._error(exc, "delete objects") from exc
             errors = answer.get("Errors") or []
             if errors:
                 first = errors[0]
@@ -188,13 +188,13 @@ class S3Store:
             self.client.head_bucket(Bucket=self.bucket)
         except Exception as exc:  # noqa: BLE001
             if _code(exc) in ("404", "NoSuchBucket"):
-                raise StoreError(f"the store {self.url}: the bucket {self.bucket} does not exist", "no-bucket") from None
+                raise StoreError(f"the store {self.url}: the bucket {self.bucket} does not exist", "no-bucket") from exc
             if _code(exc) == "403":  # a HEAD answer has no body: a listing says why
                 try:
                     self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._key(""), MaxKeys=1)
                 except Exception as detailed:  # noqa: BLE001
                     exc = detailed
-            raise self._error(exc, "reach the bucket") from None
+            raise self._error(exc, "reach the bucket") from exc
 
     # -- errors
     def _error(self, exc: BaseException, doing: str) -> StoreError:

@@ -79,8 +79,8 @@ def current() -> RemoteSettings | None:
             timeout = float(timeout_text)
             if not 0 < timeout <= 3600:
                 raise ValueError
-        except ValueError:
-            raise UsageError(f"ENGINEKIT_REMOTE_TIMEOUT={timeout_text!r}: expected seconds, from 0 to 3600") from None
+        except ValueError as cause:
+            raise UsageError(f"ENGINEKIT_REMOTE_TIMEOUT={timeout_text!r}: expected seconds, from 0 to 3600") from cause
     return RemoteSettings(url, mode, timeout, origin)
 
 

@@ -191,8 +191,8 @@ class Remote:
             what = f"store entry {kind}/{key[:12]}: object {blob_name(str(sha))} ({name})"
             try:
                 got, digest = self.store.get_file(blob_name(sha), dest)  # hashed as it was written
-            except FileNotFoundError:
-                raise CorruptObject(f"{what} is missing") from None
+            except FileNotFoundError as cause:
+                raise CorruptObject(f"{what} is missing") from cause
             if got != size:
                 raise CorruptObject(f"{what} has {got} bytes, {size} recorded (truncated or replaced)")
             if digest != sha:
@@ -353,8 +353,8 @@ def _parse_manifest(data: bytes, kind: str, key: str) -> dict:
     where = f"store entry {kind}/{key[:12]}: object {manifest_name(kind, key)}"
     try:
         manifest = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise CorruptObject(f"{where} is not valid JSON (corrupt)") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as cause:
+        raise CorruptObject(f"{where} is not valid JSON (corrupt)") from cause
     if not isinstance(manifest, dict):
         raise CorruptObject(f"{where} is not a JSON object (corrupt)")
     reason = _check_manifest(manifest, kind, key)

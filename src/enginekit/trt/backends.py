@@ -207,7 +207,7 @@ def resolve_backend(requested: str = "auto") -> Backend:
             raise CapabilityError(
                 f"backend {requested} is not installed ({row.module}: {first_line(exc)}); "
                 f"install it with: {row.pip_install}"
-            ) from None
+            ) from exc
     found: dict[str, Backend] = {}
     for family in ("tensorrt", "tensorrt-rtx"):
         try:

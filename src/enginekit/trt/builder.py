@@ -203,8 +203,8 @@ def _parse(poly: ModuleType, backend: Backend, onnx_path: Path) -> tuple[Any, An
 
     try:
         return network_loader(poly, backend, onnx_path)()
-    except PolygraphyException:
-        raise UsageError(f"cannot build from {onnx_path.name}: {_parse_failure(backend, onnx_path)}") from None
+    except PolygraphyException as cause:
+        raise UsageError(f"cannot build from {onnx_path.name}: {_parse_failure(backend, onnx_path)}") from cause
 
 
 def _parse_failure(backend: Backend, onnx_path: Path) -> str:
@@ -348,7 +348,7 @@ def _create_config(poly: ModuleType, backend: Backend, network: tuple, profiles:
                                monitor=monitor)(builder, trt_network)
     except PolygraphyException as exc:  # an invalid profile, a setting this TensorRT lacks
         reason = tidy_message(logger.errors[0]) if logger.errors else first_line(exc)
-        raise UsageError(f"{backend.label} refused the build settings: {reason}") from None
+        raise UsageError(f"{backend.label} refused the build settings: {reason}") from exc
     except Exception:  # noqa: BLE001  a timing cache TensorRT cannot read
         if load is None:
             raise

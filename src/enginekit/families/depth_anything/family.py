@@ -137,11 +137,11 @@ class DepthAnythingAdapter(DepthEvaluation, ModelAdapter):
             from huggingface_hub import hf_hub_download
 
             return Path(hf_hub_download(hub, HUB_WEIGHTS_FILE))
-        except Exception:  # noqa: BLE001
+        except Exception as cause:  # noqa: BLE001
             raise UsageError(
                 f"cannot download {hub} (offline?): pass --weights PATH (a .pth, .safetensors or "
                 "model folder), or --random-init for structure-only work"
-            ) from None
+            ) from cause
 
     def _load_transformers_model(self, weights: Path | None, *, random_init: bool, seed: int):
         from transformers import DepthAnythingForDepthEstimation
@@ -161,17 +161,17 @@ class DepthAnythingAdapter(DepthEvaluation, ModelAdapter):
             downloaded = self.hub_weights()
             try:
                 model = DepthAnythingForDepthEstimation.from_pretrained(hub)
-            except Exception:  # noqa: BLE001
+            except Exception as cause:  # noqa: BLE001
                 raise UsageError(
                     f"cannot download {hub} (offline?): pass --weights PATH (a .pth, .safetensors or "
                     "model folder), or --random-init for structure-only work"
-                ) from None
+                ) from cause
             return model, WeightsSource("hub", hub, sha256_file(downloaded))
         if weights.is_dir():
             try:
                 model = DepthAnythingForDepthEstimation.from_pretrained(str(weights), local_files_only=True)
             except Exception as exc:  # noqa: BLE001
-                raise UsageError(describe_load_error(exc, f"cannot load model folder {weights}")) from None
+                raise UsageError(describe_load_error(exc, f"cannot load model folder {weights}")) from exc
             digest = folder_sha256(weights)
             return model, WeightsSource("file", str(weights), digest)
         source = check_weights_file(weights)
@@ -209,7 +209,7 @@ class DepthAnythingAdapter(DepthEvaluation, ModelAdapter):
             # weights_only: a state dict needs no code from the file
             state = torch.load(str(path), map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001
-            raise UsageError(describe_load_error(exc, f"cannot read checkpoint {path}")) from None
+            raise UsageError(describe_load_error(exc, f"cannot read checkpoint {path}")) from exc
         if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
             state = state["state_dict"]
         if not isinstance(state, dict):

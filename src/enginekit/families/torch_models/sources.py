@@ -259,7 +259,7 @@ def _built(make, source: Source):
     except Exception as exc:  # noqa: BLE001 - the user's code or the library refused: one line
         from enginekit.families.base import describe_load_error
 
-        raise UsageError(describe_load_error(exc, f"building {source.display} failed")) from None
+        raise UsageError(describe_load_error(exc, f"building {source.display} failed")) from exc
 
 
 def _factory(source: Source):
@@ -290,7 +290,7 @@ def _factory(source: Source):
     except Exception as exc:  # noqa: BLE001
         from enginekit.families.base import describe_load_error
 
-        raise UsageError(describe_load_error(exc, f"importing {source.display.rsplit(':', 1)[0]} failed")) from None
+        raise UsageError(describe_load_error(exc, f"importing {source.display.rsplit(':', 1)[0]} failed")) from exc
     factory = getattr(module, source.name, None)
     if factory is None or not callable(factory):
         where = source.path.name if source.kind == "file" else source.module
@@ -325,7 +325,7 @@ def load_program(source: Source):
     except Exception as exc:  # noqa: BLE001
         from enginekit.families.base import describe_load_error
 
-        raise UsageError(describe_load_error(exc, f"cannot load {source.path.name}")) from None
+        raise UsageError(describe_load_error(exc, f"cannot load {source.path.name}")) from exc
     return module
 
 
@@ -345,7 +345,7 @@ def read_state_dict(path: Path) -> dict:
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001
         raise UsageError(describe_load_error(exc, f"cannot read {path} as a state dict (safetensors, or a "
-                                                  "torch.save of model.state_dict())")) from None
+                                                  "torch.save of model.state_dict())")) from exc
     for key in ("state_dict", "model_state_dict", "model", "module"):  # trainers nest it under one of these
         if isinstance(state, dict) and isinstance(state.get(key), dict) and _tensors(state[key]):
             state = state[key]
@@ -399,18 +399,18 @@ def published_weights(source: Source) -> Path:
 
         try:
             weights = torchvision.models.get_model_weights(source.name).DEFAULT
-        except (ValueError, KeyError):
+        except (ValueError, KeyError) as cause:
             raise UsageError(f"torchvision publishes no weights for {source.name}: pass --weights PATH or "
-                             "--random-init") from None
+                             "--random-init") from cause
         import torch
 
         target = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
         if not target.is_file():
             try:
                 torch.hub.download_url_to_file(weights.url, str(target), progress=False)
-            except Exception:  # noqa: BLE001
+            except Exception as cause:  # noqa: BLE001
                 raise UsageError(f"cannot download {source.name}'s weights {weights} (offline?): pass --weights PATH "
-                                 "(a state dict), or --random-init for structure-only work") from None
+                                 "(a state dict), or --random-init for structure-only work") from cause
         return target
     if source.kind == "timm":
         import timm
@@ -428,7 +428,7 @@ def published_weights(source: Source) -> Path:
                 return Path(cached)
         try:
             return Path(hf_hub_download(hub, "model.safetensors"))
-        except Exception:  # noqa: BLE001
+        except Exception as cause:  # noqa: BLE001
             raise UsageError(f"cannot download {hub} (offline?): pass --weights PATH (a state dict), or "
-                             "--random-init for structure-only work") from None
+                             "--random-init for structure-only work") from cause
     raise UsageError(f"{source.display} has no published weights")

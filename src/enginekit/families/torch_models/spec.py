@@ -39,8 +39,8 @@ def _triple(value: Any, what: str) -> Optional[tuple[float, float, float]]:
         value = [v for v in re.split(r"[,\s]+", value.strip()) if v]
     try:
         items = tuple(float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"expected three numbers R,G,B, got {value!r}") from None
+    except (TypeError, ValueError) as cause:
+        raise ValueError(f"expected three numbers R,G,B, got {value!r}") from cause
     if len(items) != 3 or not all(v == v and abs(v) != float("inf") for v in items):
         raise ValueError(f"expected three finite numbers R,G,B, got {value!r}")
     if what == "std" and not all(v > 0 for v in items):
@@ -109,8 +109,8 @@ class ModelSpec(BaseModel):
             value = tuple(parts) if len(parts) == 2 else (parts[0], parts[0]) if len(parts) == 1 else parts
         try:
             h, w = (int(v) for v in value)
-        except (TypeError, ValueError):
-            raise ValueError(f"expected HxW (or one side), got {value!r}") from None
+        except (TypeError, ValueError) as cause:
+            raise ValueError(f"expected HxW (or one side), got {value!r}") from cause
         if not (1 <= h <= 16384 and 1 <= w <= 16384):
             raise ValueError(f"sides must be 1 to 16384 pixels, got {h}x{w}")
         return (h, w)
@@ -164,8 +164,8 @@ class ModelSpec(BaseModel):
 
             try:
                 value = json.loads(value)
-            except ValueError:
-                raise UsageError(f"a model declaration is not JSON: {value[:80]!r}") from None
+            except ValueError as cause:
+                raise UsageError(f"a model declaration is not JSON: {value[:80]!r}") from cause
         if not isinstance(value, dict):
             raise UsageError(f"a model declaration is a mapping of {', '.join(FLAGS)}; got {type(value).__name__}")
         try:
@@ -175,10 +175,10 @@ class ModelSpec(BaseModel):
             field = str(error["loc"][0]) if error["loc"] else "declaration"
             message = error["msg"].removeprefix("Value error, ")
             if error["type"] == "extra_forbidden":
-                raise UsageError(f"unknown model declaration {field!r}: choose {', '.join(FLAGS)}") from None
+                raise UsageError(f"unknown model declaration {field!r}: choose {', '.join(FLAGS)}") from exc
             if error["type"].startswith("literal_error"):
                 message += f" (got {error.get('input')!r})"
-            raise UsageError(f"{FLAGS.get(field, field)}: {message[0].lower() + message[1:]}") from None
+            raise UsageError(f"{FLAGS.get(field, field)}: {message[0].lower() + message[1:]}") from exc
 
     def given(self) -> dict[str, Any]:
         """The fields the user set, as JSON-ready values (what requests, keys and metadata carry)."""

@@ -187,7 +187,7 @@ class UltralyticsAdapter(ModelAdapter):
             try:
                 model = YOLO(f"{self.variant}.yaml", task=self.task).model
             except Exception as exc:  # noqa: BLE001 - one line for the user
-                raise UsageError(describe_load_error(exc, f"cannot build {self.variant}")) from None
+                raise UsageError(describe_load_error(exc, f"cannot build {self.variant}")) from exc
             model = self._random_init(model, seed)
         elif weights is not None:
             from enginekit.families.checkpoints import load_ultralytics_model
@@ -202,14 +202,14 @@ class UltralyticsAdapter(ModelAdapter):
             except Exception as exc:  # noqa: BLE001
                 raise UsageError(
                     describe_load_error(exc, f"cannot load YOLO checkpoint {weights}")
-                ) from None
+                ) from exc
         else:
             hub = f"{self.variant}.pt"
             downloaded = self.hub_weights()
             try:
                 model = YOLO(str(downloaded), task=self.task).model
             except Exception as exc:  # noqa: BLE001
-                raise UsageError(describe_load_error(exc, f"cannot load {hub} ({downloaded})")) from None
+                raise UsageError(describe_load_error(exc, f"cannot load {hub} ({downloaded})")) from exc
             source = WeightsSource("hub", hub, sha256_file(downloaded))
         if getattr(model, "task", "detect") != self.task:
             raise UsageError(task_mismatch(weights or self.variant, model.task, self.variant, self.task))

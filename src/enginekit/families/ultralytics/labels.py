@@ -123,7 +123,7 @@ def _ultralytics_labels(images: list[Path], data: dict, task: str) -> list[dict]
             ds = Labels(img_path=[str(p) for p in images], imgsz=640, augment=False, rect=False, data=data, task=task,
                         prefix="", batch_size=1)
         except (RuntimeError, FileNotFoundError, ValueError, AssertionError) as exc:
-            raise UsageError(f"cannot read the labels of {images[0].parent}: {str(exc).splitlines()[0][:200]}") from None
+            raise UsageError(f"cannot read the labels of {images[0].parent}: {str(exc).splitlines()[0][:200]}") from exc
         labels = list(ds.labels)
         for lb in labels:
             lb["_dataset"] = ds  # its update_labels_info (segments resampled, Instances) per task

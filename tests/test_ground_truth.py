@@ -206,12 +206,19 @@ def test_engines_are_scored_against_the_labels_on_the_gpu(trained_detector, spli
     """Where a GPU runs the engine: FP16 and INT8 engines scored against the labels beside their graphs, one
     ladder row each, each drop within its default limit (FP16 0.01, INT8 0.03: the suite's detector)."""
     from enginekit import api
+    from enginekit.errors import CapabilityError
 
-    outcome = api.verify(trained_detector.model, precision="fp16,int8", data=splits["rect"], cache=cache, quiet=True,
-                         image_count=1, report_dir=tmp_path / "report",
-                         build_options={"weights": trained_detector.weights, "profiles": [f"1x3x{SIZE}x{SIZE}"],
-                                        "calib_data": str(splits["square"]), "calib_count": 8})
+    try:
+        outcome = api.verify(trained_detector.model, precision="fp16,int8", data=splits["rect"], cache=cache,
+                             quiet=True, image_count=1, report_dir=tmp_path / "report",
+                             build_options={"weights": trained_detector.weights, "profiles": [f"1x3x{SIZE}x{SIZE}"],
+                                            "calib_data": str(splits["square"]), "calib_count": 8})
+    except CapabilityError as exc:  # no TensorRT builder installed: no engine to score
+        pytest.skip(str(exc))
     engines = [a for r in outcome.reports for a in r.artifacts if a.kind == "engine"]
+    idle = [a.reason for a in engines if not a.ran]
+    if idle:  # built, but this GPU cannot run it (TensorRT-RTX refuses compute capability 9.0)
+        pytest.skip(f"the engines cannot run here: {idle[0]}")
     assert [a.precision for a in engines] == ["fp16", "int8"] and all(a.ran for a in engines)
     for art in engines:
         gt = art.ground_truth

@@ -113,7 +113,7 @@ def test_predict_runs_a_registered_backend_as_onnxruntime_cpu_does(tiny, tmp_pat
                         "--save", str(out))
         assert result.exit_code == 0, result.stderr
         saved[backend] = json.loads((out / "results.json").read_text())
-    assert saved["tiny"]["models"][0]["backend"] == "tiny" and saved["tiny"]["models"][0]["reason"] == "asked for"
+    assert saved["tiny"]["models"][0]["backend"] == "tiny" and saved["tiny"]["models"][0]["reason"].startswith("asked for")
     mine, theirs = (saved[b]["frames"][0]["results"]["yolo12n"]["detections"] for b in ("tiny", "onnxruntime-cpu"))
     assert mine and mine == theirs
 
@@ -157,7 +157,7 @@ def test_the_runtime_only_loads_and_enginekit_load_makes_the_graph(tiny, tmp_pat
     graph = Path(made.source)
     ours = load(graph, backend="tiny")
     auto = load(graph, device="cpu")
-    assert ours.backend == "tiny" and auto.backend == "onnxruntime-cpu" and auto.reason == "ONNX Runtime on the CPU"
+    assert ours.backend == "tiny" and auto.backend == "onnxruntime-cpu" and auto.reason.startswith("ONNX Runtime on the CPU")
     x = np.random.default_rng(0).random((1, 3, 640, 640), dtype=np.float32)
     a, b = ours.session(x), auto.session(x)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)

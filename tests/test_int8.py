@@ -223,7 +223,7 @@ def test_bad_requests_are_one_line_usage_errors(yolo, tmp_path):
     with pytest.raises(UsageError, match="has no input 'pixels'"):
         quantize_int8(yolo.fp32, tmp_path / "x.onnx", yolo.calibration, "pixels")
     with pytest.raises(UsageError, match="calibration data has shape"):
-        quantize(calibration=yolo.calibration[:, :, :160])
+        quantize(calibration=yolo.calibration[:, :1])
     with pytest.raises(UsageError, match="bad exclude pattern"):
         quantize(exclude_nodes=["/model.(21/"])
     assert not (tmp_path / "x.onnx").exists()

@@ -483,8 +483,9 @@ class Cache:
         self, kind: str, key: str, parts: dict[str, Any], produce: Produce, subject: str | None
     ) -> Entry:
         """Produce into a temp folder, describe it, and rename it into place. Lock held."""
-        tmp = self._new_tmp(kind, key)
+        tmp = self._tmp_path(kind, key)
         try:
+            tmp.mkdir()  # made inside the try: a signal right after it still removes it
             extra = produce(tmp)
             manifest = _make_manifest(kind, key, parts, subject, tmp, extra)
             _write_json(tmp / MANIFEST, manifest)
@@ -508,12 +509,11 @@ class Cache:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _new_tmp(self, kind: str, key: str) -> Path:
+    def _tmp_path(self, kind: str, key: str) -> Path:
+        """A new temp folder's path (not made yet: the caller makes it inside its clean-up)."""
         # The pid in the name lets gc tell an orphan (its builder died) from a live build.
         self._folder(self._tmp_root)
-        tmp = self._tmp_root / f"{kind}-{key}-{os.getpid()}-{secrets.token_hex(4)}"
-        tmp.mkdir()
-        return tmp
+        return self._tmp_root / f"{kind}-{key}-{os.getpid()}-{secrets.token_hex(4)}"
 
     def _publish(self, tmp: Path, kind: str, key: str) -> Path:
         """Rename a complete temp folder to the entry's place. Lock held."""
@@ -565,8 +565,9 @@ class Cache:
         from enginekit import reporting
         from enginekit.store.tier import CorruptObject
 
-        tmp = self._new_tmp(kind, key)
+        tmp = self._tmp_path(kind, key)
         try:
+            tmp.mkdir()
             try:
                 if strict:
                     manifest = remote.fetch(kind, key, tmp)

@@ -244,3 +244,102 @@ def test_a_timm_model_comes_declared_from_its_pretrained_cfg_and_exports(tmp_pat
     model = onnx.load(str(result.output))
     assert model.graph.output[0].type.tensor_type.shape.dim[1].dim_value == 10
     assert result.parity[-1].task["reference_varies"] == 1.0
+
+
+# -- saved programs and an importable module ---------------------------------------------------------------
+
+
+def _colour_net(user_file: Path):
+    """The user's ColourNet, imported from its file (as the family's factory loader does)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("colours_for_programs", user_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make().eval()
+
+
+@pytest.fixture(scope="module")
+def programs(user_file) -> dict[str, Path]:
+    """ColourNet saved as a torch.export program (batch, height and width dynamic) and as TorchScript."""
+    import torch
+
+    net = _colour_net(user_file)
+    x = torch.rand(2, 3, 64, 64)
+    dims = {0: torch.export.Dim("batch", max=64), 2: torch.export.Dim("height", min=8, max=4096),
+            3: torch.export.Dim("width", min=8, max=4096)}
+    pt2 = user_file.parent / "colours.pt2"
+    torch.export.save(torch.export.export(net, (x,), dynamic_shapes={"x": dims}), str(pt2))
+    ts = user_file.parent / "colours_script.pt"
+    torch.jit.save(torch.jit.script(net), str(ts))
+    return {"export": pt2, "torchscript": ts}
+
+
+@pytest.mark.parametrize("kind", ["export", "torchscript"])
+def test_a_saved_program_needs_trust_then_exports_and_runs(programs, kind, cache, tmp_path):
+    import enginekit
+    from enginekit import api
+    from enginekit.errors import UsageError
+    from enginekit.families.checkpoints import trusting
+    from enginekit.onnx.graph import get_metadata
+
+    program = programs[kind]
+    with trusting(False), pytest.raises(UsageError, match="runs code from the file"):
+        api.export(str(program), declared=DECLARED, output=tmp_path / "refused.onnx", cache=cache, quiet=True)
+    assert not (tmp_path / "refused.onnx").exists()
+    with trusting(True):
+        result = api.export(str(program), declared=DECLARED, output=tmp_path / f"{program.stem}.onnx", cache=cache,
+                            quiet=True)
+    assert result.passed, result.failures()
+    assert result.parity[-1].task["compared"] == 3 and result.parity[-1].task["miou"] == 1.0
+    meta = get_metadata(onnx.load(str(result.output)))
+    assert meta["model"] == str(program) and meta["weights"].startswith("source:")  # the program's own weights
+    frame = enginekit.load(str(result.output), backend="onnxruntime-cpu")(stripes(48, 200))
+    assert frame.class_map.shape == (48, 200)
+
+
+@pytest.fixture(scope="module")
+def user_package(user_file, tmp_path_factory) -> str:
+    """ColourNet in an importable package (a folder put on sys.path): ``colourpkg.nets:make``."""
+    import sys
+
+    root = tmp_path_factory.mktemp("site")
+    (root / "colourpkg").mkdir()
+    (root / "colourpkg" / "__init__.py").write_text("")
+    (root / "colourpkg" / "nets.py").write_text(user_file.read_text())
+    sys.path.insert(0, str(root))
+    yield "colourpkg.nets:make"
+    sys.path.remove(str(root))
+    for name in [n for n in sys.modules if n == "colourpkg" or n.startswith("colourpkg.")]:
+        del sys.modules[name]
+
+
+def test_a_package_module_factory_exports_and_runs(user_package, cache, tmp_path):
+    import enginekit
+    from enginekit import api
+    from enginekit.families import resolve
+    from enginekit.onnx.graph import get_metadata
+
+    adapter = resolve(user_package, DECLARED)
+    identity = adapter.identity()
+    assert identity["source"] == user_package and len(identity["sha256"]) == 64  # no distribution: the file's content
+    result = api.export(user_package, declared=DECLARED, output=tmp_path / "nets.onnx", cache=cache, quiet=True)
+    assert result.passed, result.failures()
+    assert result.parity[-1].task["miou"] == 1.0
+    assert get_metadata(onnx.load(str(result.output)))["model"] == user_package
+    result = enginekit.load(str(result.output), backend="onnxruntime-cpu")(stripes())
+    assert result.class_map.shape == (90, 160)
+
+
+def test_a_recipe_names_a_saved_program_or_a_module_factory(programs, user_package):
+    from enginekit.recipes import load_recipe
+
+    folder = programs["export"].parent
+    for variant, kind in (("colours.pt2", "export"), ("colours_script.pt", "torchscript"), (user_package, "module")):
+        recipe = folder / f"recipe-{kind}.yaml"
+        recipe.write_text(f"model:\n  variant: {variant}\n  task: semantic\n  size: 64x64\n  dynamic: hw\n"
+                          "profiles: [1x3x64x64:2x3x64x64:4x3x64x64]\nprecisions: [fp16]\n")
+        adapter = load_recipe(recipe).model_request().adapter
+        assert adapter.source.kind == kind and adapter.task == "semantic"
+        if kind != "module":  # a program's path is relative to the recipe's folder
+            assert adapter.source.path == folder / variant

@@ -34,6 +34,10 @@ def export_onnx(
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         # Tracer warnings about Python ints in shape arithmetic are expected and harmless here.
         warnings.simplefilter("ignore")
+        if any(isinstance(m, torch.jit.ScriptModule) for m in module.modules()):
+            # A TorchScript program inside a Python module: the ONNX tracer cannot call into it, TorchScript's
+            # own tracer can (and the exporter takes the traced program as it is)
+            module = torch.jit.trace(module, (example,), check_trace=False, strict=False)
         torch.onnx.export(
             module,
             (example,),

@@ -35,20 +35,23 @@ Align = Callable[[dict, dict, dict], tuple[dict, dict]]
 
 
 def simplify_onnx(src: Path, out: Path, *, tool: str = "onnxsim", check_shapes: list[Shape] | None = None,
-                  rel_l2_limit: float = 1e-5, align: Align | None = None) -> SimplifyReport:
+                  rel_l2_limit: float = 1e-5, align: Align | None = None, own_export: bool = False) -> SimplifyReport:
     """Simplify ``src`` into ``out`` and check both compute the same on random inputs.
 
     ``align``: the family's ``parity_outputs`` (outputs of the two graphs, the graph's metadata ->
-    the rows to compare side by side), for outputs whose rows near-equal scores may reorder."""
+    the rows to compare side by side), for outputs whose rows near-equal scores may reorder.
+    ``own_export``: ``src`` is enginekit's own export, so ``onnx.checker`` is skipped (ONNX Runtime
+    loads it right after; a user's file is checked). The source's one ONNX Runtime session serves both
+    that load check and the comparison."""
     if tool not in TOOLS:
         raise UsageError(f"unknown simplifier {tool!r}: choose {' or '.join(TOOLS)}")
-    model = load_model(src)
+    model = load_model(src, check=not own_export)
     shapes = check_shapes or default_check_shapes(model)
     fixed = check_shapes_at(model, ())
     if len(fixed) == 1:  # a static batch: every check runs at it
         shapes = list(dict.fromkeys((fixed[0][0], *shape[1:]) for shape in shapes))
     before = len(model.graph.node)
-    _ort_session(src, "the graph")  # what ONNX Runtime cannot load cannot be proven equal after simplifying
+    source = _ort_session(src, "the graph")  # what ONNX Runtime cannot load cannot be proven equal after simplifying
     if tool == "onnxsim":
         import onnxsim
 
@@ -66,7 +69,7 @@ def simplify_onnx(src: Path, out: Path, *, tool: str = "onnxsim", check_shapes: 
     tmp = out.with_name(f".{out.name}.check")
     save_model(simplified, tmp)
     try:
-        found = compare_graphs(src, tmp, shapes, align=align, rel_l2=rel_l2_limit,
+        found = compare_graphs(source, tmp, shapes, align=align, rel_l2=rel_l2_limit,
                                metadata={p.key: p.value for p in model.metadata_props})
         worst = found.worst_rel_l2
         if not found.passed:
@@ -135,11 +138,13 @@ def _ort_session(path: Path, what: str):
         raise UsageError(f"ONNX Runtime cannot load {what} {path.name}: {message}") from exc
 
 
-def compare_graphs(a: Path, b: Path, shapes: list[Shape], seed: int = 0, *, align: Align | None = None,
+def compare_graphs(a, b: Path, shapes: list[Shape], seed: int = 0, *, align: Align | None = None,
                    metadata: dict[str, str] | None = None, rel_l2: float = 1e-5) -> Comparison:
-    """Graph ``b`` against graph ``a`` on random inputs at ``shapes``: every output whole (paired by
-    ``align`` first, where given), each within ``rel_l2`` and finite, by the one comparison."""
-    sa, sb = _ort_session(a, "the graph"), _ort_session(b, "the simplified graph")
+    """Graph ``b`` against graph ``a`` (a path, or a session over it) on random inputs at ``shapes``: every
+    output whole (paired by ``align`` first, where given), each within ``rel_l2`` and finite, by the one
+    comparison."""
+    sa = _ort_session(a, "the graph") if isinstance(a, (str, Path)) else a
+    sb = _ort_session(b, "the simplified graph")
     (name,) = [i.name for i in sa.get_inputs()]
 
     def run(session, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

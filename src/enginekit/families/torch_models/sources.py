@@ -319,7 +319,7 @@ def load_program(source: Source):
     try:
         if source.kind == "export":
             program = torch.export.load(str(source.path))
-            module = program.module()
+            module = _program_module(program, source)
         else:
             module = torch.jit.load(str(source.path), map_location="cpu")
     except Exception as exc:  # noqa: BLE001
@@ -327,6 +327,33 @@ def load_program(source: Source):
 
         raise UsageError(describe_load_error(exc, f"cannot load {source.path.name}")) from exc
     return module
+
+
+def _program_module(program, source: Source):
+    """A torch.export program's module, run as it was captured. ``ExportedProgram.module()`` refuses
+    ``train()``/``eval()`` (the graph is fixed: a mode switch would change nothing), which every module
+    enginekit wraps goes through: the module gets ``nn.Module``'s own back, setting the flag only. A program
+    captured in training mode (dropout, batch statistics) is refused: what it computes is not inference."""
+    import torch
+
+    module = program.module()
+    for name in ("train", "eval"):
+        module.__dict__.pop(name, None)
+    training = sorted({str(n.target) for n in module.graph.nodes if n.op == "call_function" and (
+        "dropout" in str(n.target) or "_native_batch_norm_legit_functional" in str(n.target)
+        or ("batch_norm" in str(n.target) and "no_training" not in str(n.target) and _training_arg(n)))})
+    if training:
+        raise UsageError(f"{source.path.name} was captured in training mode ({training[0]}): export the model "
+                         "after model.eval() (torch.export.export(model.eval(), ...))")
+    return module.eval() if isinstance(module, torch.nn.Module) else module
+
+
+def _training_arg(node) -> bool:
+    """Whether a batch_norm call of an exported graph normalises by the batch (its ``training`` argument)."""
+    training = node.kwargs.get("training")
+    if training is None and len(node.args) > 5:
+        training = node.args[5]
+    return bool(training) if isinstance(training, bool) else False
 
 
 # -- weights -------------------------------------------------------------------------------------------

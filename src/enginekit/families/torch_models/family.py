@@ -49,7 +49,9 @@ TRACE_SIDE = 64
 #: ``--random-init``: BatchNorm statistics from these photographs (see ``informative_init``)
 INIT_PHOTOS = 4
 INIT_SIDE = 256
-RANDOM_INIT_VERSION = 2
+RANDOM_INIT_VERSION = 3
+#: ``--random-init``: the scale of the last BatchNorm of each residual branch (``damp_residual_branches``)
+RESIDUAL_GAIN = 0.2
 #: ``--random-init`` of a classifier: the std of its logits over the classes on the photographs
 LOGIT_SPREAD = 2.0
 
@@ -384,6 +386,7 @@ def informative_init(model, adapter, seed: int) -> None:
     bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     if not bns:
         return
+    damp_residual_branches(model)
     photos = load_images(None, limit=INIT_PHOTOS).images
     dynamic = adapter.dynamic_axes[adapter.input_name].values()
     h, w = adapter.default_input[2:]
@@ -406,6 +409,35 @@ def informative_init(model, adapter, seed: int) -> None:
             hook.remove()
     if (adapter.spec.task or "raw") == "classify":
         _spread_logits(model, out)
+
+
+def residual_branch_ends(model) -> list:
+    """The last BatchNorm of each residual branch of torchvision's and timm's ResNet blocks (the layer
+    torchvision's ``zero_init_residual`` and timm's ``zero_init_last`` set to zero)."""
+    ends = []
+    for block in model.modules():
+        names = [n for n in ("bn3", "bn2") if hasattr(block, n)]
+        if type(block).__name__ in ("Bottleneck", "BasicBlock") and names:
+            ends.append(getattr(block, names[0]))
+    return [m for m in ends if getattr(m, "weight", None) is not None]
+
+
+def damp_residual_branches(model) -> None:
+    """Scale the last BatchNorm of each residual branch by ``RESIDUAL_GAIN``. With unit-gain branches a fresh
+    deep ResNet is chaotic: through 16 blocks each adding a unit-variance branch, a rounding of 1e-3 grows to
+    a different class map (deeplabv3_resnet50 at 256 px with its weights and activations rounded to FP16 in
+    PyTorch: rel L2 0.079, mIoU 0.78), which no trained network does, so every FP16 and INT8 verdict on it
+    failed for a reason that was not the conversion's. Damped before the BatchNorm statistics are set (0.2:
+    rel L2 0.0056, pixel agreement 0.994, 17-21 classes per photograph, same emulation on 4 photographs),
+    the branches still carry the image and every weight still counts (zero, as the libraries' options do,
+    would leave the branches' weights out of every check)."""
+    import torch
+
+    with torch.no_grad():
+        for bn in residual_branch_ends(model):
+            if bool((bn.weight == 0).all()):  # a library's zero init (timm's zero_init_last): the branch counts too
+                bn.weight.fill_(1.0)
+            bn.weight.mul_(RESIDUAL_GAIN)
 
 
 def _spread_logits(model, out) -> None:

@@ -73,7 +73,8 @@ def _val(weights, data, **kw) -> dict:
 def _verify(graph, weights, data, cache, tmp_path, **kw):
     from enginekit import api
 
-    return api.verify(str(graph), reference=weights, data=data, cache=cache, quiet=True, image_count=1,
+    kw.setdefault("image_count", 1)
+    return api.verify(str(graph), reference=weights, data=data, cache=cache, quiet=True,
                       report_dir=tmp_path / "report", **kw)
 
 
@@ -91,6 +92,9 @@ def test_fp32_figures_are_ultralytics_val(graph, trained_detector, splits, cache
         assert gt[key] == pytest.approx(ref[key], abs=2e-3)  # the FP32 graph scores as its PyTorch model
     assert outcome.passed, [str(c) for c in report.failures()]
     assert any(c.name == "labels map50_95 drop" and c.passed for c in art.checks)
+    # with --data and no --images the gates judge on the labelled split's own images, not the embedded ones
+    photos = {c["input"].split()[1] for c in art.cases if c["input"].startswith("photo ")}
+    assert photos and photos <= {p.name for p in (splits["square"].parent / "images/val").iterdir()}, photos
     # the report and the ladder carry them
     data = json.loads((tmp_path / "report" / "report.json").read_text())
     assert data["entries"][0]["artifacts"][-1]["ground_truth"]["map50_95"] == pytest.approx(gt["map50_95"])

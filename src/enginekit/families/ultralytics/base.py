@@ -268,12 +268,10 @@ class UltralyticsAdapter(ModelAdapter):
 
     # -- inputs -------------------------------------------------------------------------
     def preprocess(self, image_rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-        """Ultralytics' ``LetterBox`` (auto=False, gray 114), as its predictor."""
-        from ultralytics.data.augment import LetterBox
+        """Ultralytics' ``LetterBox`` (auto=False, gray 114), as its predictor (``runtime.letterbox``)."""
+        from enginekit.families.ultralytics.runtime import letterbox, to_input
 
-        boxed = LetterBox(new_shape=hw, auto=False, scaleup=True, center=True)(image=image_rgb)
-        chw = np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0
-        return chw[None]
+        return to_input(letterbox(hw)(image=image_rgb))[None]
 
 
 class StretchedInput:

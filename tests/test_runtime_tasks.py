@@ -115,6 +115,12 @@ def test_onnx_cpu_matches_ultralytics_predict_on_trained_task_model(task, task_o
                             **({"conf": conf} if conf else {}))[0]
         ours = predictor(image)
         json.dumps(ours.to_json())  # the results contract serialises
+        if task != "classify":  # the input itself is Ultralytics' predictor's, bit for bit, on the host path and
+            bgr = __import__("cv2").imread(str(image))  # the GPU path (its device steps run here on the CPU)
+            want = model.predictor.preprocess([bgr]).numpy()
+            hw = predictor.processor.input_hw(bgr.shape[:2])
+            assert np.array_equal(predictor.preprocess_cpu([bgr], hw), want), image.name
+            assert np.array_equal(predictor.device_input([bgr], hw, device="cpu").numpy(), want), image.name
         if task == "classify":
             probs = ref.probs.data.numpy()
             assert ours.top1 == int(ref.probs.top1), image.name

@@ -279,7 +279,6 @@ class StretchedInput:
     ``scale_fill``, no letterbox), as its RT-DETR and depth predictors do."""
 
     def preprocess(self, image_rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-        from ultralytics.data.augment import LetterBox
+        from enginekit.families.ultralytics.runtime import stretch, to_input
 
-        boxed = LetterBox(new_shape=hw, auto=False, scale_fill=True)(image=image_rgb)
-        return (np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0)[None]
+        return to_input(stretch(hw)(image=image_rgb))[None]

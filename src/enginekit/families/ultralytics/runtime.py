@@ -4,10 +4,11 @@ Letterbox (detect, segment, pose, obb, semantic): Ultralytics' own ``LetterBox``
 gray 114) on the host, on every backend, as ``BasePredictor.pre_transform`` does; then only exact steps: HWC to
 CHW, BGR to RGB, to float and ``/ 255`` (numpy for a session on the CPU; torch on the device after the uint8
 upload for one on a GPU, as ``BasePredictor.preprocess``). The input is the tensor ``YOLO(pt).predict`` builds,
-bit for bit. ``gpu_letterbox=True`` (opt-in) resizes on the GPU instead (torch bilinear on floats: a frame
-stays on the device, at the cost of pixels up to a grey level from OpenCV's fixed-point rounding, and scores
-about 1e-3 from the .pt's). Classify: ``classify_transforms``; RT-DETR and depth: stretched. After the network
-each task follows ``ultralytics/models/.../predict.py``:
+bit for bit. RT-DETR and depth: stretched (``LetterBox(scale_fill=True)``) on the host the same way.
+``gpu_letterbox=True`` (opt-in) resizes on the GPU instead (torch bilinear on floats: a frame stays on the
+device, at the cost of pixels up to a grey level from OpenCV's fixed-point rounding, and scores up to 1.6e-3
+from the .pt's on an H100). Classify: ``classify_transforms`` (on the GPU: torchvision's on the device). After
+the network each task follows ``ultralytics/models/.../predict.py``:
 
 - detect: ``ultralytics.utils.nms.non_max_suppression`` (or the end-to-end head's top-k, which that function
   handles with ``end2end=True``) and ``ultralytics.utils.ops.scale_boxes``;
@@ -45,6 +46,14 @@ def letterbox(new_shape: tuple[int, int], *, auto: bool = False, stride: int = 3
 def to_input(boxed: np.ndarray) -> np.ndarray:
     """A letterboxed HxWx3 uint8 frame -> 3xHxW float32 in 0..1 (channels kept), as Ultralytics' predictor."""
     return np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0
+
+
+def stretch(new_shape: tuple[int, int]):
+    """Ultralytics' ``LetterBox(scale_fill=True)``: the frame resized to ``new_shape``, no padding, as its
+    RT-DETR and depth predictors."""
+    from ultralytics.data.augment import LetterBox
+
+    return LetterBox(new_shape=tuple(new_shape), auto=False, scale_fill=True)
 
 
 def letterbox_params(shape: tuple[int, int], new_shape: tuple[int, int], *, auto: bool = False,
@@ -154,12 +163,12 @@ class YoloProcessor(ImageProcessor):
     def preprocess_gpu(self, chw, hw: tuple[int, int]):
         """``chw``: 3xHxW float32 RGB in 0..255 on the device -> 3xhxw letterboxed in 0..1. A frame already at
         ``hw`` (letterboxed on the host, the default) is only divided, as Ultralytics' predictor does on the
-        device (``div_(255)``); else (``gpu_letterbox``) resized here: torch bilinear, not OpenCV's pixels."""
+        device (``div(255)``); else (``gpu_letterbox``) resized here: torch bilinear, not OpenCV's pixels."""
         import torch
         import torch.nn.functional as F
 
         if tuple(chw.shape[1:]) == tuple(hw):
-            return chw.div_(255)
+            return chw.div(255)
         rect = tuple(hw) != tuple(self.hw)
         (uh, uw), top, bottom, left, right = letterbox_geometry(tuple(chw.shape[1:]), self.hw if rect else tuple(hw),
                                                                 auto=rect, stride=self.stride)
@@ -304,12 +313,30 @@ class ClassifyProcessor(TopClasses, ImageProcessor):
         return normalize(x)
 
 
-class RtdetrProcessor(YoloProcessor):
+class HostStretch:
+    """Mixed in before ``ImageProcessor``: frames stretched to the network's size with Ultralytics'
+    ``LetterBox(scale_fill=True)`` (OpenCV on uint8) on the host, as its RT-DETR and depth predictors; on a GPU
+    only the exact steps follow there. ``gpu_letterbox``: resized on the device instead (torch bilinear)."""
+
+    def host_step(self, frame_hw: tuple[int, int], hw: tuple[int, int]) -> bool:
+        return not getattr(self, "gpu_letterbox", False) and tuple(frame_hw) != tuple(hw)
+
+    def preprocess_host(self, frame: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        return stretch(hw)(image=frame)
+
+    def preprocess_cpu(self, rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        return to_input(self.preprocess_host(rgb, hw))
+
+    def preprocess_gpu(self, chw, hw: tuple[int, int]):
+        if tuple(chw.shape[1:]) == tuple(hw):  # stretched on the host: only divided, as Ultralytics' predictor
+            return chw.div(255)
+        return ImageProcessor.preprocess_gpu(self, chw, hw)
+
+
+class RtdetrProcessor(HostStretch, YoloProcessor):
     """RT-DETR's kept rows (no NMS: the decoder's top-k), boxes in the original image's pixels; the image
     stretched to the network's size (Ultralytics' ``scale_fill``), no letterbox."""
 
-    preprocess_gpu = ImageProcessor.preprocess_gpu
-    preprocess_cpu = ImageProcessor.preprocess_cpu
     rect = False  # stretched to the network's size, as RTDETRPredictor (scale_fill): no rectangle
 
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Detections]:
@@ -348,5 +375,9 @@ class SemanticProcessor(YoloProcessor):
         return results
 
 
-class YoloDepthProcessor(DepthMaps, ImageProcessor):
+class YoloDepthProcessor(HostStretch, DepthMaps, ImageProcessor):
     """The depth map at the original resolution (the image stretched to the network's size, as Ultralytics)."""
+
+    def __init__(self, adapter, metadata: dict, info, *, input_size=None, gpu_letterbox: bool = False, **_):
+        super().__init__(adapter, metadata, info, input_size=input_size)
+        self.gpu_letterbox = bool(gpu_letterbox)

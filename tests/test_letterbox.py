@@ -244,3 +244,22 @@ def test_the_gpu_input_is_the_pt_predict_input_on_the_gpu(backend, trained_detec
         torch.cuda.synchronize()
         for g in got:
             assert g.shape == want.shape and torch.equal(g, want), (name, (g - want).abs().max().item())
+    opted = enginekit.load(trained_detector.model, weights=trained_detector.weights, backend=backend, cache=cache,
+                           gpu_letterbox=True)
+    assert "gpu_letterbox: frames resized on the GPU" in opted.reason, opted.reason
+
+
+def test_the_reason_says_where_frames_are_resized_on_the_gpu():
+    """``predictor.reason`` carries the processor's note: the opt-in GPU resize says it is not the .pt's input."""
+    from enginekit.backends.base import SessionInfo
+    from enginekit.families import resolve
+    from enginekit.families.ultralytics.runtime import YoloProcessor
+
+    adapter = resolve("yolov8n")
+    gpu = SessionInfo("onnxruntime-cuda", "cuda:0", "images", ("output0",), (None, 3, None, None))
+    cpu = SessionInfo("onnxruntime-cpu", "cpu", "images", ("output0",), (None, 3, None, None))
+    default = YoloProcessor(adapter, {}, gpu).input_note
+    assert "smallest 32-aligned rectangle" in default and "gpu_letterbox" not in default
+    opted = YoloProcessor(adapter, {}, gpu, gpu_letterbox=True).input_note
+    assert "smallest 32-aligned rectangle" in opted and "gpu_letterbox: frames resized on the GPU" in opted
+    assert "gpu_letterbox" not in YoloProcessor(adapter, {}, cpu, gpu_letterbox=True).input_note  # nothing resized there

@@ -321,6 +321,18 @@ def test_another_setting_never_reuses_a_kept_layout(yolo, tmp_path, monkeypatch,
                              layouts=yolo.layouts, **args).layout == "kept"
 
 
+def test_modelopts_own_way_never_reuses_a_layout(yolo, tmp_path, monkeypatch):
+    with monkeypatch.context() as mp:
+        without_modelopt(mp)
+        with pytest.raises(ModelOptRan):
+            quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", exclude_nodes=yolo.exclude,
+                          calibration_cache=yolo.cache, layouts=yolo.layouts, shortcuts=False)
+        mp.setenv("ENGINEKIT_MODELOPT_SHORTCUTS", "0")
+        with pytest.raises(ModelOptRan):
+            quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", exclude_nodes=yolo.exclude,
+                          calibration_cache=yolo.cache, layouts=yolo.layouts)
+
+
 def test_a_layout_needs_every_tensor_it_quantizes(yolo, tmp_path, monkeypatch):
     scales = read_calibration_cache(yolo.cache)
     scales.pop(sorted(scales)[0])

@@ -41,6 +41,7 @@ from enginekit.stages.modelopt_compat import (
     installed,
     ort_int8_scale,
     quantize_shortcuts,
+    shortcuts_allowed,
     symmetric_ranges,
     tensors_to_calibrate,
 )
@@ -397,7 +398,7 @@ def quantize_int8(
     pass with modelopt_compat's faster, same-result helpers (False: exactly as ModelOpt runs it).
     ``layouts``: where Q/DQ layouts are kept. With a calibration cache and a layout kept for the
     same graph and settings, the graph is rebuilt from it (ModelOpt's graph for that cache, without
-    importing ModelOpt); every ModelOpt pass keeps its layout there.
+    importing ModelOpt; not with ``shortcuts`` off); every ModelOpt pass keeps its layout there.
     """
     start = time.perf_counter()
     src, out = Path(src), Path(out)
@@ -406,7 +407,8 @@ def quantize_int8(
     cache = _cache_for(Path(calibration_cache), method) if calibration_cache is not None else None
     if cache is None and calibration is None:
         raise UsageError("INT8 needs calibration data or a calibration cache")
-    if cache is None or layouts is None:
+    reuse = layouts is not None and cache is not None and shortcuts and shortcuts_allowed()
+    if not reuse:
         check()  # the ModelOpt / ONNX Runtime internals used below, before any work
 
     model = load_model(src)
@@ -416,7 +418,7 @@ def quantize_int8(
     batch = _check_calibration(calibration, dims, input_name) if calibration is not None else None
     probe = _probe_shape(dims, model, batch, input_shape, src)
     parts = layout_parts(src, input_name, method, exclude_nodes, high_precision, probe) if layouts else None
-    found = layouts.find(parts) if layouts is not None and cache is not None else None
+    found = layouts.find(parts) if reuse else None
     rebuilt = _from_layout(found, model, cache, Path(calibration_cache)) if found is not None else None
     if rebuilt is not None:  # the graph ModelOpt writes from this cache, without ModelOpt
         quantized, scales = rebuilt

@@ -32,6 +32,12 @@ rectangle): the FP32 graph agrees to rel L2 4.5e-7 (boxes) and 1.2e-5 (scores), 
 conf 0.25; the FP16 graph to 3.7e-4 and 4.5e-3 (scores max abs 3.6e-3, limit 0.01). The same graph with 10%
 of its largest weight tensor multiplied by -3 fails verify on parity (boxes rel L2 0.056, scores 0.78) and on
 the task (recall 0.49).
+
+Known limit: the class scores are a continuous tail at the operating point (the bias puts the 40th best score
+of a photograph at 0.25), so any change of the logits moves some detections across conf 0.25. INT8 (the
+family's exclusions, yolo12n at 320, two photographs) keeps boxes and scores within INT8's parity limits but
+gives recall 0.83 and precision 0.79: a random YOLO's INT8 build fails its task gate, honestly. INT8 task
+gates are shown passing on the suite's trained detector.
 """
 
 from __future__ import annotations

@@ -84,12 +84,13 @@ def test_int8_repair_on_the_trained_detector(trained_detector, detector_images, 
     """A gate the INT8 graph fails (scores rel L2 tightened to 0.05; default INT8 passes): repair keeps
     a few nodes from all over the graph in FP32 and passes parity and task gates; figures recorded.
     Each trial is an ONNX edit of the one quantized graph: ModelOpt quantizes once, whatever the trials."""
-    from enginekit import api, pipeline
+    from enginekit import api
     from enginekit.cache import Cache
+    from enginekit.stages import int8
 
     quantized = []
-    real_quantize = pipeline.quantize_int8
-    monkeypatch.setattr(pipeline, "quantize_int8", lambda *a, **k: quantized.append(a) or real_quantize(*a, **k))
+    real_quantize = int8.quantize_int8  # the pipeline imports it where it quantizes
+    monkeypatch.setattr(int8, "quantize_int8", lambda *a, **k: quantized.append(a) or real_quantize(*a, **k))
     out = api.build("yolov8n", weights=trained_detector.weights, precision="int8", profiles=["1x3x320x320"],
                     calib_data=detector_images, calib_method="entropy", repair=True,
                     tolerances=["int8.rel_l2=0.05"], verify=False,

@@ -6,6 +6,7 @@ import re
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -115,6 +116,16 @@ def test_int8_with_calibration_cache_skips_calibration_byte_identical(run_cli, t
     graphs = [sorted((tmp_path / c / "onnx-int8").glob("*/model.onnx")) for c in ("cache", "cache2")]
     assert len(graphs[0]) == len(graphs[1]) == 1
     assert graphs[0][0].read_bytes() == graphs[1][0].read_bytes()
+    assert "Q/DQ layout kept" not in second.stderr  # an empty cache has none: ModelOpt's pass
+    # the INT8 entry gone, the Q/DQ layout the last run kept rebuilds the same graph without ModelOpt
+    int8 = graphs[1][0].read_bytes()
+    shutil.rmtree(tmp_path / "cache2" / "onnx-int8")
+    third = run_cli(*args, env=cli_env(tmp_path / "cache2"))
+    assert third.code == 0, third.stderr
+    assert "from calibration cache (no calibration), Q/DQ layout kept (no ModelOpt)" in third.stderr
+    (graph,) = sorted((tmp_path / "cache2" / "onnx-int8").glob("*/model.onnx"))
+    assert graph.read_bytes() == int8
+    assert json.loads((graph.parent / "manifest.json").read_text())["qdq_layout"] == "kept"
 
 
 def test_several_profiles_and_target_list(cache):

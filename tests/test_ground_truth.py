@@ -19,7 +19,9 @@ import pytest
 SIZE = 320  # the graph's export size: 4x cheaper than 640, still a size the detector was not trained at
 
 
-def _write_split(root: Path, shapes, seed: int) -> Path:
+def _write_split(root: Path, shapes, seed: int, backgrounds: int = 0) -> Path:
+    """``shapes`` labelled images, then ``backgrounds`` images with nothing on them and an empty label file (as
+    datasets hold them: negatives)."""
     import cv2
 
     from trained_detector import NAMES, draw_image
@@ -33,6 +35,10 @@ def _write_split(root: Path, shapes, seed: int) -> Path:
         (root / "labels/val" / f"{i:03d}.txt").write_text("".join(
             f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}\n"
             for c, x1, y1, x2, y2 in boxes))
+    for i in range(len(shapes), len(shapes) + backgrounds):
+        h, w = shapes[-1]
+        cv2.imwrite(str(root / "images/val" / f"{i:03d}.png"), rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+        (root / "labels/val" / f"{i:03d}.txt").write_text("")
     names = "".join(f"  {i}: {n}\n" for i, n in enumerate(NAMES))
     (root / "data.yaml").write_text(f"path: {root}\ntrain: images/val\nval: images/val\nnames:\n{names}")
     return root / "data.yaml"
@@ -41,7 +47,7 @@ def _write_split(root: Path, shapes, seed: int) -> Path:
 @pytest.fixture(scope="module")
 def splits(tmp_path_factory):
     root = tmp_path_factory.mktemp("labelled")
-    square = _write_split(root / "square", [(SIZE, SIZE)] * 8, seed=31)
+    square = _write_split(root / "square", [(SIZE, SIZE)] * 8, seed=31, backgrounds=1)
     rect = _write_split(root / "rect", [(240, 320), (320, 180), (300, 400), (400, 300)] * 3, seed=32)
     return {"square": square, "rect": rect}
 
@@ -67,7 +73,8 @@ def _val(weights, data, **kw) -> dict:
 def _verify(graph, weights, data, cache, tmp_path, **kw):
     from enginekit import api
 
-    return api.verify(str(graph), reference=weights, data=data, cache=cache, quiet=True, image_count=1,
+    kw.setdefault("image_count", 1)
+    return api.verify(str(graph), reference=weights, data=data, cache=cache, quiet=True,
                       report_dir=tmp_path / "report", **kw)
 
 
@@ -78,13 +85,16 @@ def test_fp32_figures_are_ultralytics_val(graph, trained_detector, splits, cache
     gt = art.ground_truth
     ref = gt["reference"]
     assert 0.2 < ref["map50_95"] < 0.98, ref  # labels the detector gets partly right: a figure that could differ
-    assert ref["images"] == 8 and ref["instances"] > 16
+    assert ref["images"] == 9 and ref["instances"] > 16  # the background image scores too
     want = _val(trained_detector.weights, splits["square"], rect=False)
     for key in ("map50_95", "map50", "precision", "recall"):
         assert ref[key] == pytest.approx(want[key], abs=1e-3), (key, ref, want)
         assert gt[key] == pytest.approx(ref[key], abs=2e-3)  # the FP32 graph scores as its PyTorch model
     assert outcome.passed, [str(c) for c in report.failures()]
     assert any(c.name == "labels map50_95 drop" and c.passed for c in art.checks)
+    # with --data and no --images the gates judge on the labelled split's own images, not the embedded ones
+    photos = {c["input"].split()[1] for c in art.cases if c["input"].startswith("photo ")}
+    assert photos and photos <= {p.name for p in (splits["square"].parent / "images/val").iterdir()}, photos
     # the report and the ladder carry them
     data = json.loads((tmp_path / "report" / "report.json").read_text())
     assert data["entries"][0]["artifacts"][-1]["ground_truth"]["map50_95"] == pytest.approx(gt["map50_95"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import struct
@@ -13,8 +14,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from enginekit.cache import Cache, key_for
 from enginekit.errors import UsageError
 from enginekit.onnx import runtime
+from enginekit.pipeline import CacheLayouts
 from enginekit.onnx.graph import get_metadata
 from enginekit.stages.int8 import (
     CALIBRATION_METHODS,
@@ -38,6 +41,7 @@ class Quantized:
     input_name: str
     exclude: list[str]
     sessions: list[str]  # what ONNX Runtime sessions the calibrating run opened
+    layouts: object  # where the calibrating run kept its Q/DQ layout (pipeline.CacheLayouts)
 
 
 @pytest.fixture(scope="session")
@@ -98,10 +102,11 @@ def yolo(workdir) -> Quantized:
     batch = calibration_batch("yolo12n", (320, 320))
     exclude = [detect_head_pattern(fp32)]
     out, cache = workdir / "yolo12n.int8.onnx", workdir / "yolo12n.calib"
+    layouts = CacheLayouts(Cache(workdir / "layouts"))
     with pytest.MonkeyPatch.context() as mp:
         opened = session_spy(mp)
-        report = quantize_int8(fp32, out, batch, "images", exclude_nodes=exclude, write_cache=cache)
-    return Quantized(fp32, out, cache, report, batch, "images", exclude, opened)
+        report = quantize_int8(fp32, out, batch, "images", exclude_nodes=exclude, write_cache=cache, layouts=layouts)
+    return Quantized(fp32, out, cache, report, batch, "images", exclude, opened, layouts)
 
 
 def ort_outputs(path: Path, batch: np.ndarray, extra: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
@@ -214,6 +219,146 @@ def test_cache_missing_a_needed_tensor_is_a_usage_error(yolo, tmp_path):
         quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", exclude_nodes=yolo.exclude,
                       calibration_cache=partial)
     assert not (tmp_path / "x.onnx").exists()
+
+
+# -- kept Q/DQ layouts (stages/int8_layout.py): ModelOpt's graph without ModelOpt ------------------------------
+
+
+class ModelOptRan(Exception):
+    """Raised in place of ModelOpt's pass: the run would have needed it."""
+
+
+def without_modelopt(mp: pytest.MonkeyPatch) -> None:
+    """Fail any use of ModelOpt: its pass, and the check that imports it."""
+    from enginekit.stages import int8
+
+    def refuse(*args, **kwargs):
+        raise ModelOptRan
+
+    mp.setattr(int8, "_run_modelopt", refuse)
+    mp.setattr(int8, "check", refuse)
+
+
+def other_scales(path: Path, out: Path) -> Path:
+    """The cache at ``path`` with every scale changed (0.5x to 2x, a different factor per tensor)."""
+    scales = read_calibration_cache(path)
+    factors = np.random.default_rng(7).uniform(0.5, 2.0, len(scales))
+    return write_calibration_cache(out, {n: scales[n] * f for n, f in zip(sorted(scales), factors)},
+                                   cache_header("entropy"))
+
+
+def test_the_calibrating_run_keeps_a_compact_layout(yolo):
+    (entry,) = sorted((yolo.layouts.cache.root / CacheLayouts.KIND).glob("*/manifest.json"))
+    manifest = json.loads(entry.read_text())
+    assert len(manifest["activation_scales"]) > 100 and len(manifest["from_source"]) > 50
+    assert set(manifest["calibrated"]) == set(read_calibration_cache(yolo.cache))
+    layout = entry.parent / "layout.onnx"
+    assert layout.stat().st_size < yolo.int8.stat().st_size / 4  # the FP32 weights are not in it
+
+
+@pytest.mark.slow
+def test_a_kept_layout_rebuilds_modelopts_graph_without_modelopt(yolo, tmp_path, monkeypatch):
+    """From the calibrating run's cache: its bytes. From other scales: ModelOpt's own graph for those scales."""
+    with monkeypatch.context() as mp:
+        without_modelopt(mp)
+        same = quantize_int8(yolo.fp32, tmp_path / "same.onnx", None, "images", exclude_nodes=yolo.exclude,
+                             calibration_cache=yolo.cache, layouts=yolo.layouts)
+        other = other_scales(yolo.cache, tmp_path / "other.calib")
+        rebuilt = quantize_int8(yolo.fp32, tmp_path / "rebuilt.onnx", None, "images", exclude_nodes=yolo.exclude,
+                                calibration_cache=other, layouts=yolo.layouts, write_cache=tmp_path / "written.calib")
+    assert same.layout == rebuilt.layout == "kept" and not same.calibrated
+    assert (tmp_path / "same.onnx").read_bytes() == yolo.int8.read_bytes()
+    assert same.n_qdq_nodes == rebuilt.n_qdq_nodes == yolo.report.n_qdq_nodes
+    # the cache written beside it holds what ModelOpt's cached run hands over: the tensors it needs
+    assert read_calibration_cache(tmp_path / "written.calib") == read_calibration_cache(other)
+    own = quantize_int8(yolo.fp32, tmp_path / "own.onnx", None, "images", exclude_nodes=yolo.exclude,
+                        calibration_cache=other)
+    assert own.layout == "modelopt"
+    assert (tmp_path / "rebuilt.onnx").read_bytes() == (tmp_path / "own.onnx").read_bytes()
+    assert (tmp_path / "rebuilt.onnx").read_bytes() != yolo.int8.read_bytes()  # the scales did change the graph
+
+
+def layout_variants(yolo, tmp_path, monkeypatch) -> dict[str, dict]:
+    from enginekit.stages import int8, modelopt_compat
+
+    base = dict(src=yolo.fp32, input_name="images", method="entropy", exclude=yolo.exclude, high_precision="fp32",
+                probe=(1, 3, 320, 320))
+    edited = onnx.load(str(yolo.fp32))
+    edited.graph.initializer[0].raw_data = bytes(len(edited.graph.initializer[0].raw_data))
+    onnx.save(edited, str(tmp_path / "edited.onnx"))
+    variants = {"same": {}, "method": {"method": "max"}, "exclude": {"exclude": [*yolo.exclude, r"/model\.2/.*"]},
+                "no exclude": {"exclude": []}, "high precision": {"high_precision": "fp16"},
+                "calibration shape": {"probe": (1, 3, 256, 256)}, "batch": {"probe": (2, 3, 320, 320)},
+                "graph": {"src": tmp_path / "edited.onnx"}, "input": {"input_name": "x"}}
+    parts = {name: int8.layout_parts(**{**base, **change}) for name, change in variants.items()}
+    with monkeypatch.context() as mp:
+        mp.setattr(int8, "installed", lambda: {**modelopt_compat.installed(), "nvidia-modelopt": "0.48.0"})
+        parts["versions"] = int8.layout_parts(**base)
+    with monkeypatch.context() as mp:
+        other = ["cuda:0", "cpu"] if int8.calibration_eps() == ["cpu"] else ["cpu"]
+        mp.setattr(int8, "calibration_eps", lambda: other)
+        parts["providers"] = int8.layout_parts(**base)
+    with monkeypatch.context() as mp:
+        mp.setattr(int8, "MODELOPT_SETTINGS", {**int8.MODELOPT_SETTINGS, "per_channel": False})
+        parts["settings"] = int8.layout_parts(**base)
+    return parts
+
+
+def test_every_int8_setting_is_in_the_layout_key(yolo, tmp_path, monkeypatch):
+    parts = layout_variants(yolo, tmp_path, monkeypatch)
+    keys = {name: key_for(p) for name, p in parts.items()}
+    assert len(set(keys.values())) == len(keys), keys  # each change of a setting gives another key
+    from enginekit.stages import int8
+
+    base = int8.layout_parts(yolo.fp32, "images", "entropy", yolo.exclude, "fp32", (1, 3, 320, 320))
+    assert keys["same"] == key_for(base) and yolo.layouts.find(base) is not None  # the fixture's is found by it
+
+
+@pytest.mark.parametrize("change", [{"exclude_nodes": []}, {"high_precision": "fp16"},
+                                    {"input_shape": (1, 3, 256, 256)}], ids=["exclude", "high-precision", "shape"])
+def test_another_setting_never_reuses_a_kept_layout(yolo, tmp_path, monkeypatch, change):
+    """The same graph and cache with one setting changed goes to ModelOpt (refused here), never to the layout."""
+    args = {"exclude_nodes": yolo.exclude, **change}
+    with monkeypatch.context() as mp:
+        without_modelopt(mp)
+        with pytest.raises(ModelOptRan):
+            quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", calibration_cache=yolo.cache,
+                          layouts=yolo.layouts, **args)
+        args = {"exclude_nodes": yolo.exclude}  # and unchanged, the layout serves it
+        assert quantize_int8(yolo.fp32, tmp_path / "y.onnx", None, "images", calibration_cache=yolo.cache,
+                             layouts=yolo.layouts, **args).layout == "kept"
+
+
+def test_modelopts_own_way_never_reuses_a_layout(yolo, tmp_path, monkeypatch):
+    with monkeypatch.context() as mp:
+        without_modelopt(mp)
+        with pytest.raises(ModelOptRan):
+            quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", exclude_nodes=yolo.exclude,
+                          calibration_cache=yolo.cache, layouts=yolo.layouts, shortcuts=False)
+        mp.setenv("ENGINEKIT_MODELOPT_SHORTCUTS", "0")
+        with pytest.raises(ModelOptRan):
+            quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", exclude_nodes=yolo.exclude,
+                          calibration_cache=yolo.cache, layouts=yolo.layouts)
+
+
+def test_a_layout_needs_every_tensor_it_quantizes(yolo, tmp_path, monkeypatch):
+    scales = read_calibration_cache(yolo.cache)
+    scales.pop(sorted(scales)[0])
+    partial = write_calibration_cache(tmp_path / "partial.calib", scales, cache_header("entropy"))
+    with monkeypatch.context() as mp:
+        without_modelopt(mp)
+        with pytest.raises(UsageError, match="lacks 1 of"):
+            quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", exclude_nodes=yolo.exclude,
+                          calibration_cache=partial, layouts=yolo.layouts)
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_layout_of_another_format_is_not_used():
+    from enginekit.stages.int8_layout import LAYOUT_FORMAT, LayoutInfo
+
+    info = LayoutInfo(["w"], {"x_scale": "x"}, ["x"])
+    assert LayoutInfo.from_json(info.to_json()) == info
+    assert LayoutInfo.from_json({**info.to_json(), "layout_format": LAYOUT_FORMAT + 1}) is None
 
 
 def test_bad_requests_are_one_line_usage_errors(yolo, tmp_path):

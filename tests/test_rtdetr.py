@@ -161,6 +161,10 @@ def test_rtdetr_runtime_matches_ultralytics_rtdetr_predict(rtdetr_loaded, rtdetr
         ref = model.predict(str(image), imgsz=320, conf=0.25, verbose=False, device="cpu")[0].boxes
         ours = predictor(image)
         assert ours.image_shape == tuple(ref.orig_shape) and ours.image_shape[0] != ours.image_shape[1]
+        bgr = __import__("cv2").imread(str(image))  # the input: RTDETRPredictor's stretch, bit for bit, on the host
+        want = model.predictor.preprocess([bgr]).numpy()  # path and the GPU path (device steps on the CPU)
+        assert np.array_equal(predictor.preprocess_cpu([bgr], (320, 320)), want)
+        assert np.array_equal(predictor.device_input([bgr], (320, 320), device="cpu").numpy(), want)
         ref_boxes, ref_cls = ref.xyxy.numpy(), ref.cls.numpy().astype(int)
         assert len(ours) == len(ref)
         # one query may be kept with two classes (the same box twice): match within a class

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from enginekit.datasets import evenly, is_video, is_yaml, load_dataset, video_frames
+from enginekit.datasets import dataset_images, evenly, is_video, is_yaml, load_dataset, video_frames
 from enginekit.errors import UsageError
 from enginekit.images import embedded_image_paths, list_images, read_rgb
 from enginekit.cache import sha256_file
@@ -38,6 +38,10 @@ class CalibrationData:
     used_paths: list[Path] = field(default_factory=list)  # images in the last batch, in order
     # Fewer readable images than this: add views of them up to it (augmented_views, below). 0: off.
     augment_to: int = 0
+    #: the split of a dataset (a YAML, or with ``labelled`` a dataset folder) whose images are taken
+    split: str = "train"
+    #: ``source`` is a labelled dataset (``verify --data``) even where it is a folder: its ``split``'s images
+    labelled: bool = False
 
     def __post_init__(self) -> None:
         if self.count <= 0:
@@ -54,8 +58,8 @@ class CalibrationData:
     def describe(self) -> str:
         if self.source is None:
             return f"embedded photographs (up to {self.count})"
-        if is_yaml(self.source):
-            return f"the train split of {self.source} (up to {self.count} images, spread evenly)"
+        if is_yaml(self.source) or self.labelled:
+            return f"the {self.split} split of {self.source} (up to {self.count} images, spread evenly)"
         if self.is_video:
             return f"{self.source} (up to {self.count} frames, sampled evenly)"
         return f"{self.source} (up to {self.count})"
@@ -70,8 +74,8 @@ class CalibrationData:
             return paths[: self.count]
         if not self.source.exists():
             raise UsageError(f"image folder, dataset, video or array not found: {self.source}")
-        if is_yaml(self.source):
-            return evenly(load_dataset(self.source).images("train"), self.count)
+        if is_yaml(self.source) or self.labelled:
+            return evenly(dataset_images(load_dataset(self.source), self.split), self.count)
         if self.is_video:
             if not self.source.is_file():
                 raise UsageError(f"expected a video file, not {self.source}")

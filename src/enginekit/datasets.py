@@ -101,6 +101,18 @@ def _listed(root: Path, spec: str, what: str) -> list[Path]:
     raise UsageError(f"{what}: {p} is not a folder, an image list (.txt) or an image")
 
 
+def dataset_images(dataset: Dataset, split: str) -> list[Path]:
+    """Every image of ``split``, sorted: its image files, or those of its class folders (classify layout)."""
+    if not dataset.classify_layout:
+        return dataset.images(split)
+    from enginekit.images import list_images
+
+    paths = sorted(p for folder, _ in dataset.class_folders(split) for p in list_images(folder))
+    if not paths:
+        raise UsageError(f"the {split} split of {dataset.source} has no images")
+    return paths
+
+
 def load_dataset(path: Path | str) -> Dataset:
     """A dataset YAML or a folder, resolved; one ``UsageError`` line for anything missing or malformed."""
     path = Path(path).expanduser()

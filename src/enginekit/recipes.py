@@ -164,7 +164,7 @@ class Verification(_Strict):
     """How built engines are checked."""
 
     images: Optional[str] = None  # photographs to verify on (verify --images); default: packaged ones
-    image_count: int = Field(4, gt=0)  # verify --image-count
+    image_count: Optional[int] = Field(None, gt=0)  # verify --image-count (None: verify's default)
     # a labelled dataset (an Ultralytics dataset YAML or a folder with YOLO labels): every precision scored
     # against its labels (verify --data), its split (--data-split) and how many images (--data-limit)
     data: Optional[str] = None

@@ -344,7 +344,8 @@ class VerifyRequest(Options):
     target: Optional[str] = None
     precision: Optional[str] = None
     images: Optional[Path] = None
-    image_count: int = Field(4, ge=1)
+    #: photographs the gates run on (None: 4, or with ``data`` and no ``images`` 16 of the labelled split)
+    image_count: Optional[int] = Field(None, ge=1)
     report_dir: Optional[Path] = None
     junit: Optional[Path] = None
     tolerances: Tolerances = Tolerances()  # --tol

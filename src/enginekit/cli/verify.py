@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         precision: Annotated[Optional[str], typer.Option("--precision", help="With a model name: fp32, fp16, int8 or fp8, or a list (fp16,int8): one engine each.")] = None,
         profile: Annotated[Optional[list[str]], typer.Option("--profile", "-p", help="With a model name: the engine's profiles.")] = None,
         images: Annotated[Optional[Path], typer.Option("--images", help="Folder of photographs (default: embedded).")] = None,
-        image_count: Annotated[int, typer.Option("--image-count", help="Photographs to use.")] = 4,
+        image_count: Annotated[Optional[int], typer.Option("--image-count", help="Photographs the gates run on (default 4; with --data and no --images, 16 of the labelled split, spread evenly).")] = None,
         data: Annotated[Optional[Path], typer.Option("--data", help="Labels: an Ultralytics dataset YAML (its val split) or a folder of images with YOLO labels; the FP32 PyTorch model and every graph (and the engine where it runs) are scored against them with Ultralytics' validator metrics, and each drop against the FP32 model is gated (--tol gt.map50_95_drop=0.01).")] = None,
         data_limit: Annotated[Optional[int], typer.Option("--data-limit", help="With --data: score this many images of the split, spread evenly (default: all).")] = None,
         data_split: Annotated[str, typer.Option("--data-split", help="With --data: the dataset's split to score (val, test, train).")] = "val",

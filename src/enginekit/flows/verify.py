@@ -36,6 +36,12 @@ class VerifyOutcome:
         return all(r.engine_ran for r in self.reports)
 
 
+#: photographs the parity and task gates run on: embedded or ``--images`` ones, or (with ``--data`` and no
+#: ``--images``) the labelled split's, spread evenly: enough of a user's images for the task gates' share rules
+IMAGE_COUNT = 4
+LABELLED_IMAGE_COUNT = 16
+
+
 def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
     from enginekit.cache import Cache
     from enginekit.calibration import CalibrationData
@@ -43,7 +49,11 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
     r = request
     cache = cache or Cache()
     overrides = r.tolerances
-    data = CalibrationData(Path(r.images) if r.images else None, count=r.image_count)
+    if r.images is None and r.data is not None:  # the gates judge on the user's own labelled images
+        data = CalibrationData(Path(r.data), count=r.image_count or LABELLED_IMAGE_COUNT, split=r.data_split,
+                               labelled=True)
+    else:
+        data = CalibrationData(Path(r.images) if r.images else None, count=r.image_count or IMAGE_COUNT)
     data.image_paths  # noqa: B018 - refuse a missing or empty folder before any work
 
     labels = None

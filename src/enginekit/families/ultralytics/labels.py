@@ -173,7 +173,7 @@ def truth_instances(split: LabelledSplit, sample: Sample, image_bgr: np.ndarray,
     h, w = label["img"].shape[1:]
     cls = label["cls"].reshape(-1).long()
     n = len(cls)
-    boxes = label["bboxes"].reshape(n, -1).float()
+    boxes = label["bboxes"].reshape(n, 5 if task == "obb" else 4).float()  # n may be 0: an image of nothing
     if task == "obb":
         boxes[:, :4] *= torch.tensor([w, h, w, h])
     elif n:

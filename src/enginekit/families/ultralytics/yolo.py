@@ -235,10 +235,9 @@ class _YoloInstances(InstanceEvaluation, YoloFamily):
 
     def preprocess_rect(self, image_rgb, hw):
         """Ultralytics' ``LetterBox(auto=True)`` at network size ``hw``, as its ``.pt`` predictor."""
-        from enginekit.families.ultralytics.runtime import letterbox
+        from enginekit.families.ultralytics.runtime import letterbox, to_input
 
-        boxed = letterbox(hw, auto=True, stride=self.rect_stride)(image=image_rgb)
-        return (np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0)[None]
+        return to_input(letterbox(hw, auto=True, stride=self.rect_stride)(image=image_rgb))[None]
 
     @property
     def dynamic_axes(self) -> dict[str, dict[int, str]]:

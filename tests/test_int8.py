@@ -162,17 +162,25 @@ def test_excluded_nodes_take_no_quantized_input(yolo):
     assert not any(pattern.match(n.name) for n in model.graph.node if n.op_type == "QuantizeLinear")
 
 
+def rel_l2(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref.astype(np.float64)))
+
+
 def test_int8_graph_runs_on_ort_close_to_fp32(yolo):
-    # A random YOLO's output0 is mostly its anchor grid and biases; the head's input features
-    # (which INT8 does change) are the meaningful comparison.
-    head_input = "/model.14/cv2/act/Mul_output_0"
-    ref = ort_outputs(yolo.fp32, yolo.calibration, (head_input,))
-    got = ort_outputs(yolo.int8, yolo.calibration, (head_input,))
-    out_cos, feat_cos = cosine(ref["output0"], got["output0"]), cosine(ref[head_input], got[head_input])
-    print(f"yolo12n int8 cosine: output0 {out_cos:.6f}, head input {feat_cos:.6f}")
-    assert np.isfinite(got["output0"]).all()
-    assert out_cos > 0.9 and feat_cos > 0.9
-    assert not np.array_equal(ref[head_input], got[head_input])  # INT8 did something
+    """The informative random yolo12n's outputs depend on the photograph (families/ultralytics/informative.py),
+    so INT8 is held to the family's INT8 limits on what it computes: boxes rel L2 <= 0.05, scores cosine >= 0.9."""
+    from enginekit.families.ultralytics.base import _PART_TOLERANCES
+
+    limits = _PART_TOLERANCES["int8"]
+    ref = ort_outputs(yolo.fp32, yolo.calibration)["output0"]
+    got = ort_outputs(yolo.int8, yolo.calibration)["output0"]
+    # the reference depends on its input (a plain random YOLO's photographs differ by rel L2 7e-9)
+    assert min(rel_l2(ref[i], ref[0]) for i in range(1, len(ref))) > 0.01
+    boxes, scores = rel_l2(got[:, :4], ref[:, :4]), cosine(ref[:, 4:], got[:, 4:])
+    print(f"yolo12n int8: boxes rel L2 {boxes:.4f}, scores cosine {scores:.4f}")
+    assert np.isfinite(got).all()
+    assert boxes <= limits["boxes"].rel_l2 and scores >= limits["scores"].cosine
+    assert not np.array_equal(ref, got)  # INT8 did something
 
 
 def test_calibration_cache_is_written_and_holds_the_graph_scales(yolo):
@@ -407,7 +415,11 @@ def test_cache_format_is_tensorrts(tmp_path):
 # -- Depth-Anything ---------------------------------------------------------------------------
 
 
-def test_depth_int8_with_family_exclusions_stays_close(workdir):
+def test_depth_int8_keeps_the_family_exclusions_out(workdir):
+    """Plumbing of Depth-Anything's INT8: Q/DQ inserted, the family's excluded nodes take no quantized input,
+    the output is finite and INT8 changed it. Not accuracy: a random Depth-Anything's depth spreads 5-8% around
+    its mean (the map replaced by its mean keeps a cosine of 0.997), so no closeness figure on it could fail;
+    INT8 depth is gated where it can fail, on the suite's trained depth model (test_dense_tasks.py)."""
     from enginekit.families import resolve
 
     fp32 = export(workdir, "depth", "1x3x224x224")
@@ -416,10 +428,15 @@ def test_depth_int8_with_family_exclusions_stays_close(workdir):
     out = workdir / "depth.int8.onnx"
     report = quantize_int8(fp32, out, batch, "pixel_values", method="max", exclude_nodes=exclude)
     assert report.n_qdq_nodes > 100 and report.n_excluded > 0 and report.cache_written is None
+    model = onnx.load(str(out))
+    patterns = [re.compile(p) for p in exclude]
+    excluded = [n for n in model.graph.node if any(p.match(n.name) for p in patterns)]
+    made_by = producers(model)
+    fed_by_dq = [(n.name, i) for n in excluded if n.op_type != "Shape"
+                 for i in n.input if i in made_by and made_by[i].op_type == "DequantizeLinear"]
+    assert excluded and fed_by_dq == []
     ref, got = ort_outputs(fp32, batch)["depth"], ort_outputs(out, batch)["depth"]
-    value = cosine(ref, got)
-    print(f"depth int8 (max) cosine {value:.6f}, {report.seconds:.2f}s")
-    assert value > 0.9
+    assert np.isfinite(got).all() and not np.array_equal(ref, got)
 
 
 # --- the ModelOpt / ONNX Runtime internals: one module, version-checked ---------------------

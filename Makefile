@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 # The main job on the embedded default: random-weight yolo12n and Depth-Anything-V2-small,
 # exported FP32 and FP16 and checked against PyTorch on photographs shipped in installed packages.
+# The random yolo12n depends on the image (it finds detections at conf 0.25): its parity and task checks can fail.
 run: setup
 	mkdir -p $(OUT)
 	$(BIN)/enginekit export yolo12n --random-init -o $(OUT)/yolo12n.onnx

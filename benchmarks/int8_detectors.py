@@ -19,7 +19,11 @@ configuration's graph, Q/DQ removed around the chosen nodes) with each ranking (
 first ``--search`` held-out images, and reports the final graph on all of them.
 
     PYTHONPATH=src:tests python benchmarks/int8_detectors.py --models v8s --configs family-max,head-max \
-        --eval 24 --calib 64 --out /tmp/int8det/results.jsonl
+        --models-dir MODELS --eval 24 --calib 64 --out /tmp/int8det/results.jsonl
+
+``--models-dir`` (needed for the composites models v8s, y11s-wide, y11n-seg): the folder
+benchmarks/train_composites.py wrote (``<name>.pt``) with their datasets under ``data/<name>/images/{train,val}``.
+The suite's models (suite-v8n, suite-seg) need none.
 
 Figures in benchmarks/int8_detectors.md.
 """
@@ -103,11 +107,13 @@ def _sorted_images(folder: Path) -> list[Path]:
     return list_images(folder)
 
 
-def model_specs(names: list[str], models_dir: Path, work: Path, calib: int, n_eval: int) -> list[ModelSpec]:
+def model_specs(names: list[str], models_dir: Path | None, work: Path, calib: int, n_eval: int) -> list[ModelSpec]:
     specs = []
     composites = {"v8s": ("yolov8s", "v8s-composites"), "y11s-wide": ("yolo11s", "y11s-composites-wide"),
                   "y11n-seg": ("yolo11n-seg", "y11n-seg-composites")}
     for name in names:
+        if name in composites and models_dir is None:
+            raise SystemExit(f"error: {name} needs --models-dir (the folder benchmarks/train_composites.py wrote)")
         if name in composites:
             variant, stem = composites[name]
             data = models_dir / "data" / stem / "images"
@@ -431,7 +437,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="v8s")
     parser.add_argument("--configs", default="family-max,head-max")
-    parser.add_argument("--models-dir", type=Path, default=Path("/work/models"))
+    parser.add_argument("--models-dir", type=Path, default=None,
+                        help="the composites models' folder: <name>.pt and data/<name>/images/{train,val}")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "int8-detectors")
     parser.add_argument("--calib", type=int, default=64)
     parser.add_argument("--eval", type=int, default=24)

@@ -5,7 +5,7 @@ FP32 PyTorch model, every graph, and the engine where a GPU runs it, each scored
 ``YOLO(pt).val(data=..., batch=1)`` (Ultralytics' default rectangular batches, and ``rect=False``), and the
 gap between enginekit's FP32 figure and val's. Prints one JSON object per model; quote it.
 
-    python benchmarks/labels.py /work/models/v8s-composites.pt data/v8s-composites/data.yaml --model yolov8s \\
+    python benchmarks/labels.py models/v8s-composites.pt data/v8s-composites/data.yaml --model yolov8s \\
         --precision fp16,int8 --calib-data data/v8s-composites/data.yaml --calib-count 64
 """
 

@@ -13,8 +13,9 @@ cold    FP16 export of Depth-Anything-V2-small (518x518) and yolo12n (640x640) f
         the command's wall time and its fp16 stage (ModelOpt AutoCast), with enginekit's AutoCast
         shortcuts and ModelOpt's own way ($ENGINEKIT_MODELOPT_SHORTCUTS=0), and whether both wrote
         the same graph.
-int8    The INT8 stage calibrating afresh, then from the calibration cache that run wrote (with the
-        shortcuts, and ModelOpt's own way): seconds, the speed-up, and whether the graphs are equal.
+int8    The INT8 stage calibrating afresh, then from the calibration cache that run wrote: in an empty
+        engine cache (ModelOpt's pass, with the shortcuts and ModelOpt's own way), and with the Q/DQ
+        layout the calibrating run kept (no ModelOpt): seconds, the speed-ups, whether the graphs are equal.
 verify  verify's wall time with the references computed, then stored, and its verdict as the exit
         code gives it: a check that compares nothing (random YOLO weights) is reported as such.
 --quick A small, fast configuration of the same code (tests/test_bench_pipeline.py runs it).
@@ -27,6 +28,7 @@ import dataclasses
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -272,6 +274,7 @@ def cpu():
 before = cpu()
 int8 = pipe.int8(fp32, shape, CalibrationData(None), method=method, calibration_cache=calib)
 print(json.dumps({"method": method, "seconds": int8.manifest["seconds"], "cpu": cpu() - before, "calibrated": int8.manifest["calibrated"],
+                  "layout": int8.manifest.get("qdq_layout"), "modelopt": "modelopt" in sys.modules,
                   "sha256": int8.manifest["files"]["model.onnx"]["sha256"]}))
 """
 
@@ -289,10 +292,13 @@ def int8_stage(model: str, shape: str, root: Path, calib: Path, env: dict | None
 
 
 def bench_int8(s: Settings) -> None:
-    """INT8 stage calibrating afresh vs from the calibration cache that run wrote (fresh caches).
+    """INT8 stage calibrating afresh vs from the calibration cache that run wrote.
 
-    Both with enginekit's shortcuts (what a build runs) and ModelOpt's own way (what it ran before
-    them); every graph is compared with the first.
+    From the calibration cache in an empty engine cache (the file carried to another machine): ModelOpt's
+    pass, with enginekit's shortcuts (what a build runs) and ModelOpt's own way (what it ran before them).
+    Then in the calibrating run's engine cache without its INT8 entry, where the Q/DQ layout that run
+    kept rebuilds the graph without ModelOpt (as for another calibration cache of the same graph and
+    settings). Every graph is compared with the first.
     """
     modes = (("shortcuts", {}), ("modelopt", {SHORTCUTS_ENV: "0"})) if s.cold_compare else (("shortcuts", {}),)
     for model, shape in s.int8:
@@ -309,28 +315,44 @@ def bench_int8(s: Settings) -> None:
                 calibrating[mode] = fresh["seconds"]
                 calibrating_cpu[mode] = fresh["cpu"]
                 graphs.add(fresh["sha256"])
-            hits: dict[str, list[float]] = {mode: [] for mode, _ in modes}
-            hit_cpus: dict[str, list[float]] = {mode: [] for mode, _ in modes}
+            hits: dict[str, list[float]] = {mode: [] for mode, _ in (*modes, ("layout", {}))}
+            hit_cpus: dict[str, list[float]] = {mode: [] for mode in hits}
             for i in range(s.repeats):
-                for mode, env in modes:  # alternate, so load on the machine hits both alike
+                for mode, env in modes:  # alternate, so load on the machine hits all alike
                     hit = int8_stage(model, shape, Path(tmp) / f"{mode}{i}", calib, env)
                     if hit["calibrated"]:
                         raise BenchError(f"the INT8 run of {model} from {calib.name} calibrated again")
                     hits[mode].append(hit["seconds"])
                     hit_cpus[mode].append(hit["cpu"])
                     graphs.add(hit["sha256"])
+                # the calibrating run's engine cache less its INT8 entry: the calibration and the layout stay
+                kept = Path(tmp) / f"layout{i}"
+                shutil.copytree(Path(tmp) / "calibrating-shortcuts", kept)
+                shutil.rmtree(kept / "onnx-int8")
+                hit = int8_stage(model, shape, kept, calib)
+                if hit["calibrated"] or hit["layout"] != "kept" or hit["modelopt"]:
+                    raise BenchError(f"the INT8 run of {model} with its Q/DQ layout kept did not rebuild it without "
+                                     f"ModelOpt (layout {hit['layout']}, ModelOpt imported: {hit['modelopt']})")
+                hits["layout"].append(hit["seconds"])
+                hit_cpus["layout"].append(hit["cpu"])
+                graphs.add(hit["sha256"])
             what = f"{model} {shape} int8 stage ({fresh['method']})"
-            same = f"same graph in all {len(modes) * (1 + s.repeats)} runs: {'yes' if len(graphs) == 1 else 'NO'}"
+            same = f"same graph in all {len(modes) * (1 + s.repeats) + s.repeats} runs: {'yes' if len(graphs) == 1 else 'NO'}"
             for mode, _ in modes:
                 how = "shortcuts" if mode == "shortcuts" else "ModelOpt's own way"
-                hit, hit_cpu = statistics.median(hits[mode]), statistics.median(hit_cpus[mode])
                 record("int8", f"{what}, calibrating, {how}", calibrating[mode], "s",
                        f"cpu {calibrating_cpu[mode]:.1f} s, {load()}")
+            for mode in hits:
+                how = {"shortcuts": "empty engine cache, ModelOpt's pass with shortcuts",
+                       "modelopt": "empty engine cache, ModelOpt's own way",
+                       "layout": "Q/DQ layout kept, no ModelOpt"}[mode]
+                base = "modelopt" if mode == "modelopt" else "shortcuts"
+                hit, hit_cpu = statistics.median(hits[mode]), statistics.median(hit_cpus[mode])
                 record("int8", f"{what}, from calibration cache, {how} (median of {s.repeats})", hit, "s",
                        f"cpu {hit_cpu:.1f} s, {load()}")
-                record("int8", f"{model} speed-up calibrating / cache hit, {how}", calibrating[mode] / hit, "x",
-                       f"{'goal >= 5x' if mode == 'shortcuts' else 'before'}; in cpu seconds "
-                       f"{calibrating_cpu[mode] / hit_cpu:.2f}x")
+                record("int8", f"{model} speed-up calibrating / cache hit, {how}", calibrating[base] / hit, "x",
+                       f"{'goal >= 5x' if mode == 'layout' else 'before' if mode == 'modelopt' else 'no layout'}; "
+                       f"in cpu seconds {calibrating_cpu[base] / hit_cpu:.2f}x")
             record("int8", f"{model} graphs from the calibration cache equal the calibrated one", float(len(graphs) == 1),
                    "bool", same)
 

@@ -46,6 +46,8 @@ def test_quick_run_reports_every_section(tmp_path):
     int8 = by_section["int8"]
     assert any("calibrating" in row["what"] for row in int8)
     assert any("from calibration cache" in row["what"] for row in int8)
+    # the Q/DQ layout the calibrating run kept served a hit (the script fails when that hit ran ModelOpt)
+    assert any("Q/DQ layout kept, no ModelOpt" in row["what"] and "speed-up" in row["what"] for row in int8)
     assert any("speed-up" in row["what"] and row["value"] > 0 and "in cpu seconds" in row["note"] for row in int8)
     assert all("cpu " in row["note"] for row in int8 if "calibrating," in row["what"] or "from calibration" in row["what"])
     (same,) = [row for row in int8 if "equal the calibrated one" in row["what"]]

@@ -172,6 +172,14 @@ def test_labels_limits_and_precision_lists_are_checked():
     r = VerifyRequest(target="yolov8n", precision="fp16,int8")
     assert r.precisions == ["fp16", "int8"]
     assert [b.precision for b in r.build_requests] == ["fp16", "int8"]
+    # the calibration flags of a list go to its calibrated precision; the FP16 build takes none of them
+    r = VerifyRequest(target="yolov8n", precision="fp16,int8",
+                      build_options={"calib_data": "imgs", "calib_count": 16, "exclude": ["/model.22/"]})
+    fp16, int8 = r.build_requests
+    assert (fp16.precision, fp16.calib_data, fp16.calib_count, fp16.exclude) == ("fp16", None, 8, [])
+    assert (int8.precision, str(int8.calib_data), int8.calib_count, int8.exclude) == ("int8", "imgs", 16, ["/model.22/"])
+    with pytest.raises(UsageError, match="--calib-data"):  # no calibrated precision in the list: refused
+        VerifyRequest(target="yolov8n", precision="fp16,fp32", build_options={"calib_data": "imgs"})
     for bad in ("fp16,fp16", "fp16,int3", ","):
         with pytest.raises(UsageError):
             VerifyRequest(target="yolov8n", precision=bad)

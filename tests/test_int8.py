@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import struct
@@ -13,8 +14,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from enginekit.cache import Cache, key_for
 from enginekit.errors import UsageError
 from enginekit.onnx import runtime
+from enginekit.pipeline import CacheLayouts
 from enginekit.onnx.graph import get_metadata
 from enginekit.stages.int8 import (
     CALIBRATION_METHODS,
@@ -38,6 +41,7 @@ class Quantized:
     input_name: str
     exclude: list[str]
     sessions: list[str]  # what ONNX Runtime sessions the calibrating run opened
+    layouts: object  # where the calibrating run kept its Q/DQ layout (pipeline.CacheLayouts)
 
 
 @pytest.fixture(scope="session")
@@ -98,10 +102,11 @@ def yolo(workdir) -> Quantized:
     batch = calibration_batch("yolo12n", (320, 320))
     exclude = [detect_head_pattern(fp32)]
     out, cache = workdir / "yolo12n.int8.onnx", workdir / "yolo12n.calib"
+    layouts = CacheLayouts(Cache(workdir / "layouts"))
     with pytest.MonkeyPatch.context() as mp:
         opened = session_spy(mp)
-        report = quantize_int8(fp32, out, batch, "images", exclude_nodes=exclude, write_cache=cache)
-    return Quantized(fp32, out, cache, report, batch, "images", exclude, opened)
+        report = quantize_int8(fp32, out, batch, "images", exclude_nodes=exclude, write_cache=cache, layouts=layouts)
+    return Quantized(fp32, out, cache, report, batch, "images", exclude, opened, layouts)
 
 
 def ort_outputs(path: Path, batch: np.ndarray, extra: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
@@ -157,17 +162,25 @@ def test_excluded_nodes_take_no_quantized_input(yolo):
     assert not any(pattern.match(n.name) for n in model.graph.node if n.op_type == "QuantizeLinear")
 
 
+def rel_l2(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref.astype(np.float64)))
+
+
 def test_int8_graph_runs_on_ort_close_to_fp32(yolo):
-    # A random YOLO's output0 is mostly its anchor grid and biases; the head's input features
-    # (which INT8 does change) are the meaningful comparison.
-    head_input = "/model.14/cv2/act/Mul_output_0"
-    ref = ort_outputs(yolo.fp32, yolo.calibration, (head_input,))
-    got = ort_outputs(yolo.int8, yolo.calibration, (head_input,))
-    out_cos, feat_cos = cosine(ref["output0"], got["output0"]), cosine(ref[head_input], got[head_input])
-    print(f"yolo12n int8 cosine: output0 {out_cos:.6f}, head input {feat_cos:.6f}")
-    assert np.isfinite(got["output0"]).all()
-    assert out_cos > 0.9 and feat_cos > 0.9
-    assert not np.array_equal(ref[head_input], got[head_input])  # INT8 did something
+    """The informative random yolo12n's outputs depend on the photograph (families/ultralytics/informative.py),
+    so INT8 is held to the family's INT8 limits on what it computes: boxes rel L2 <= 0.05, scores cosine >= 0.9."""
+    from enginekit.families.ultralytics.base import _PART_TOLERANCES
+
+    limits = _PART_TOLERANCES["int8"]
+    ref = ort_outputs(yolo.fp32, yolo.calibration)["output0"]
+    got = ort_outputs(yolo.int8, yolo.calibration)["output0"]
+    # the reference depends on its input (a plain random YOLO's photographs differ by rel L2 7e-9)
+    assert min(rel_l2(ref[i], ref[0]) for i in range(1, len(ref))) > 0.01
+    boxes, scores = rel_l2(got[:, :4], ref[:, :4]), cosine(ref[:, 4:], got[:, 4:])
+    print(f"yolo12n int8: boxes rel L2 {boxes:.4f}, scores cosine {scores:.4f}")
+    assert np.isfinite(got).all()
+    assert boxes <= limits["boxes"].rel_l2 and scores >= limits["scores"].cosine
+    assert not np.array_equal(ref, got)  # INT8 did something
 
 
 def test_calibration_cache_is_written_and_holds_the_graph_scales(yolo):
@@ -206,6 +219,146 @@ def test_cache_missing_a_needed_tensor_is_a_usage_error(yolo, tmp_path):
         quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", exclude_nodes=yolo.exclude,
                       calibration_cache=partial)
     assert not (tmp_path / "x.onnx").exists()
+
+
+# -- kept Q/DQ layouts (stages/int8_layout.py): ModelOpt's graph without ModelOpt ------------------------------
+
+
+class ModelOptRan(Exception):
+    """Raised in place of ModelOpt's pass: the run would have needed it."""
+
+
+def without_modelopt(mp: pytest.MonkeyPatch) -> None:
+    """Fail any use of ModelOpt: its pass, and the check that imports it."""
+    from enginekit.stages import int8
+
+    def refuse(*args, **kwargs):
+        raise ModelOptRan
+
+    mp.setattr(int8, "_run_modelopt", refuse)
+    mp.setattr(int8, "check", refuse)
+
+
+def other_scales(path: Path, out: Path) -> Path:
+    """The cache at ``path`` with every scale changed (0.5x to 2x, a different factor per tensor)."""
+    scales = read_calibration_cache(path)
+    factors = np.random.default_rng(7).uniform(0.5, 2.0, len(scales))
+    return write_calibration_cache(out, {n: scales[n] * f for n, f in zip(sorted(scales), factors)},
+                                   cache_header("entropy"))
+
+
+def test_the_calibrating_run_keeps_a_compact_layout(yolo):
+    (entry,) = sorted((yolo.layouts.cache.root / CacheLayouts.KIND).glob("*/manifest.json"))
+    manifest = json.loads(entry.read_text())
+    assert len(manifest["activation_scales"]) > 100 and len(manifest["from_source"]) > 50
+    assert set(manifest["calibrated"]) == set(read_calibration_cache(yolo.cache))
+    layout = entry.parent / "layout.onnx"
+    assert layout.stat().st_size < yolo.int8.stat().st_size / 4  # the FP32 weights are not in it
+
+
+@pytest.mark.slow
+def test_a_kept_layout_rebuilds_modelopts_graph_without_modelopt(yolo, tmp_path, monkeypatch):
+    """From the calibrating run's cache: its bytes. From other scales: ModelOpt's own graph for those scales."""
+    with monkeypatch.context() as mp:
+        without_modelopt(mp)
+        same = quantize_int8(yolo.fp32, tmp_path / "same.onnx", None, "images", exclude_nodes=yolo.exclude,
+                             calibration_cache=yolo.cache, layouts=yolo.layouts)
+        other = other_scales(yolo.cache, tmp_path / "other.calib")
+        rebuilt = quantize_int8(yolo.fp32, tmp_path / "rebuilt.onnx", None, "images", exclude_nodes=yolo.exclude,
+                                calibration_cache=other, layouts=yolo.layouts, write_cache=tmp_path / "written.calib")
+    assert same.layout == rebuilt.layout == "kept" and not same.calibrated
+    assert (tmp_path / "same.onnx").read_bytes() == yolo.int8.read_bytes()
+    assert same.n_qdq_nodes == rebuilt.n_qdq_nodes == yolo.report.n_qdq_nodes
+    # the cache written beside it holds what ModelOpt's cached run hands over: the tensors it needs
+    assert read_calibration_cache(tmp_path / "written.calib") == read_calibration_cache(other)
+    own = quantize_int8(yolo.fp32, tmp_path / "own.onnx", None, "images", exclude_nodes=yolo.exclude,
+                        calibration_cache=other)
+    assert own.layout == "modelopt"
+    assert (tmp_path / "rebuilt.onnx").read_bytes() == (tmp_path / "own.onnx").read_bytes()
+    assert (tmp_path / "rebuilt.onnx").read_bytes() != yolo.int8.read_bytes()  # the scales did change the graph
+
+
+def layout_variants(yolo, tmp_path, monkeypatch) -> dict[str, dict]:
+    from enginekit.stages import int8, modelopt_compat
+
+    base = dict(src=yolo.fp32, input_name="images", method="entropy", exclude=yolo.exclude, high_precision="fp32",
+                probe=(1, 3, 320, 320))
+    edited = onnx.load(str(yolo.fp32))
+    edited.graph.initializer[0].raw_data = bytes(len(edited.graph.initializer[0].raw_data))
+    onnx.save(edited, str(tmp_path / "edited.onnx"))
+    variants = {"same": {}, "method": {"method": "max"}, "exclude": {"exclude": [*yolo.exclude, r"/model\.2/.*"]},
+                "no exclude": {"exclude": []}, "high precision": {"high_precision": "fp16"},
+                "calibration shape": {"probe": (1, 3, 256, 256)}, "batch": {"probe": (2, 3, 320, 320)},
+                "graph": {"src": tmp_path / "edited.onnx"}, "input": {"input_name": "x"}}
+    parts = {name: int8.layout_parts(**{**base, **change}) for name, change in variants.items()}
+    with monkeypatch.context() as mp:
+        mp.setattr(int8, "installed", lambda: {**modelopt_compat.installed(), "nvidia-modelopt": "0.48.0"})
+        parts["versions"] = int8.layout_parts(**base)
+    with monkeypatch.context() as mp:
+        other = ["cuda:0", "cpu"] if int8.calibration_eps() == ["cpu"] else ["cpu"]
+        mp.setattr(int8, "calibration_eps", lambda: other)
+        parts["providers"] = int8.layout_parts(**base)
+    with monkeypatch.context() as mp:
+        mp.setattr(int8, "MODELOPT_SETTINGS", {**int8.MODELOPT_SETTINGS, "per_channel": False})
+        parts["settings"] = int8.layout_parts(**base)
+    return parts
+
+
+def test_every_int8_setting_is_in_the_layout_key(yolo, tmp_path, monkeypatch):
+    parts = layout_variants(yolo, tmp_path, monkeypatch)
+    keys = {name: key_for(p) for name, p in parts.items()}
+    assert len(set(keys.values())) == len(keys), keys  # each change of a setting gives another key
+    from enginekit.stages import int8
+
+    base = int8.layout_parts(yolo.fp32, "images", "entropy", yolo.exclude, "fp32", (1, 3, 320, 320))
+    assert keys["same"] == key_for(base) and yolo.layouts.find(base) is not None  # the fixture's is found by it
+
+
+@pytest.mark.parametrize("change", [{"exclude_nodes": []}, {"high_precision": "fp16"},
+                                    {"input_shape": (1, 3, 256, 256)}], ids=["exclude", "high-precision", "shape"])
+def test_another_setting_never_reuses_a_kept_layout(yolo, tmp_path, monkeypatch, change):
+    """The same graph and cache with one setting changed goes to ModelOpt (refused here), never to the layout."""
+    args = {"exclude_nodes": yolo.exclude, **change}
+    with monkeypatch.context() as mp:
+        without_modelopt(mp)
+        with pytest.raises(ModelOptRan):
+            quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", calibration_cache=yolo.cache,
+                          layouts=yolo.layouts, **args)
+        args = {"exclude_nodes": yolo.exclude}  # and unchanged, the layout serves it
+        assert quantize_int8(yolo.fp32, tmp_path / "y.onnx", None, "images", calibration_cache=yolo.cache,
+                             layouts=yolo.layouts, **args).layout == "kept"
+
+
+def test_modelopts_own_way_never_reuses_a_layout(yolo, tmp_path, monkeypatch):
+    with monkeypatch.context() as mp:
+        without_modelopt(mp)
+        with pytest.raises(ModelOptRan):
+            quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", exclude_nodes=yolo.exclude,
+                          calibration_cache=yolo.cache, layouts=yolo.layouts, shortcuts=False)
+        mp.setenv("ENGINEKIT_MODELOPT_SHORTCUTS", "0")
+        with pytest.raises(ModelOptRan):
+            quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", exclude_nodes=yolo.exclude,
+                          calibration_cache=yolo.cache, layouts=yolo.layouts)
+
+
+def test_a_layout_needs_every_tensor_it_quantizes(yolo, tmp_path, monkeypatch):
+    scales = read_calibration_cache(yolo.cache)
+    scales.pop(sorted(scales)[0])
+    partial = write_calibration_cache(tmp_path / "partial.calib", scales, cache_header("entropy"))
+    with monkeypatch.context() as mp:
+        without_modelopt(mp)
+        with pytest.raises(UsageError, match="lacks 1 of"):
+            quantize_int8(yolo.fp32, tmp_path / "x.onnx", None, "images", exclude_nodes=yolo.exclude,
+                          calibration_cache=partial, layouts=yolo.layouts)
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_layout_of_another_format_is_not_used():
+    from enginekit.stages.int8_layout import LAYOUT_FORMAT, LayoutInfo
+
+    info = LayoutInfo(["w"], {"x_scale": "x"}, ["x"])
+    assert LayoutInfo.from_json(info.to_json()) == info
+    assert LayoutInfo.from_json({**info.to_json(), "layout_format": LAYOUT_FORMAT + 1}) is None
 
 
 def test_bad_requests_are_one_line_usage_errors(yolo, tmp_path):
@@ -262,7 +415,11 @@ def test_cache_format_is_tensorrts(tmp_path):
 # -- Depth-Anything ---------------------------------------------------------------------------
 
 
-def test_depth_int8_with_family_exclusions_stays_close(workdir):
+def test_depth_int8_keeps_the_family_exclusions_out(workdir):
+    """Plumbing of Depth-Anything's INT8: Q/DQ inserted, the family's excluded nodes take no quantized input,
+    the output is finite and INT8 changed it. Not accuracy: a random Depth-Anything's depth spreads 5-8% around
+    its mean (the map replaced by its mean keeps a cosine of 0.997), so no closeness figure on it could fail;
+    INT8 depth is gated where it can fail, on the suite's trained depth model (test_dense_tasks.py)."""
     from enginekit.families import resolve
 
     fp32 = export(workdir, "depth", "1x3x224x224")
@@ -271,10 +428,15 @@ def test_depth_int8_with_family_exclusions_stays_close(workdir):
     out = workdir / "depth.int8.onnx"
     report = quantize_int8(fp32, out, batch, "pixel_values", method="max", exclude_nodes=exclude)
     assert report.n_qdq_nodes > 100 and report.n_excluded > 0 and report.cache_written is None
+    model = onnx.load(str(out))
+    patterns = [re.compile(p) for p in exclude]
+    excluded = [n for n in model.graph.node if any(p.match(n.name) for p in patterns)]
+    made_by = producers(model)
+    fed_by_dq = [(n.name, i) for n in excluded if n.op_type != "Shape"
+                 for i in n.input if i in made_by and made_by[i].op_type == "DequantizeLinear"]
+    assert excluded and fed_by_dq == []
     ref, got = ort_outputs(fp32, batch)["depth"], ort_outputs(out, batch)["depth"]
-    value = cosine(ref, got)
-    print(f"depth int8 (max) cosine {value:.6f}, {report.seconds:.2f}s")
-    assert value > 0.9
+    assert np.isfinite(got).all() and not np.array_equal(ref, got)
 
 
 # --- the ModelOpt / ONNX Runtime internals: one module, version-checked ---------------------

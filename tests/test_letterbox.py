@@ -3,7 +3,10 @@ stride-aligned rectangle around it, as ``YOLO(pt).predict`` does (``LetterBox(au
 the .pt's on any aspect ratio; where the session takes only the square, it squares and says so.
 
 Oracle: Ultralytics' own ``YOLO(weights).predict`` (default ``rect``) on the suite's trained detector, on an
-810x1080 photograph (Ultralytics' bus.jpg is one) and on non-square photographs of the shapes it detects.
+810x1080 photograph (Ultralytics' bus.jpg is one) and on non-square photographs of the shapes it detects; and
+for the input itself, its predictor's own ``preprocess`` (``pre_transform``'s LetterBox, then to float), bit
+for bit, through every preprocessing path the runtime has (a session on the CPU; a session on a GPU, run with
+its device steps on the CPU).
 """
 
 from __future__ import annotations
@@ -125,8 +128,8 @@ def test_engine_profiles_decide_the_rectangle():
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["onnxruntime-cuda", "torch"])
 def test_non_square_frames_give_the_pt_predict_boxes_on_the_gpu(backend, trained_detector, shape_photos, cache):
-    """The same oracle on a GPU: the rectangle letterboxed by the GPU preprocessing (bilinear on the device,
-    a grey level from OpenCV's rounding), ONNX Runtime's CUDA graph captured per rectangle."""
+    """The same oracle on a GPU: the rectangle letterboxed with OpenCV on the host as Ultralytics does, the
+    rest on the device; ONNX Runtime's CUDA graph captured per rectangle."""
     if not _cuda():
         pytest.skip("needs a CUDA GPU")
     import enginekit
@@ -136,3 +139,127 @@ def test_non_square_frames_give_the_pt_predict_boxes_on_the_gpu(backend, trained
     assert predictor.device.startswith("cuda") and "smallest 32-aligned rectangle" in predictor.reason
     compared = _check_against_pt(predictor, trained_detector.weights, [_bus(), *shape_photos])
     assert compared >= 10
+
+
+def _frames() -> dict[str, np.ndarray]:
+    """BGR frames of several shapes: bus.jpg (810x1080), zidane.jpg (a 1280x720 video frame), an odd crop (its
+    padding splits unevenly) and a small frame (scaled up)."""
+    import cv2
+
+    bus = cv2.imread(str(_bus()))
+    zidane = cv2.imread(str(_bus().with_name("zidane.jpg")))
+    assert bus.shape == (1080, 810, 3) and zidane.shape == (720, 1280, 3)
+    return {"bus": bus, "zidane": zidane, "odd": np.ascontiguousarray(bus[101:638, 3:704]),
+            "small": np.ascontiguousarray(zidane[200:443, 500:821])}
+
+
+@pytest.fixture(scope="module")
+def pt_inputs(trained_detector):
+    """Each frame as ``YOLO(pt).predict`` feeds it to the network: its predictor's own ``preprocess``."""
+    from ultralytics import YOLO
+
+    model = YOLO(str(trained_detector.weights), task="detect")
+    inputs = {}
+    for name, bgr in _frames().items():
+        model.predict(bgr, imgsz=640, verbose=False, device="cpu")  # its predictor, set up as users run it
+        inputs[name] = model.predictor.preprocess([bgr]).numpy()
+    return inputs
+
+
+@pytest.fixture(scope="module")
+def cpu_predictors(trained_detector, cache):
+    import enginekit
+
+    return {backend: enginekit.load(trained_detector.model, weights=trained_detector.weights, backend=backend,
+                                    device="cpu", cache=cache) for backend in ("onnxruntime-cpu", "torch")}
+
+
+def test_the_runtime_feeds_the_pt_predict_input_bit_for_bit(cpu_predictors, pt_inputs):
+    """The input the runtime makes of a frame is the tensor Ultralytics' predictor makes, exactly: the host
+    path (sessions on the CPU), the GPU path (OpenCV letterbox on the host, then the uint8 upload and the
+    device's steps, run here on the CPU), and the references verify checks against (``preprocess_rect``)."""
+    frames = _frames()
+    shapes = {name: pt_inputs[name].shape[2:] for name in frames}
+    assert shapes == {"bus": (640, 480), "zidane": (384, 640), "odd": (512, 640), "small": (512, 640)}
+    for backend, predictor in cpu_predictors.items():
+        for name, bgr in frames.items():
+            want = pt_inputs[name]
+            hw = predictor.processor.input_hw(bgr.shape[:2])
+            assert tuple(hw) == want.shape[2:], (backend, name, hw)
+            host = predictor.preprocess_cpu([bgr], hw)
+            assert host.dtype == np.float32 and np.array_equal(host, want), (backend, name, np.abs(host - want).max())
+            device = predictor.device_input([bgr], hw, rgb=False, device="cpu").numpy()
+            assert np.array_equal(device, want), (backend, name, np.abs(device - want).max())
+            rgb = np.ascontiguousarray(bgr[..., ::-1])
+            assert np.array_equal(predictor.device_input([rgb], hw, rgb=True, device="cpu").numpy(), want)
+    adapter = cpu_predictors["torch"].processor.adapter
+    for name, bgr in frames.items():
+        assert np.array_equal(adapter.preprocess_rect(np.ascontiguousarray(bgr[..., ::-1]), (640, 640)), pt_inputs[name])
+
+
+def test_gpu_letterbox_is_opt_in_and_not_the_pt_input(trained_detector, cache, pt_inputs, cpu_predictors):
+    """``gpu_letterbox=True`` resizes on the device (torch bilinear on floats): close to Ultralytics' input but
+    not it (on bus.jpg 0.26 grey levels apart on average, 0.75 at most), so the check above tells the two apart.
+    The default never takes that path."""
+    import enginekit
+
+    default = cpu_predictors["torch"].processor
+    assert not default.gpu_letterbox and default.host_step((1080, 810), (640, 480))
+    predictor = enginekit.load(trained_detector.model, weights=trained_detector.weights, backend="torch",
+                               device="cpu", cache=cache, gpu_letterbox=True)
+    assert predictor.processor.gpu_letterbox and not predictor.processor.host_step((1080, 810), (640, 480))
+    bgr = _frames()["bus"]
+    hw = predictor.processor.input_hw(bgr.shape[:2])
+    resized = predictor.device_input([bgr], hw, device="cpu").numpy()
+    want = pt_inputs["bus"]
+    assert resized.shape == want.shape and not np.array_equal(resized, want)
+    apart = np.abs(resized - want) * 255
+    assert 0.05 < apart.mean() < 1 and apart.max() <= 2, (apart.mean(), apart.max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["onnxruntime-cuda", "torch"])
+def test_the_gpu_input_is_the_pt_predict_input_on_the_gpu(backend, trained_detector, cache):
+    """On the GPU too, the session's input is the tensor Ultralytics' predictor builds on the same device, bit
+    for bit (its letterbox on the host, then uint8 to the device, HWC to CHW, BGR to RGB, ``div_(255)`` there),
+    through the predictor's GPU path as frames take it (the captured preprocessing replayed)."""
+    if not _cuda():
+        pytest.skip("needs a CUDA GPU")
+    import torch
+    from ultralytics import YOLO
+
+    import enginekit
+
+    predictor = enginekit.load(trained_detector.model, weights=trained_detector.weights, backend=backend,
+                               cache=cache)
+    assert predictor.device.startswith("cuda")
+    model = YOLO(str(trained_detector.weights), task="detect")
+    for name, bgr in _frames().items():
+        model.predict(bgr, imgsz=640, verbose=False, device=predictor.device)
+        want = model.predictor.preprocess([bgr])
+        hw = predictor.processor.input_hw(bgr.shape[:2])
+        stream = predictor.stream or torch.cuda.current_stream()
+        with torch.cuda.stream(stream), torch.inference_mode():
+            got = [predictor.device_input([bgr], hw).clone() for _ in range(2)]  # captured, then replayed
+        torch.cuda.synchronize()
+        for g in got:
+            assert g.shape == want.shape and torch.equal(g, want), (name, (g - want).abs().max().item())
+    opted = enginekit.load(trained_detector.model, weights=trained_detector.weights, backend=backend, cache=cache,
+                           gpu_letterbox=True)
+    assert "gpu_letterbox: frames resized on the GPU" in opted.reason, opted.reason
+
+
+def test_the_reason_says_where_frames_are_resized_on_the_gpu():
+    """``predictor.reason`` carries the processor's note: the opt-in GPU resize says it is not the .pt's input."""
+    from enginekit.backends.base import SessionInfo
+    from enginekit.families import resolve
+    from enginekit.families.ultralytics.runtime import YoloProcessor
+
+    adapter = resolve("yolov8n")
+    gpu = SessionInfo("onnxruntime-cuda", "cuda:0", "images", ("output0",), (None, 3, None, None))
+    cpu = SessionInfo("onnxruntime-cpu", "cpu", "images", ("output0",), (None, 3, None, None))
+    default = YoloProcessor(adapter, {}, gpu).input_note
+    assert "smallest 32-aligned rectangle" in default and "gpu_letterbox" not in default
+    opted = YoloProcessor(adapter, {}, gpu, gpu_letterbox=True).input_note
+    assert "smallest 32-aligned rectangle" in opted and "gpu_letterbox: frames resized on the GPU" in opted
+    assert "gpu_letterbox" not in YoloProcessor(adapter, {}, cpu, gpu_letterbox=True).input_note  # nothing resized there

@@ -116,7 +116,13 @@ def test_nms_graph_loads_and_predicts_as_ultralytics(graphs, detector_images, tr
 
 @pytest.mark.gpu
 def test_nms_graph_on_onnxruntime_cuda_keeps_what_the_cpu_keeps(graphs, detector_images):
-    """ONNX Runtime cannot capture a CUDA graph of a graph with a Loop: the session runs without one."""
+    """Both sessions get the same input (Ultralytics' letterbox on the host, then on the GPU only exact steps:
+    the division by 255 there is a multiplication by its reciprocal, as Ultralytics' predictor on a GPU, a
+    float's last bit at most), so the detections differ only by the kernels' arithmetic. ONNX Runtime cannot
+    capture a CUDA graph of a graph with a Loop: the session runs without one."""
+    import cv2
+    import torch
+
     import enginekit
 
     _, nms, _ = graphs
@@ -124,6 +130,12 @@ def test_nms_graph_on_onnxruntime_cuda_keeps_what_the_cpu_keeps(graphs, detector
     cuda = enginekit.load(str(nms), backend="onnxruntime-cuda")
     compared = 0
     for path in sorted(detector_images.iterdir()):
+        bgr = cv2.imread(str(path))
+        hw = cpu.processor.input_hw(bgr.shape[:2])
+        assert tuple(cuda.processor.input_hw(bgr.shape[:2])) == tuple(hw)
+        with torch.inference_mode():
+            on_gpu = cuda.device_input([bgr], hw).cpu().numpy()
+        assert np.abs(on_gpu - cpu.preprocess_cpu([bgr], hw)).max() <= 1e-7, path.name
         (a,), (b,) = cuda([str(path)]), cpu([str(path)])
         _assert_same_detections(a.boxes, a.scores, a.class_ids, b.boxes, b.scores, b.class_ids, path.name)
         compared += len(b)

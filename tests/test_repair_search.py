@@ -80,12 +80,17 @@ def test_strip_qdq_gives_the_fp32_node_back(tmp_path):
     assert strip_qdq(q, src, []).graph.node[0].op_type == "QuantizeLinear"  # untouched without nodes
 
 
-def test_int8_repair_on_the_trained_detector(trained_detector, detector_images, tmp_path):
+def test_int8_repair_on_the_trained_detector(trained_detector, detector_images, tmp_path, monkeypatch):
     """A gate the INT8 graph fails (scores rel L2 tightened to 0.05; default INT8 passes): repair keeps
-    a few nodes from all over the graph in FP32 and passes parity and task gates; figures recorded."""
+    a few nodes from all over the graph in FP32 and passes parity and task gates; figures recorded.
+    Each trial is an ONNX edit of the one quantized graph: ModelOpt quantizes once, whatever the trials."""
     from enginekit import api
     from enginekit.cache import Cache
+    from enginekit.stages import int8
 
+    quantized = []
+    real_quantize = int8.quantize_int8  # the pipeline imports it where it quantizes
+    monkeypatch.setattr(int8, "quantize_int8", lambda *a, **k: quantized.append(a) or real_quantize(*a, **k))
     out = api.build("yolov8n", weights=trained_detector.weights, precision="int8", profiles=["1x3x320x320"],
                     calib_data=detector_images, calib_method="entropy", repair=True,
                     tolerances=["int8.rel_l2=0.05"], verify=False,
@@ -97,7 +102,8 @@ def test_int8_repair_on_the_trained_detector(trained_detector, detector_images, 
     # excluded (19 nodes more, none of them candidates) it had kept at most 15% of the candidates left
     assert 0 < len(rec["nodes"]) <= 0.25 * rec["candidates"], (len(rec["nodes"]), rec["candidates"])
     assert rec["task_after"]["recall"] >= 0.95 and rec["task_after"]["compared"] > 0  # the task was gated too
-    assert rec["trial_seconds"] < 2.0  # an ONNX edit, not a ModelOpt run
+    # an ONNX edit per trial, not a ModelOpt run (how long a trial takes is the benchmarks' business)
+    assert rec["trials"] > 1 and len(quantized) == 1, (rec["trials"], len(quantized))
     assert out.manifest["precision"]["repaired_nodes"] == rec["nodes"]
     assert out.manifest["chain"][-1]["stage"] == "int8-repair"
 

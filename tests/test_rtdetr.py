@@ -29,9 +29,9 @@ def test_rtdetr_is_registered_listed_and_keyed_by_its_init(run_cli):
     assert "rtdetr-l" in row.variants and row.task == "detect"
     listed = json.loads(run_cli("models", "--json").stdout)
     assert any(f["family"] == "rtdetr" and "rtdetr-l" in f["variants"] for f in listed)
-    # the init is part of the weights identity (every cache key); other families' keys are as before
+    # the init is part of the weights identity (every cache key), YOLO's informative init too
     assert ModelRequest("rtdetr-l", random_init=True, seed=3).weights_identity == "random:rtdetr-l+separated1@3"
-    assert ModelRequest("yolo12n", random_init=True).weights_identity == "random:yolo12n@0"
+    assert ModelRequest("yolo12n", random_init=True).weights_identity == "random:yolo12n+informative2@0"
 
 
 def test_rtdetr_nms_is_one_line_error(run_cli):
@@ -161,6 +161,10 @@ def test_rtdetr_runtime_matches_ultralytics_rtdetr_predict(rtdetr_loaded, rtdetr
         ref = model.predict(str(image), imgsz=320, conf=0.25, verbose=False, device="cpu")[0].boxes
         ours = predictor(image)
         assert ours.image_shape == tuple(ref.orig_shape) and ours.image_shape[0] != ours.image_shape[1]
+        bgr = __import__("cv2").imread(str(image))  # the input: RTDETRPredictor's stretch, bit for bit, on the host
+        want = model.predictor.preprocess([bgr]).numpy()  # path and the GPU path (device steps on the CPU)
+        assert np.array_equal(predictor.preprocess_cpu([bgr], (320, 320)), want)
+        assert np.array_equal(predictor.device_input([bgr], (320, 320), device="cpu").numpy(), want)
         ref_boxes, ref_cls = ref.xyxy.numpy(), ref.cls.numpy().astype(int)
         assert len(ours) == len(ref)
         # one query may be kept with two classes (the same box twice): match within a class

@@ -322,11 +322,11 @@ def test_captured_preprocessing_gives_what_eager_preprocessing_gives(model, cach
     hw = predictor.processor.input_hw(bus.shape[:2])
     with torch.cuda.stream(predictor.stream), torch.inference_mode():
         replayed = []
-        for f in frames:  # the first frame captures, the next two replay
-            t = torch.from_numpy(f).to(device)
+        uploaded = [torch.from_numpy(np.ascontiguousarray(h)).to(device) for h in predictor.host_frames(frames, hw)]
+        for t in uploaded:  # the first frame captures, the next two replay
             replayed.append(predictor._preprocess_gpu([t], hw, False, device).clone())
         predictor.graph_preprocess = False
-        eager = [predictor._preprocess_gpu([torch.from_numpy(f).to(device)], hw, False, device) for f in frames]
+        eager = [predictor._preprocess_gpu([t.clone()], hw, False, device) for t in uploaded]
     torch.cuda.synchronize()
     captured = list(predictor._pre_graphs.values())
     assert len(captured) == 1 and captured[0] is not False  # captured once, replayed for the same shape

@@ -115,6 +115,12 @@ def test_onnx_cpu_matches_ultralytics_predict_on_trained_task_model(task, task_o
                             **({"conf": conf} if conf else {}))[0]
         ours = predictor(image)
         json.dumps(ours.to_json())  # the results contract serialises
+        if task != "classify":  # the input itself is Ultralytics' predictor's, bit for bit, on the host path and
+            bgr = __import__("cv2").imread(str(image))  # the GPU path (its device steps run here on the CPU)
+            want = model.predictor.preprocess([bgr]).numpy()
+            hw = predictor.processor.input_hw(bgr.shape[:2])
+            assert np.array_equal(predictor.preprocess_cpu([bgr], hw), want), image.name
+            assert np.array_equal(predictor.device_input([bgr], hw, device="cpu").numpy(), want), image.name
         if task == "classify":
             probs = ref.probs.data.numpy()
             assert ours.top1 == int(ref.probs.top1), image.name
@@ -275,3 +281,49 @@ def test_predict_classify_writes_top5_and_overlay(run_cli, tmp_path, photo):
     assert len(top) == 5 and scores == sorted(scores, reverse=True) and 0 < sum(scores) <= 1.0 + 1e-4
     assert all(t["name"] for t in top)
     assert (tmp_path / "out" / result["overlay"]).is_file()
+
+
+
+def _device_input_is_ultralytics(task: str, weights: Path, predictor, images: list[Path]) -> int:
+    """The input the predictor's GPU path makes (on its device, or on the CPU for a CPU session) == Ultralytics'
+    predictor's on the same device, bit for bit; returns the images compared."""
+    import contextlib
+
+    import cv2
+    import torch
+    from ultralytics import YOLO
+
+    size = TASKS[task][0]
+    device = predictor.device
+    on_gpu = device.startswith("cuda")
+    model = YOLO(str(weights), task=task)
+    rect = {} if task in ("segment", "pose", "obb") else {"rect": False}
+    for image in images:
+        bgr = cv2.imread(str(image))
+        model.predict(bgr, imgsz=size, verbose=False, device=device, **rect)
+        want = model.predictor.preprocess([bgr])
+        hw = predictor.processor.input_hw(bgr.shape[:2])
+        stream = torch.cuda.stream(predictor.stream or torch.cuda.current_stream()) if on_gpu else contextlib.nullcontext()
+        with stream, torch.inference_mode():
+            got = predictor.device_input([bgr], hw, device=device).clone()
+        if on_gpu:
+            torch.cuda.synchronize()
+        assert got.shape == want.shape and torch.equal(got, want), (task, image.name, (got - want).abs().max().item())
+    return len(images)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("task", [t for t in TASKS if t != "classify"])
+def test_gpu_input_is_the_ultralytics_predictor_input_on_the_gpu(task, task_onnx, task_images):
+    """On a GPU every task's input (letterboxed, or stretched for depth, on the host; the rest on the device) is
+    the tensor Ultralytics' predictor builds there (ONNX Runtime CUDA on the graph at the trained size)."""
+    import torch
+
+    import enginekit
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    weights, onnx_path = task_onnx(task)
+    predictor = enginekit.load(str(onnx_path), backend="onnxruntime-cuda")
+    assert predictor.device.startswith("cuda")
+    assert _device_input_is_ultralytics(task, weights, predictor, task_images[task]) == 8

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
-import numpy as np
-import onnx
 import pytest
 
 from conftest import assert_one_line_error
@@ -22,14 +20,17 @@ def verify(cache, model, precision, tmp_path, **kw):
                       build_options={"profiles": [PROFILES[model]], "random_init": True}, **kw)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_verify_passes_and_writes_reports(cache, tmp_path, precision):
-    """Depth-Anything on random weights (neck and head re-initialised: its depth spreads)."""
+    """Plumbing: the chain verify walks and the reports it writes (JSON, JUnit, pictures, summary), on
+    Depth-Anything's random weights. Their depth spreads only 5-8% around its mean, so a pass here shows no
+    accuracy (the map replaced by its mean passes INT8's limits): INT8 depth is gated where it can fail, on the
+    suite's trained depth model (test_dense_tasks.py: domain calibration passes, noise calibration fails)."""
     outcome = verify(cache, "depth", precision, tmp_path)
     (report,) = outcome.reports
     assert outcome.passed, [str(c) for c in report.failures()]
     names = [a.name for a in report.artifacts]
-    expected_stage = {"fp32": [], "fp16": ["onnx-fp16"], "int8": ["onnx-int8"]}[precision]
+    expected_stage = {"fp32": [], "fp16": ["onnx-fp16"]}[precision]
     assert names == ["onnx-export", "onnx-simplify", *expected_stage, "engine"]
     engine = report.artifacts[-1]
     assert engine.ran or engine.reason  # an engine that cannot run here says why; its source graph was checked
@@ -54,21 +55,19 @@ def test_verify_passes_and_writes_reports(cache, tmp_path, precision):
     assert "PASS" in summary and "| depth: depth (depth)" in summary and "abs_rel" in summary
 
 
-def test_random_yolo_compares_nothing_and_fails(cache, tmp_path):
-    """A random YOLO (as Ultralytics builds it) detects nothing at conf 0.25: its task check says it compares
-    nothing, and fails (it used to pass with "precision 1, recall 1" on noise). Its parity parts are the
-    anchor grid and one constant score; the comparison says so where two inputs share a shape (export and
-    build parity, test_comparison_guard.py); here each photograph has its own rectangle."""
+def test_random_yolo_is_informative_and_passes(cache, tmp_path):
+    """``--random-init`` YOLO weights depend on the image (families/ultralytics/informative.py): its boxes and
+    scores are gated as a trained detector's are, on detections it finds at conf 0.25 (as Ultralytics builds
+    it, it found none and this verify failed with "nothing to compare")."""
     outcome = verify(cache, "yolo12n", "fp32", tmp_path)
     (report,) = outcome.reports
-    assert not outcome.passed
-    failed = {c.name for c in report.failures()}
-    assert failed and all("nothing to compare" in name for name in failed)
-    assert any("no detections at conf 0.25" in name for name in failed)
+    assert outcome.passed, [str(c) for c in report.failures()]
     final = report.artifacts[-2]
-    assert final.task["reference_detections"] == 0
+    assert final.task["reference_detections"] >= 16 and final.task["recall"] == 1.0
     assert set(final.parts) == {"boxes", "scores"}
-    assert "nothing to compare" in json.dumps(json.loads((tmp_path / "report" / "report.json").read_text()))
+    assert not any(p.get("constant") for p in final.parts.values())
+    assert {"parity boxes rel_l2", "parity scores rel_l2"} <= {c.name for c in final.checks}
+    assert "nothing to compare" not in json.dumps(json.loads((tmp_path / "report" / "report.json").read_text()))
 
 
 def test_second_verify_reuses_references(cache, tmp_path):
@@ -102,42 +101,34 @@ def yolo_onnx_and_checkpoint(tmp_path_factory):
     return result.output, ckpt
 
 
-def tamper_one_weight(src, dst, factor=50.0):
-    model = onnx.load(str(src))
-    # the bias of the head's last box convolution: a random YOLO's deep features are tiny, so
-    # only a change near the output shows; a real model would show one anywhere
-    floats = [i for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT]
-    init = next((i for i in floats if i.name.endswith("cv2.0.2.bias")), floats[-1])
-    arr = onnx.numpy_helper.to_array(init).copy()
-    arr.flat[0] = arr.flat[0] * factor + 1.0
-    init.CopyFrom(onnx.numpy_helper.from_array(arr, init.name))
-    onnx.save(model, str(dst))
-
-
-def test_any_onnx_of_random_weights_fails_for_want_of_detections(run_cli, tmp_path, yolo_onnx_and_checkpoint):
-    """The ONNX computes what its checkpoint computes, but the photographs give a random YOLO
-    nothing to detect: verify says so and fails (the trained detector passes: test_gates.py)."""
+def test_an_onnx_of_random_weights_passes(run_cli, tmp_path, yolo_onnx_and_checkpoint):
+    """The ONNX computes what its checkpoint computes, on detections the informative random weights find."""
     good, ckpt = yolo_onnx_and_checkpoint
-    r = run_cli("verify", str(good), "--reference", str(ckpt))
-    assert_one_line_error(r, 1, "nothing to compare", "no detections at conf 0.25")
+    r = run_cli("verify", str(good), "--reference", str(ckpt), "--report", "rep")
+    assert r.code == 0, r.stderr
+    data = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert data["passed"] is True and data["entries"][0]["artifacts"][0]["task"]["reference_detections"] >= 16
 
 
-def test_tampered_onnx_fails_naming_the_part_and_metric(run_cli, tmp_path, yolo_onnx_and_checkpoint):
-    """A change big enough to show on a random YOLO's boxes fails their statistics, and only theirs.
-    (A random YOLO hides most tampers: the trained detector's test_a_tampered_weight_tensor_fails_parity in
-    test_gates.py shows one.)"""
+def test_tampered_random_yolo_onnx_fails_parity(run_cli, tmp_path, yolo_onnx_and_checkpoint):
+    """A tenth of the largest weight tensor multiplied by -3 (which left a plain random YOLO's figures as they
+    were): verify fails on the parity of both parts, not only on the task, each photograph letterboxed to its
+    own rectangle; --task-optional fails it too."""
+    from test_gates import scale_largest_weight
+
     good, ckpt = yolo_onnx_and_checkpoint
-    bad = tmp_path / "tampered.onnx"
-    tamper_one_weight(good, bad)
+    bad = scale_largest_weight(good, tmp_path / "tampered.onnx")
     r = run_cli("verify", str(bad), "--reference", str(ckpt), "--report", "rep")
     line = assert_one_line_error(r, 1, "parity boxes")
     assert "rel_l2" in line or "cosine" in line
     data = json.loads((tmp_path / "rep" / "report.json").read_text())
     failures = data["entries"][0]["failures"]
-    assert data["passed"] is False and any("parity boxes rel_l2" in f or "parity boxes cosine" in f for f in failures)
-    assert not any(f"parity scores {stat}" in f for f in failures for stat in ("finite", "rel_l2", "cosine", "max_abs"))
+    assert data["passed"] is False
+    for part in ("boxes", "scores"):
+        assert any(f"parity {part} rel_l2" in f for f in failures), failures
+    assert not any("nothing to compare" in f for f in failures)
     optional = run_cli("verify", str(bad), "--reference", str(ckpt), "--task-optional")
-    assert_one_line_error(optional, 1, "parity boxes")  # a difference fails even where comparing nothing is allowed
+    assert_one_line_error(optional, 1, "parity boxes")
 
 
 def test_verify_bad_inputs(run_cli, tmp_path, yolo_onnx_and_checkpoint):
@@ -178,15 +169,20 @@ def test_repair_moves_few_nodes_and_passes(cache):
 
 
 def test_verify_a_recipe(run_cli, tmp_path):
-    """A recipe's cells are verified with its tolerances; a random YOLO fails for the right reason."""
-    (tmp_path / "tiny.yaml").write_text(
-        "model:\n  variant: yolo12n\n  random_init: true\nprofiles:\n  - 1x3x256x256\nprecisions: [fp32]\n"
-    )
-    r = run_cli("verify", "tiny.yaml", "--report", "rep", env={"ENGINEKIT_CACHE": str(tmp_path / "cache")})
-    assert_one_line_error(r, 1, "nothing to compare")
+    """A recipe's cells are verified with its tolerances: the same cell passes with the family's limits and
+    fails with the recipe's rel_l2 limit, naming it."""
+    recipe = "model:\n  variant: yolo12n\n  random_init: true\nprofiles:\n  - 1x3x256x256\nprecisions: [fp32]\n"
+    (tmp_path / "tiny.yaml").write_text(recipe)
+    env = {"ENGINEKIT_CACHE": str(tmp_path / "cache")}
+    r = run_cli("verify", "tiny.yaml", "--report", "ok", env=env)
+    assert r.code == 0, r.stderr
+    (tmp_path / "tight.yaml").write_text(recipe + "verification:\n  tolerances:\n    fp32:\n      rel_l2: 1.0e-12\n")
+    r = run_cli("verify", "tight.yaml", "--report", "rep", env=env)
+    assert_one_line_error(r, 1, "rel_l2")
     data = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert data["passed"] is False
-    assert all("nothing to compare" in f for e in data["entries"] for f in e["failures"])
+    failures = [f for e in data["entries"] for f in e["failures"]]
+    assert failures and all("rel_l2" in f and "1e-12" in f for f in failures), failures
 
 
 @pytest.mark.parametrize("needed,total", [(3, 100), (1, 10), (37, 200), (10, 10)])

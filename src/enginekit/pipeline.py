@@ -56,6 +56,26 @@ def quantizer_versions() -> dict[str, str]:
     return {"nvidia-modelopt": package_version("nvidia-modelopt"), "onnxruntime": onnxruntime_version()}
 
 
+class CacheLayouts:
+    """Q/DQ layouts of INT8 graphs (``stages.int8.LayoutStore``) kept in the cache, kind ``int8-layout``:
+    the next INT8 graph of the same FP32 graph and settings from another calibration cache (or after the
+    INT8 entry went) is rebuilt from it without ModelOpt."""
+
+    KIND = "int8-layout"
+
+    def __init__(self, cache: Cache, subject: str | None = None) -> None:
+        self.cache, self.subject = cache, subject
+
+    def find(self, parts: dict) -> tuple[Path, dict] | None:
+        from enginekit.stages.int8_layout import LAYOUT_FILE
+
+        found = self.cache.lookup(self.KIND, key_for(parts))
+        return (found.entry.file(LAYOUT_FILE), found.entry.manifest) if found.entry is not None else None
+
+    def keep(self, parts: dict, write) -> None:
+        self.cache.get_or_create(self.KIND, parts, write, subject=self.subject)
+
+
 @dataclass
 class Artifact:
     """A stage's output: the file inside its cache entry (or a user's file), and how it was obtained."""
@@ -225,7 +245,7 @@ class Stages:
                 None if found is not None else self._calibration_batch(data, shape),
                 input_name or _single_input(source.path),
                 method=method, exclude_nodes=excludes, calibration_cache=found, input_shape=shape,
-                write_cache=tmp / CALIB_FILE if found is None else None,
+                write_cache=tmp / CALIB_FILE if found is None else None, layouts=CacheLayouts(self.cache, self.subject),
             )
             if found is None:
                 self._store_calibration(calib_parts, tmp / CALIB_FILE)
@@ -235,11 +255,14 @@ class Stages:
                     "method": method, "calibration_seconds": round(report.seconds, 3),
                     "calibration_data": "user cache" if "cache" in calibration else data.describe(),
                     "calibration_source": "user cache" if "cache" in calibration else (
-                        "calibration cache" if found else data.describe())}
+                        "calibration cache" if found else data.describe()),
+                    "qdq_layout": report.layout}
 
         artifact = self.stage("int8", parts, produce, f"int8 ({method})")
         if artifact.status not in ("hit", "pulled"):
             how = "calibrated" if artifact.manifest.get("calibrated") else "from calibration cache (no calibration)"
+            if artifact.manifest.get("qdq_layout") == "kept":
+                how += ", Q/DQ layout kept (no ModelOpt)"
             reporting.note(f"calibration: {how}; {artifact.manifest.get('qdq_nodes')} Q/DQ pairs", level=1)
         if calibration_cache is not None and user_cache is None:  # the user's file, also on a cache hit
             ranges = artifact.entry.file(CALIB_FILE)

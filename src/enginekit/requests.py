@@ -375,7 +375,10 @@ class VerifyRequest(Options):
         target = data.get("target")
         kind = _target_kind(target, data.get("reference"))
         if kind == "model":
-            precision = _precision_list(data.get("precision") or "fp32")[0]
+            names = _precision_list(data.get("precision") or "fp32")
+            # calibration flags with a list (``fp16,int8 --calib-data imgs/``) are the calibrated precision's
+            calibrating = any(options.get(k) for k in CALIBRATION_OPTIONS)
+            precision = next((p for p in names if precisions.get(p).calibrated), names[0]) if calibrating else names[0]
             data["build"] = BuildRequest(target=target, precision=precision, **options)
         elif kind == "onnx" and target is not None:  # the weights (or seed) to compare the file against
             if data.get("reference") is not None and options.get("weights") is not None:
@@ -398,8 +401,9 @@ class VerifyRequest(Options):
     @model_validator(mode="after")
     def _build_matches(self) -> "VerifyRequest":
         b = self.build
-        first = self.precisions[0] if self.precision else None
-        if b is not None and (b.target != self.target or (first or b.precision) != b.precision):
+        # the build request stands for one of the precisions asked for (a calibrated one where it calibrates)
+        asked = self.precisions or [b.precision] if b is not None else []
+        if b is not None and (b.target != self.target or b.precision not in asked):
             raise UsageError(f"verify {self.target} {self.precision or ''} does not match its build request "
                              f"({b.target} {b.precision})".replace("  ", " "))
         if len(self.precisions) > 1 and self.kind != "model":
@@ -442,8 +446,21 @@ class VerifyRequest(Options):
     def build_requests(self) -> list[BuildRequest]:
         """One build per precision asked for (``--precision fp16,int8``), the same flags otherwise."""
         first = self.build_request
-        return [first if p == first.precision else first.replace(precision=p) for p in (self.precisions or
-                                                                                         [first.precision])]
+
+        def at(precision: str) -> BuildRequest:
+            if precision == first.precision:
+                return first
+            changes: dict[str, Any] = {"precision": precision}
+            if not precisions.get(precision).calibrated:  # the calibration flags are the calibrated builds'
+                changes.update({k: BuildRequest.model_fields[k].get_default(call_default_factory=True)
+                                for k in (*CALIBRATION_OPTIONS, "calib_count")})
+            return first.replace(**changes)
+
+        return [at(p) for p in (self.precisions or [first.precision])]
+
+
+#: BuildRequest fields that only a calibrated precision (int8, fp8) takes
+CALIBRATION_OPTIONS = ("calib_data", "calib_cache", "calib_method", "exclude")
 
 
 def _precision_list(value: str) -> list[str]:

@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         iou: Annotated[float, typer.Option("--iou", help="NMS IoU threshold.")] = 0.7,
         max_frames: Annotated[Optional[int], typer.Option("--max-frames", help="Stop after this many frames (of each source).")] = None,
         device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda:N (default: the backend's).")] = None,
+        gpu_letterbox: Annotated[bool, typer.Option("--gpu-letterbox", help="On a GPU, resize YOLO frames there (torch bilinear) instead of letterboxing them with OpenCV on the CPU as YOLO(pt).predict does: less CPU work per large frame, but pixels up to a grey level apart and scores about 1e-3 from the .pt's.")] = False,
         drop: Annotated[str, typer.Option("--drop", help="When frames come faster than the models take them: none (decoding waits; every frame is processed), oldest (the oldest waiting frame makes room: least latency, for live cameras), newest (the new frame is dropped).")] = "none",
         every: Annotated[Optional[list[str]], typer.Option("--every", help="A model's cadence, MODEL=N: it runs on every N-th step (depth=3); repeatable.")] = None,
         frames_per_step: Annotated[int, typer.Option("--frames-per-step", help="K consecutive frames of each source form one step, batched (stereo pairs: 2).")] = 1,
@@ -66,7 +67,7 @@ def register(app: typer.Typer) -> None:
 
         summary = run_predict(models, sources, save=save, backend=backend, precision=precision,
                               weights=weights or [], random_init=random_init, seed=seed, conf=conf, iou=iou,
-                              max_frames=max_frames, device=device, stream=options)
+                              max_frames=max_frames, device=device, stream=options, gpu_letterbox=gpu_letterbox)
         _render(summary, save, as_json, sources)
 
 

@@ -297,8 +297,12 @@ class Evaluation(ABC):
 class Processor(Protocol):
     """A family's pre/postprocessing for the runtime (``enginekit.load``, ``enginekit predict``).
 
-    Made as ``processor(adapter, metadata, info, conf=, iou=, max_det=, input_size=)`` (``info``: the
-    session's inputs/outputs and fixed H x W); options a task does not use are ignored."""
+    Made as ``processor(adapter, metadata, info, conf=, iou=, max_det=, input_size=, gpu_letterbox=)``
+    (``info``: the session's inputs/outputs and fixed H x W); options a task does not use are ignored.
+
+    Optional, for a session on a GPU: ``host_step(frame_hw, hw)`` says whether a frame is first brought to
+    ``hw`` on the host by ``preprocess_host(frame, hw)`` (HxWx3 uint8 in, HxWx3 uint8 at ``hw`` out), so that
+    only exact steps run on the device (Ultralytics' letterbox: OpenCV, as its predictor)."""
 
     #: preprocess_gpu launches only device work: the predictor may capture it as a CUDA graph
     gpu_graphable: bool

@@ -91,6 +91,14 @@ class ImageProcessor:
     def preprocess_cpu(self, rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
         return self.adapter.preprocess(rgb, hw)[0]
 
+    def host_step(self, frame_hw: tuple[int, int], hw: tuple[int, int]) -> bool:
+        """Whether a frame goes through ``preprocess_host`` before it is uploaded to the GPU (here: never,
+        the whole preprocessing runs on the device)."""
+        return False
+
+    def preprocess_host(self, frame: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        return frame
+
     def preprocess_gpu(self, chw, hw: tuple[int, int]):
         """``chw``: 3xHxW float32 RGB in 0..255 on the GPU -> 3xhxw stretched to ``hw``, 0..1, normalised."""
         import torch

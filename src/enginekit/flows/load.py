@@ -23,7 +23,7 @@ from enginekit.runtime.loader import LoadPlan, open_plan, plan_load
 def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None, random_init: bool = False,
          seed: int = 0, device: str | None = None, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
          input_size=None, cuda_graph: bool | None = None, fuse_attention: bool | None = None, cache=None,
-         quiet: bool = True, **build_options):
+         quiet: bool = True, gpu_letterbox: bool = False, **build_options):
     """A predictor over ``target``: ``predictor(images)`` -> results in the original image's pixels.
 
     ``target``: a model name (exported or built through the cache as its backend needs, with ``weights``
@@ -31,8 +31,9 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     ``backend``: auto or a registered backend (``enginekit.backends.choices()``). ``build_options``:
     BuildRequest fields for an engine built here (profiles, target_cc, ...), and what a model enginekit cannot
     know by itself declares (``task``, ``outputs``, ``size``, ``dynamic``, ``mean``, ``std``, ``resize``,
-    ``bgr``, ``classes``: ``families.torch_models.spec``). The rest: the runtime's ``load``
-    (``enginekit.runtime.loader.load``).
+    ``bgr``, ``classes``: ``families.torch_models.spec``). ``gpu_letterbox``: YOLO frames resized on the GPU
+    (opt-in; default: Ultralytics' OpenCV letterbox on the host, the .pt's input bit for bit). The rest: the
+    runtime's ``load`` (``enginekit.runtime.loader.load``).
     """
     from enginekit.families.torch_models.spec import FLAGS, declaration
 
@@ -50,7 +51,7 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     elif p.missing is not None:
         raise UsageError(f"enginekit makes no {p.missing} artifact for the {p.backend.name} backend")
     return open_plan(p, conf=conf, iou=iou, max_det=max_det, input_size=input_size, cuda_graph=cuda_graph,
-                     fuse_attention=fuse_attention, cache=cache)
+                     fuse_attention=fuse_attention, cache=cache, gpu_letterbox=gpu_letterbox)
 
 
 def _recipe_runtime(target, backend: str, input_size, build_options: dict):

@@ -59,7 +59,7 @@ def _frame_sink(kind: str, tmp: Path, stem: str, model: str, fps: float, prefixe
 
 def run_predict(models: str, source, *, save: Path | None, backend: str, precision: str, weights: list[Path],
                 random_init: bool, seed: int, conf: float, iou: float, max_frames: int | None, device: str | None,
-                stream=None):
+                stream=None, gpu_letterbox: bool = False):
     """Every frame of ``source`` (one source, or a list: several cameras, one frame of each per step) through
     the models, on the streaming pipeline (``enginekit.runtime.stream``; ``stream``: its StreamOptions).
     Returns the summary: frames, frames/s, per-model stage means, and the stream's figures."""
@@ -86,7 +86,7 @@ def run_predict(models: str, source, *, save: Path | None, backend: str, precisi
     for i, name in enumerate(names):
         w = weights[i] if i < len(weights) else None
         p = load(name, precision=precision, backend=backend, weights=w, random_init=random_init and w is None,
-                 seed=seed, device=device, conf=conf, iou=iou)
+                 seed=seed, device=device, conf=conf, iou=iou, gpu_letterbox=gpu_letterbox)
         reporting.note(f"{p.model}: {p.backend} on {p.device}, {p.precision} ({p.reason})")
         predictors.append(p)
     stems = _stems(opened)

@@ -229,8 +229,11 @@ def plan_load(target, precision: str = "fp32", backend: str = "auto", *, weights
 
 
 def open_plan(p: LoadPlan, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300, input_size=None,
-              cuda_graph: bool | None = None, fuse_attention: bool | None = None, cache=None):
-    """Load what ``p`` names on its backend: a Predictor. The artifact must exist (``p.missing`` is None)."""
+              cuda_graph: bool | None = None, fuse_attention: bool | None = None, cache=None,
+              gpu_letterbox: bool = False):
+    """Load what ``p`` names on its backend: a Predictor. The artifact must exist (``p.missing`` is None).
+    ``gpu_letterbox``: resize frames on the GPU rather than letterbox them with OpenCV on the host as
+    ``YOLO(pt).predict`` does (a frame stays on the device; pixels up to a grey level from the .pt's)."""
     from enginekit.runtime.predictor import Predictor, processor_for
 
     t, chosen, adapter = p.target, p.backend, p.adapter
@@ -264,7 +267,7 @@ def open_plan(p: LoadPlan, *, conf: float = 0.25, iou: float = 0.7, max_det: int
     if "names" not in metadata and (names := adapter.default_class_names()):  # a graph that names no classes
         metadata["names"] = str(names)
     processor = processor_cls(adapter, metadata, session.info, conf=conf, iou=iou, max_det=max_det,
-                              input_size=input_size)
+                              input_size=input_size, gpu_letterbox=gpu_letterbox)
     note = getattr(processor, "input_note", "")
     return Predictor(session, processor, model=adapter.variant, family=adapter.family,
                      reason=f"{p.reason}; {note}" if note else p.reason, precision=p.precision or "fp32", source=source)
@@ -297,7 +300,7 @@ def _torch_module(target: Target):
 def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None, random_init: bool = False,
          seed: int = 0, device: str | None = None, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
          input_size=None, cuda_graph: bool | None = None, fuse_attention: bool | None = None, cache=None,
-         declared: dict | None = None):
+         declared: dict | None = None, gpu_letterbox: bool = False):
     """A predictor over what exists: ``predictor(images)`` -> results in the original image's pixels.
 
     ``target``: an ONNX file, an engine plan (with its manifest.json), a cache key, or a model name (a
@@ -306,9 +309,11 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     backend (``enginekit.backends``); ``predictor.backend`` and ``predictor.reason`` say what was
     chosen and why. ``fuse_attention`` (onnxruntime-cuda): run a copy of the graph with ONNX Runtime's
     fused attention (``enginekit.onnx.attention``); None: where the family declares its attention fusable.
+    ``gpu_letterbox`` (a session on a GPU): resize frames there (torch bilinear) instead of letterboxing them
+    on the host with OpenCV as ``YOLO(pt).predict`` does: faster for large frames, not the .pt's pixels.
     """
     p = plan_load(target, precision, backend, weights=weights, random_init=random_init, seed=seed, device=device,
                   conf=conf, iou=iou, cache=cache, declared=declared)
     return open_plan(p, conf=conf, iou=iou, max_det=max_det, input_size=input_size, cuda_graph=cuda_graph,
-                     fuse_attention=fuse_attention, cache=cache)
+                     fuse_attention=fuse_attention, cache=cache, gpu_letterbox=gpu_letterbox)
 

@@ -51,6 +51,7 @@ class GpuBatch:
     events: list  # recorded on ``stream``: start, preprocessed, inferred
     stream: Any
     kept: bool  # outputs copied out of the session's buffers
+    host_ms: float = 0.0  # preprocessing on the host before the upload (Ultralytics' letterbox)
 
 
 class Predictor:
@@ -176,6 +177,47 @@ class Predictor:
     def postprocess(self, outputs: dict, image_hws: list, hw) -> list:
         return self.processor.postprocess(outputs, image_hws, hw)
 
+    def host_frames(self, frames: list, hw) -> list:
+        """The frames as they are uploaded: brought to ``hw`` on the host where the processor says so
+        (``host_step``/``preprocess_host``: Ultralytics' letterbox with OpenCV on uint8, as its predictor), so
+        that only exact steps run on the device; a frame already on the GPU is read back for it."""
+        step = getattr(self.processor, "host_step", None)
+        out = []
+        for f in frames:
+            if step is not None and step(tuple(f.shape[:2]), tuple(hw)):
+                f = f.cpu().numpy() if _is_torch(f) else np.asarray(f)
+                if f.dtype != np.uint8:
+                    raise UsageError(f"expected uint8 images, got {f.dtype}")
+                f = self.processor.preprocess_host(f, hw)
+            out.append(f)
+        return out
+
+    def device_input(self, frames: list, hw, rgb: bool = False, device=None):
+        """Frames -> the session's input batch on ``device`` (default: the session's), as a session on a GPU
+        gets it: ``host_frames``, the upload of uint8, then ``preprocess_gpu`` (any torch device: on the CPU
+        the same steps give what the GPU computes, up to the device's arithmetic)."""
+        import torch
+
+        device = torch.device(device or self.info.device)
+        return self._device_batch(self.host_frames(frames, hw), hw, rgb, device)
+
+    def _device_batch(self, frames: list, hw, rgb: bool, device):
+        import torch
+
+        tensors = []
+        for slot, f in enumerate(frames):
+            if _is_torch(f):
+                t = f
+            elif device.type == "cuda":
+                t = self._upload(f, device, slot)
+            else:
+                f = np.asarray(f)
+                if f.dtype != np.uint8:
+                    raise UsageError(f"expected uint8 images, got {f.dtype}")
+                t = torch.from_numpy(np.ascontiguousarray(f))
+            tensors.append(t if t.device == device else t.to(device, non_blocking=True))
+        return self._preprocess_gpu(tensors, hw, rgb, device)
+
     def _upload(self, f, device, slot: int = 0):
         """A host frame to the GPU through a reused pinned buffer (an asynchronous copy).
 
@@ -209,19 +251,19 @@ class Predictor:
         device = torch.device(self.info.device)
         stream = self.stream or torch.cuda.current_stream(device)
         events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        shapes = [tuple(f.shape[:2]) for f in frames]
+        t0 = time.perf_counter()
+        frames = self.host_frames(frames, hw)
+        host_ms = (time.perf_counter() - t0) * 1e3
         with torch.cuda.stream(stream), torch.inference_mode():
             events[0].record(stream)
-            tensors = []
-            for slot, f in enumerate(frames):
-                t = f if _is_torch(f) else self._upload(f, device, slot)
-                tensors.append(t if t.device == device else t.to(device, non_blocking=True))
-            x = self._preprocess_gpu(tensors, hw, rgb, device)
+            x = self._device_batch(frames, hw, rgb, device)
             events[1].record(stream)
             outputs = self.session(x)
             if keep_outputs:
                 outputs = {k: v.clone() for k, v in outputs.items()}
             events[2].record(stream)
-        return GpuBatch([tuple(f.shape[:2]) for f in frames], tuple(hw), outputs, events, stream, keep_outputs)
+        return GpuBatch(shapes, tuple(hw), outputs, events, stream, keep_outputs, host_ms)
 
     def finish_gpu(self, batch: "GpuBatch") -> list:
         """Postprocess a submitted batch: on the predictor's stream, or (a batch that kept its outputs) on a
@@ -244,6 +286,7 @@ class Predictor:
             end.record(stream)
         end.synchronize()
         pre, inf = (batch.events[i].elapsed_time(batch.events[i + 1]) for i in range(2))
+        pre += batch.host_ms
         post = start.elapsed_time(end)
         for r in results:
             r.timings.preprocess, r.timings.infer, r.timings.postprocess = pre, inf, post
@@ -263,7 +306,7 @@ class Predictor:
 
     def _preprocess_gpu(self, tensors: list, hw, rgb: bool, device):
         """The batch for the session, on the current stream: replayed from a captured graph where one exists."""
-        if not self.graph_preprocess:
+        if not self.graph_preprocess or device.type != "cuda":
             return self._eager_preprocess(tensors, hw, rgb)
         key = (tuple((tuple(t.shape), t.dtype) for t in tensors), tuple(hw), rgb)
         entry = self._pre_graphs.get(key)

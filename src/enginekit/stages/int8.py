@@ -26,18 +26,22 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from enginekit.errors import UsageError
 from enginekit.fsutil import atomic_write_text
 from enginekit.precisions import names as precision_names
+from enginekit.stages import int8_layout
 from enginekit.stages.modelopt_compat import (
     calibration_eps,
     calibrator_factory,
     check,
+    installed,
     ort_int8_scale,
     quantize_shortcuts,
+    shortcuts_allowed,
     symmetric_ranges,
     tensors_to_calibrate,
 )
@@ -68,6 +72,7 @@ class Int8Report:
     n_excluded: int  # graph nodes matched by the exclude patterns
     seconds: float
     cache_written: Path | None
+    layout: str = "modelopt"  # "kept": rebuilt from a kept Q/DQ layout (no ModelOpt); "modelopt": ModelOpt's pass
 
 
 # -- calibration cache files ---------------------------------------------------------------
@@ -290,6 +295,79 @@ def _probe_shape(dims, model, calibration, input_shape, src: Path) -> tuple[int,
     raise UsageError(f"{src} has dynamic input dims {dims}: pass the calibration shape (input_shape) with the cache")
 
 
+# -- kept Q/DQ layouts (int8_layout) -----------------------------------------------------------
+
+# What enginekit asks of ModelOpt's INT8 pass besides the per-call arguments: part of a layout's key,
+# so that changing any of them (here or in _run_modelopt) can never reuse a layout made before.
+MODELOPT_SETTINGS = {"quantize_mode": "int8", "passes": ["concat_elimination"], "per_channel": True,
+                     "op_types_to_quantize": None, "op_types_to_exclude": None}
+
+
+class LayoutStore(Protocol):
+    """Where Q/DQ layouts are kept (the pipeline keeps them in the engine cache, kind ``int8-layout``).
+
+    ``parts`` describes everything that decides the layout (``layout_parts``): equal parts, same layout.
+    """
+
+    def find(self, parts: dict) -> tuple[Path, dict] | None:
+        """(the layout file, its description) kept for ``parts``, or None."""
+
+    def keep(self, parts: dict, write: Callable[[Path], dict]) -> None:
+        """Keep the layout ``write(folder)`` writes as ``folder/layout.onnx`` (returning its description)."""
+
+
+def layout_parts(src: Path, input_name: str, method: str, exclude: Sequence[str], high_precision: str,
+                 probe: Sequence[int]) -> dict:
+    """Everything that decides where ModelOpt puts Q/DQ nodes in ``src`` and the weights' scales:
+    the graph's bytes, the input, the calibration method and shape (ModelOpt sizes MatMuls and
+    attention at it), exclusions, high precision, the settings enginekit passes, the execution
+    providers it calibrates on, and the versions of ModelOpt, ONNX Runtime and onnx."""
+    from importlib import metadata
+
+    from enginekit.cache import sha256_file
+
+    return {"stage": "int8-layout", "format": int8_layout.LAYOUT_FORMAT, "input": sha256_file(src),
+            "input_name": input_name, "method": method, "exclude": list(exclude), "high_precision": high_precision,
+            "calibration_shape": [int(d) for d in probe], "modelopt": MODELOPT_SETTINGS,
+            "calibration_eps": calibration_eps(), "versions": {**installed(), "onnx": metadata.version("onnx")}}
+
+
+def graph_scale(cache_scale: float) -> float:
+    """The activation scale ModelOpt's graph holds for a calibration cache's scale (see _ranges_from_scales)."""
+    return float(ort_int8_scale(_amax_for_scale(cache_scale)))
+
+
+def _from_layout(found: tuple[Path, dict], model, scales: dict[str, float], cache_path: Path):
+    """(the INT8 graph, the scales it used) from a kept layout and a cache; None when the layout is unusable."""
+    info = int8_layout.LayoutInfo.from_json(found[1])
+    if info is None:
+        return None
+    missing = sorted(set(info.calibrated) - scales.keys())
+    if missing:
+        raise UsageError(
+            f"calibration cache {cache_path} lacks {len(missing)} of the {len(info.calibrated)} tensors this graph "
+            f"quantizes (first: {missing[0]!r}): it was made for another graph or other exclusions"
+        )
+    needed = {name: scales[name] for name in info.calibrated}  # what ModelOpt's cached run hands over
+    try:
+        return int8_layout.apply(int8_layout.load(found[0]), info, model, needed, graph_scale), needed
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _keep_layout(layouts: LayoutStore, parts: dict, quantized, model, scales: dict[str, float]) -> None:
+    described = int8_layout.describe(quantized, model, scales, graph_scale)
+    if described is None:
+        return
+    layout, info = described
+
+    def write(folder: Path) -> dict:
+        int8_layout.save(layout, folder / int8_layout.LAYOUT_FILE)
+        return info.to_json()
+
+    layouts.keep(parts, write)
+
+
 # -- the quantization ---------------------------------------------------------------------------
 
 
@@ -306,6 +384,7 @@ def quantize_int8(
     input_shape: Sequence[int] | None = None,
     high_precision: str = "fp32",
     shortcuts: bool = True,
+    layouts: LayoutStore | None = None,
 ) -> Int8Report:
     """Quantize ``src`` to INT8 with explicit Q/DQ nodes and write it to ``out``.
 
@@ -317,15 +396,20 @@ def quantize_int8(
     ``exclude_nodes``: regular expressions matched at the start of node names; those nodes stay
     out of INT8. ``write_cache``: where to write the calibration cache. ``shortcuts``: ModelOpt's
     pass with modelopt_compat's faster, same-result helpers (False: exactly as ModelOpt runs it).
+    ``layouts``: where Q/DQ layouts are kept. With a calibration cache and a layout kept for the
+    same graph and settings, the graph is rebuilt from it (ModelOpt's graph for that cache, without
+    importing ModelOpt; not with ``shortcuts`` off); every ModelOpt pass keeps its layout there.
     """
     start = time.perf_counter()
     src, out = Path(src), Path(out)
     _check_choices(method, high_precision)
     patterns = _compile_patterns(exclude_nodes)
-    check()  # the ModelOpt / ONNX Runtime internals used below, before any work
     cache = _cache_for(Path(calibration_cache), method) if calibration_cache is not None else None
     if cache is None and calibration is None:
         raise UsageError("INT8 needs calibration data or a calibration cache")
+    reuse = layouts is not None and cache is not None and shortcuts and shortcuts_allowed()
+    if not reuse:
+        check()  # the ModelOpt / ONNX Runtime internals used below, before any work
 
     model = load_model(src)
     if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node):
@@ -333,24 +417,36 @@ def quantize_int8(
     dims = _input_dims(model, input_name, src)
     batch = _check_calibration(calibration, dims, input_name) if calibration is not None else None
     probe = _probe_shape(dims, model, batch, input_shape, src)
-    source = _FromCache(cache, Path(calibration_cache)) if cache is not None else _Calibrating()
-    # A cached run feeds zeros: ModelOpt's shape probes need an input, and only its shape counts.
-    feed = batch if cache is None else np.zeros(probe, np.float32)
-
-    quantized = _run_modelopt(src, feed, input_name, method, list(exclude_nodes), high_precision, source, shortcuts)
+    parts = layout_parts(src, input_name, method, exclude_nodes, high_precision, probe) if layouts else None
+    found = layouts.find(parts) if reuse else None
+    rebuilt = _from_layout(found, model, cache, Path(calibration_cache)) if found is not None else None
+    if rebuilt is not None:  # the graph ModelOpt writes from this cache, without ModelOpt
+        quantized, scales = rebuilt
+        calibrated = False
+    else:
+        check()
+        source = _FromCache(cache, Path(calibration_cache)) if cache is not None else _Calibrating()
+        # A cached run feeds zeros: ModelOpt's shape probes need an input, and only its shape counts.
+        feed = batch if cache is None else np.zeros(probe, np.float32)
+        quantized = _run_modelopt(src, feed, input_name, method, list(exclude_nodes), high_precision, source,
+                                  shortcuts)
+        calibrated, scales = source.calibrated, source.scales
     n_qdq = sum(n.op_type == "QuantizeLinear" for n in quantized.graph.node)
-    if n_qdq == 0 or not source.scales:
+    if n_qdq == 0 or not scales:
         raise UsageError(f"nothing in {src} was quantized: the exclude patterns and ModelOpt's rules leave no node")
+    if layouts is not None and rebuilt is None:
+        _keep_layout(layouts, parts, quantized, model, scales)
     _finish(quantized, model, method, exclude_nodes, probe, out)
     if write_cache is not None:
-        write_calibration_cache(Path(write_cache), source.scales, cache_header(method))
+        write_calibration_cache(Path(write_cache), scales, cache_header(method))
     return Int8Report(
-        calibrated=source.calibrated,
+        calibrated=calibrated,
         method=method,
         n_qdq_nodes=n_qdq,
         n_excluded=len(_excluded_nodes(model, patterns)),
         seconds=time.perf_counter() - start,
         cache_written=Path(write_cache) if write_cache is not None else None,
+        layout="kept" if rebuilt is not None else "modelopt",
     )
 
 

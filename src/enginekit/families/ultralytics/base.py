@@ -268,12 +268,10 @@ class UltralyticsAdapter(ModelAdapter):
 
     # -- inputs -------------------------------------------------------------------------
     def preprocess(self, image_rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-        """Ultralytics' ``LetterBox`` (auto=False, gray 114), as its predictor."""
-        from ultralytics.data.augment import LetterBox
+        """Ultralytics' ``LetterBox`` (auto=False, gray 114), as its predictor (``runtime.letterbox``)."""
+        from enginekit.families.ultralytics.runtime import letterbox, to_input
 
-        boxed = LetterBox(new_shape=hw, auto=False, scaleup=True, center=True)(image=image_rgb)
-        chw = np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0
-        return chw[None]
+        return to_input(letterbox(hw)(image=image_rgb))[None]
 
 
 class StretchedInput:
@@ -281,7 +279,6 @@ class StretchedInput:
     ``scale_fill``, no letterbox), as its RT-DETR and depth predictors do."""
 
     def preprocess(self, image_rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-        from ultralytics.data.augment import LetterBox
+        from enginekit.families.ultralytics.runtime import stretch, to_input
 
-        boxed = LetterBox(new_shape=hw, auto=False, scale_fill=True)(image=image_rgb)
-        return (np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0)[None]
+        return to_input(stretch(hw)(image=image_rgb))[None]

@@ -1,9 +1,14 @@
 """Pre- and postprocessing of Ultralytics models at runtime, as Ultralytics' own predictors do them.
 
-CPU: the adapter's preprocessing (Ultralytics ``LetterBox``, auto=False, gray 114; ``classify_transforms``;
-stretched for RT-DETR and depth) on numpy. GPU: the same with torch ops on the predictor's stream
-(bilinear resize, as cv2.INTER_LINEAR; pixel values may differ by one grey level from cv2's fixed-point
-rounding). After the network each task follows ``ultralytics/models/.../predict.py``:
+Letterbox (detect, segment, pose, obb, semantic): Ultralytics' own ``LetterBox`` (OpenCV, on the uint8 frame,
+gray 114) on the host, on every backend, as ``BasePredictor.pre_transform`` does; then only exact steps: HWC to
+CHW, BGR to RGB, to float and ``/ 255`` (numpy for a session on the CPU; torch on the device after the uint8
+upload for one on a GPU, as ``BasePredictor.preprocess``). The input is the tensor ``YOLO(pt).predict`` builds,
+bit for bit. RT-DETR and depth: stretched (``LetterBox(scale_fill=True)``) on the host the same way.
+``gpu_letterbox=True`` (opt-in) resizes on the GPU instead (torch bilinear on floats: a frame stays on the
+device, at the cost of pixels up to a grey level from OpenCV's fixed-point rounding, and scores up to 1.6e-3
+from the .pt's on an H100). Classify: ``classify_transforms`` (on the GPU: torchvision's on the device). After
+the network each task follows ``ultralytics/models/.../predict.py``:
 
 - detect: ``ultralytics.utils.nms.non_max_suppression`` (or the end-to-end head's top-k, which that function
   handles with ``end2end=True``) and ``ultralytics.utils.ops.scale_boxes``;
@@ -36,6 +41,19 @@ def letterbox(new_shape: tuple[int, int], *, auto: bool = False, stride: int = 3
     from ultralytics.data.augment import LetterBox
 
     return LetterBox(new_shape=tuple(new_shape), auto=auto, scaleup=True, center=True, stride=stride)
+
+
+def to_input(boxed: np.ndarray) -> np.ndarray:
+    """A letterboxed HxWx3 uint8 frame -> 3xHxW float32 in 0..1 (channels kept), as Ultralytics' predictor."""
+    return np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0
+
+
+def stretch(new_shape: tuple[int, int]):
+    """Ultralytics' ``LetterBox(scale_fill=True)``: the frame resized to ``new_shape``, no padding, as its
+    RT-DETR and depth predictors."""
+    from ultralytics.data.augment import LetterBox
+
+    return LetterBox(new_shape=tuple(new_shape), auto=False, scale_fill=True)
 
 
 def letterbox_params(shape: tuple[int, int], new_shape: tuple[int, int], *, auto: bool = False,
@@ -72,8 +90,10 @@ class YoloProcessor(ImageProcessor):
     rect = True
 
     def __init__(self, adapter, metadata: dict, info, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
-                 input_size=None, **_):
+                 input_size=None, gpu_letterbox: bool = False, **_):
         super().__init__(adapter, metadata, info, input_size=input_size)
+        #: resize on the GPU (torch bilinear) rather than with OpenCV on the host: opt-in, not the .pt's pixels
+        self.gpu_letterbox = bool(gpu_letterbox)
         self.end2end = str(metadata.get("end2end")) == "True"
         self.conf, self.iou, self.max_det = conf, iou, max_det
         self.stride = int(metadata.get("stride") or 32)
@@ -91,6 +111,18 @@ class YoloProcessor(ImageProcessor):
 
     @property
     def input_note(self) -> str:
+        notes = [n for n in (self._shape_note, self._resize_note) if n]
+        return "; ".join(notes)
+
+    @property
+    def _resize_note(self) -> str:
+        if not self.gpu_letterbox or not self.info.on_gpu:
+            return ""
+        return ("gpu_letterbox: frames resized on the GPU (torch bilinear on floats), not with OpenCV as "
+                "YOLO(pt).predict: pixels up to a grey level apart, scores about 1e-3 from the .pt's")
+
+    @property
+    def _shape_note(self) -> str:
         if not self.rect or self.adapter.rect_hw(tuple(self.hw), tuple(self.hw)) is None:
             return ""
         h, w = self.hw
@@ -111,21 +143,32 @@ class YoloProcessor(ImageProcessor):
             return letterbox(self.hw, auto=True, stride=self.stride)
         return letterbox(hw)
 
-    def preprocess_cpu(self, rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-        if tuple(hw) == tuple(self.hw):
-            return self.adapter.preprocess(rgb, hw)[0]  # the full size: the family's own, as parity measured it
-        boxed = self.letterbox_for(rgb.shape[:2], hw)(image=rgb)
+    def host_step(self, frame_hw: tuple[int, int], hw: tuple[int, int]) -> bool:
+        """Whether a frame of ``frame_hw`` is letterboxed on the host before it goes to the GPU (the default:
+        OpenCV on uint8, as Ultralytics), rather than resized there (``gpu_letterbox``)."""
+        return not self.gpu_letterbox and tuple(frame_hw) != tuple(hw)
+
+    def preprocess_host(self, frame: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        """An HxWx3 uint8 frame (RGB or BGR: OpenCV resizes each channel alike) letterboxed to the network
+        input ``hw`` (``input_hw``'s), uint8: Ultralytics' ``LetterBox``, as its predictor's ``pre_transform``."""
+        boxed = self.letterbox_for(frame.shape[:2], hw)(image=frame)
         if boxed.shape[:2] != tuple(hw):
-            raise ValueError(f"a {rgb.shape[0]}x{rgb.shape[1]} frame letterboxes to {boxed.shape[0]}x{boxed.shape[1]}, "
-                             f"not {hw[0]}x{hw[1]}")
-        return np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0
+            raise ValueError(f"a {frame.shape[0]}x{frame.shape[1]} frame letterboxes to {boxed.shape[0]}x"
+                             f"{boxed.shape[1]}, not {hw[0]}x{hw[1]}")
+        return boxed
+
+    def preprocess_cpu(self, rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        return to_input(self.preprocess_host(rgb, hw))
 
     def preprocess_gpu(self, chw, hw: tuple[int, int]):
-        """``chw``: 3xHxW float32 RGB in 0..255 on the GPU -> 3xhxw letterboxed in 0..1 (the frame's rectangle
-        where ``hw`` is one, as on the CPU)."""
+        """``chw``: 3xHxW float32 RGB in 0..255 on the device -> 3xhxw letterboxed in 0..1. A frame already at
+        ``hw`` (letterboxed on the host, the default) is only divided, as Ultralytics' predictor does on the
+        device (``div(255)``); else (``gpu_letterbox``) resized here: torch bilinear, not OpenCV's pixels."""
         import torch
         import torch.nn.functional as F
 
+        if tuple(chw.shape[1:]) == tuple(hw):
+            return chw.div(255)
         rect = tuple(hw) != tuple(self.hw)
         (uh, uw), top, bottom, left, right = letterbox_geometry(tuple(chw.shape[1:]), self.hw if rect else tuple(hw),
                                                                 auto=rect, stride=self.stride)
@@ -134,7 +177,7 @@ class YoloProcessor(ImageProcessor):
             x = F.interpolate(x, size=(uh, uw), mode="bilinear", align_corners=False)
         out = torch.full((1, 3, hw[0], hw[1]), 114.0, dtype=x.dtype, device=x.device)
         out[:, :, top:top + uh, left:left + uw] = x
-        return out[0].mul_(1.0 / 255.0)
+        return out[0].div_(255)
 
     def nms(self, pred, *, nc: int = 0, rotated: bool = False) -> list:
         """``ultralytics.utils.nms.non_max_suppression`` as Ultralytics' predictors call it, with no time limit:
@@ -270,12 +313,30 @@ class ClassifyProcessor(TopClasses, ImageProcessor):
         return normalize(x)
 
 
-class RtdetrProcessor(YoloProcessor):
+class HostStretch:
+    """Mixed in before ``ImageProcessor``: frames stretched to the network's size with Ultralytics'
+    ``LetterBox(scale_fill=True)`` (OpenCV on uint8) on the host, as its RT-DETR and depth predictors; on a GPU
+    only the exact steps follow there. ``gpu_letterbox``: resized on the device instead (torch bilinear)."""
+
+    def host_step(self, frame_hw: tuple[int, int], hw: tuple[int, int]) -> bool:
+        return not getattr(self, "gpu_letterbox", False) and tuple(frame_hw) != tuple(hw)
+
+    def preprocess_host(self, frame: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        return stretch(hw)(image=frame)
+
+    def preprocess_cpu(self, rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        return to_input(self.preprocess_host(rgb, hw))
+
+    def preprocess_gpu(self, chw, hw: tuple[int, int]):
+        if tuple(chw.shape[1:]) == tuple(hw):  # stretched on the host: only divided, as Ultralytics' predictor
+            return chw.div(255)
+        return ImageProcessor.preprocess_gpu(self, chw, hw)
+
+
+class RtdetrProcessor(HostStretch, YoloProcessor):
     """RT-DETR's kept rows (no NMS: the decoder's top-k), boxes in the original image's pixels; the image
     stretched to the network's size (Ultralytics' ``scale_fill``), no letterbox."""
 
-    preprocess_gpu = ImageProcessor.preprocess_gpu
-    preprocess_cpu = ImageProcessor.preprocess_cpu
     rect = False  # stretched to the network's size, as RTDETRPredictor (scale_fill): no rectangle
 
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Detections]:
@@ -314,5 +375,9 @@ class SemanticProcessor(YoloProcessor):
         return results
 
 
-class YoloDepthProcessor(DepthMaps, ImageProcessor):
+class YoloDepthProcessor(HostStretch, DepthMaps, ImageProcessor):
     """The depth map at the original resolution (the image stretched to the network's size, as Ultralytics)."""
+
+    def __init__(self, adapter, metadata: dict, info, *, input_size=None, gpu_letterbox: bool = False, **_):
+        super().__init__(adapter, metadata, info, input_size=input_size)
+        self.gpu_letterbox = bool(gpu_letterbox)

@@ -47,6 +47,7 @@ from enginekit.families.ultralytics.base import (
     coco_names,
     ultralytics_model_dir,
 )
+from enginekit.families.ultralytics.informative import INFORMATIVE_TAG, make_informative
 from enginekit.families.ultralytics.runtime import (
     ClassifyProcessor,
     ObbProcessor,
@@ -111,10 +112,15 @@ class YoloFamily(UltralyticsAdapter):
     """A YOLO family: ``<detector name><suffix>`` (suffix "" for detectors)."""
 
     suffix = ""
+    random_init_tag = INFORMATIVE_TAG
 
     @classmethod
     def matches(cls, name: str) -> bool:
         return yolo_yaml(name, cls.suffix) is not None
+
+    def _random_init(self, model, seed: int):
+        """Seeded weights whose outputs depend on the image (``informative.make_informative``)."""
+        return make_informative(model, seed, self.preprocess, tuple(self.default_input[2:]))
 
     @classmethod
     def near_miss(cls, name: str) -> str | None:
@@ -229,10 +235,9 @@ class _YoloInstances(InstanceEvaluation, YoloFamily):
 
     def preprocess_rect(self, image_rgb, hw):
         """Ultralytics' ``LetterBox(auto=True)`` at network size ``hw``, as its ``.pt`` predictor."""
-        from enginekit.families.ultralytics.runtime import letterbox
+        from enginekit.families.ultralytics.runtime import letterbox, to_input
 
-        boxed = letterbox(hw, auto=True, stride=self.rect_stride)(image=image_rgb)
-        return (np.ascontiguousarray(boxed.transpose(2, 0, 1), dtype=np.float32) / 255.0)[None]
+        return to_input(letterbox(hw, auto=True, stride=self.rect_stride)(image=image_rgb))[None]
 
     @property
     def dynamic_axes(self) -> dict[str, dict[int, str]]:

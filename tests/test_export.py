@@ -38,7 +38,7 @@ def test_yolo_export_passes_parity_and_serves_batch_1_and_4(yolo_export):
     assert input_dims(model)["images"] == ["batch", 3, "height", "width"]  # any H x W: the runtime letterboxes to a rectangle
     meta = get_metadata(model)
     assert meta["model"] == "yolo12n" and meta["stride"] == "32" and "79:" in meta["names"]
-    assert meta["weights"] == "random:yolo12n.yaml+informative2@0"
+    assert meta["weights"] == "random:yolo12n.yaml+informative3@0"
 
     adapter = resolve("yolo12n")
     loaded = adapter.load(None, random_init=True, seed=0)

@@ -31,7 +31,7 @@ def test_rtdetr_is_registered_listed_and_keyed_by_its_init(run_cli):
     assert any(f["family"] == "rtdetr" and "rtdetr-l" in f["variants"] for f in listed)
     # the init is part of the weights identity (every cache key), YOLO's informative init too
     assert ModelRequest("rtdetr-l", random_init=True, seed=3).weights_identity == "random:rtdetr-l+separated1@3"
-    assert ModelRequest("yolo12n", random_init=True).weights_identity == "random:yolo12n+informative2@0"
+    assert ModelRequest("yolo12n", random_init=True).weights_identity == "random:yolo12n+informative3@0"
 
 
 def test_rtdetr_nms_is_one_line_error(run_cli):

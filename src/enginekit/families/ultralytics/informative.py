@@ -47,8 +47,12 @@ import re
 
 import numpy as np
 
-#: the tag in the weights identity (``random:yolo12n+informative2@0``): change it with anything below
-INFORMATIVE_VERSION = 2
+#: the tag in the weights identity (``random:yolo12n+informative3@0``): change it with anything below
+#: 3: the statistics pass runs in float64 on one thread. In float32 the weights depended on the thread
+#: count (a channel left with almost no spread after centring is scaled up by its BatchNorm, rounding noise
+#: and all): 1 and 2 threads gave biases apart by rel L2 1.6, so an export made in one process failed parity
+#: against the reference made in another (boxes rel L2 0.007-0.018)
+INFORMATIVE_VERSION = 3
 INFORMATIVE_TAG = f"informative{INFORMATIVE_VERSION}"
 #: 2, not 4: at a shift of 4 every activation carries a constant part four times its spread, and FP16's
 #: rounding of it (relative to what varies) made an FP16 graph's scores differ by max abs 0.022 on photographs
@@ -82,7 +86,19 @@ def output_projections(head) -> list[tuple[str, object]]:
 
 def make_informative(model, seed: int, preprocess, size: tuple[int, int]):
     """The seeded Ultralytics model ``model`` made to depend on its input (see the module's notes).
-    ``preprocess(image_rgb, hw)``: the family's, at ``size``. Deterministic for a seed."""
+    ``preprocess(image_rgb, hw)``: the family's, at ``size``. Deterministic for a seed: computed in float64 on
+    one thread (the same weights whatever the process's thread count), returned in float32."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _make_informative(model.double(), seed, preprocess, size).float()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _make_informative(model, seed: int, preprocess, size: tuple[int, int]):
     import torch
     from ultralytics.utils import ASSETS
 
@@ -90,7 +106,7 @@ def make_informative(model, seed: int, preprocess, size: tuple[int, int]):
 
     head = model.model[-1]
     photos = [read_rgb(ASSETS / name) for name in PHOTOGRAPHS]
-    x = torch.from_numpy(np.concatenate([preprocess(p, size) for p in photos if p is not None]))
+    x = torch.from_numpy(np.concatenate([preprocess(p, size) for p in photos if p is not None])).double()
     gen = torch.Generator().manual_seed(seed)
     model.eval()
 

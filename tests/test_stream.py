@@ -40,33 +40,39 @@ class _Processor:
 class FakePredictor:
     """A predictor on the CPU whose stages sleep; a frame's result is its top-left pixel value."""
 
-    def __init__(self, model, *, infer=0.005, pre=0.001, post=0.001, family="fake", fail_at=None):
+    def __init__(self, model, *, infer=0.005, pre=0.001, post=0.001, family="fake", fail_at=None, fail_in="infer"):
         from enginekit.backends.base import SessionInfo
         from enginekit.runtime.predictor import Predictor
 
         self.model, self.family = model, family
         self.info = SessionInfo("fake", "cpu", "x", ("y",), (None, 3, 8, 8), np.float32, None)
         self.processor = _Processor()
-        self.pre, self.inf, self.post, self.fail_at = pre, infer, post, fail_at
+        self.pre, self.inf, self.post, self.fail_at, self.fail_in = pre, infer, post, fail_at, fail_in
         self.calls: list[list[int]] = []  # the frames of each inference call, by value
         self.lock = threading.Lock()
         self.chunks = Predictor.chunks.__get__(self)
         self.run_chunk = Predictor.run_chunk.__get__(self)
 
+    def _maybe_fail(self, stage, values):
+        if self.fail_in == stage and self.fail_at is not None and self.fail_at in values:
+            raise RuntimeError(f"{self.model} broke on frame {self.fail_at} in {stage}")
+
     def preprocess_cpu(self, frames, hw, rgb=False):
         time.sleep(self.pre)
-        return np.array([int(f[0, 0, 0]) for f in frames])
+        x = np.array([int(f[0, 0, 0]) for f in frames])
+        self._maybe_fail("pre", x.tolist())
+        return x
 
     def infer_cpu(self, x):
         time.sleep(self.inf)
-        if self.fail_at is not None and self.fail_at in x.tolist():
-            raise RuntimeError(f"{self.model} broke on frame {self.fail_at}")
+        self._maybe_fail("infer", x.tolist())
         with self.lock:
             self.calls.append(x.tolist())
         return {"y": x.copy()}
 
     def postprocess(self, outputs, shapes, hw):
         time.sleep(self.post)
+        self._maybe_fail("post", outputs["y"].tolist())
         return [_Result(int(v)) for v in outputs["y"]]
 
 
@@ -157,15 +163,18 @@ def test_garbage_collector_is_held_while_the_stream_runs():
     assert gc.get_freeze_count() == before and stream.stats().gc["held"]
 
 
-def test_a_failing_model_stops_the_stream_with_its_error():
-    ok, broken = FakePredictor("ok"), FakePredictor("broken", fail_at=5)
+@pytest.mark.parametrize("stage", ["pre", "infer", "post"])
+def test_a_failing_model_stops_the_stream_with_its_error(stage):
+    # the other model is slower: when the failure comes, the steps before it are still in flight, and are given
+    ok, broken = FakePredictor("ok", infer=0.03), FakePredictor("broken", fail_at=5, fail_in=stage)
     stream = Stream([ok, broken], [frames(40)], StreamOptions(warmup=0))
     got = []
-    with pytest.raises(RuntimeError, match="broke on frame 5"):
+    with pytest.raises(RuntimeError, match=f"broke on frame 5 in {stage}"):
         for step in stream:
             got.append(step.index)
-    assert got == list(range(5))
-    assert not any(t.is_alive() for t in stream._threads)
+            assert values(step, "ok") == values(step, "broken") == [step.index]
+    assert got == list(range(5))  # every step before the failing one, none after
+    assert not any(t.is_alive() for t in stream._threads + [t for w in stream._workers for t in w.threads])
 
 
 def test_options_and_every_are_checked():

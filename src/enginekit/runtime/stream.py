@@ -183,8 +183,24 @@ class DropQueue:
 
 
 class _Failure:
-    def __init__(self, error: BaseException):
-        self.error = error
+    def __init__(self, error: BaseException, step: int | None = None):
+        self.error, self.step = error, step  # step: the step a model failed on (None: not a model's step)
+
+
+class _StepFailed(Exception):
+    """A model's stage failed on a step: the steps before it still finish, then the stream stops."""
+
+    def __init__(self, step: int, error: BaseException):
+        super().__init__(step, error)
+        self.step, self.error = step, error
+
+
+@contextlib.contextmanager
+def _on_step(step: "StepResult"):
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - carried to the caller's thread with its step
+        raise _StepFailed(step.index, exc) from exc
 
 
 _END = object()
@@ -237,6 +253,8 @@ class _Worker:
         def run():
             try:
                 fn(*args)
+            except _StepFailed as failed:
+                self.fail(failed.error, failed.step)
             except BaseException as exc:  # noqa: BLE001 - carried to the caller's thread
                 self.fail(exc)
 
@@ -279,12 +297,12 @@ class _Worker:
             images = [f.image for f in step.frames]
             times = ModelTimes()
             batches = []
-            chunks = p.chunks(images, o.batch)
-            for hw, idx in chunks:
-                t0 = time.perf_counter()
-                x = p.preprocess_cpu([images[i] for i in idx], hw, o.rgb)
-                times.preprocess += (time.perf_counter() - t0) * 1e3
-                batches.append((hw, idx, x))
+            with _on_step(step):
+                for hw, idx in p.chunks(images, o.batch):
+                    t0 = time.perf_counter()
+                    x = p.preprocess_cpu([images[i] for i in idx], hw, o.rgb)
+                    times.preprocess += (time.perf_counter() - t0) * 1e3
+                    batches.append((hw, idx, x))
             if not _put(out, (step, times, batches), self.stop):
                 return
 
@@ -298,12 +316,13 @@ class _Worker:
                 return
             step, times, batches = item
             inferred = []
-            for hw, idx, x in batches:
-                with self.turn:
-                    t0 = time.perf_counter()
-                    outputs = p.infer_cpu(x)
-                    times.infer += (time.perf_counter() - t0) * 1e3
-                inferred.append((hw, idx, outputs))
+            with _on_step(step):
+                for hw, idx, x in batches:
+                    with self.turn:
+                        t0 = time.perf_counter()
+                        outputs = p.infer_cpu(x)
+                        times.infer += (time.perf_counter() - t0) * 1e3
+                    inferred.append((hw, idx, outputs))
             if not _put(out, (step, times, inferred), self.stop):
                 return
 
@@ -316,12 +335,13 @@ class _Worker:
                 return
             step, times, inferred = item
             results: list = [None] * len(step.frames)
-            for hw, idx, outputs in inferred:
-                t0 = time.perf_counter()
-                out = p.postprocess(outputs, [tuple(step.frames[i].image.shape[:2]) for i in idx], hw)
-                times.postprocess += (time.perf_counter() - t0) * 1e3
-                for i, r in zip(idx, out):
-                    results[i] = r
+            with _on_step(step):
+                for hw, idx, outputs in inferred:
+                    t0 = time.perf_counter()
+                    out = p.postprocess(outputs, [tuple(step.frames[i].image.shape[:2]) for i in idx], hw)
+                    times.postprocess += (time.perf_counter() - t0) * 1e3
+                    for i, r in zip(idx, out):
+                        results[i] = r
             self._answer(step, results, times)
 
     def _answer(self, step: StepResult, results: list, times: ModelTimes) -> None:
@@ -350,15 +370,25 @@ class _Worker:
                     self._gpu_finish(*pending.popleft())
                 return
             images = [f.image for f in step.frames]
-            chunks = p.chunks(images, o.batch)
             times = ModelTimes()
-            submitted = [(idx, p.submit_gpu([images[i] for i in idx], hw, o.rgb, keep_outputs=True))
-                         for hw, idx in chunks]
+            try:
+                with _on_step(step):
+                    submitted = [(idx, p.submit_gpu([images[i] for i in idx], hw, o.rgb, keep_outputs=True))
+                                 for hw, idx in p.chunks(images, o.batch)]
+            except _StepFailed:
+                while pending:  # the steps before the failing one still finish
+                    self._gpu_finish(*pending.popleft())
+                raise
             pending.append((step, times, submitted))
             if len(pending) > 1:
                 self._gpu_finish(*pending.popleft())
 
     def _gpu_finish(self, step: StepResult, times: ModelTimes, submitted) -> None:
+        with _on_step(step):
+            results = self._gpu_results(step, times, submitted)
+        self._answer(step, results, times)
+
+    def _gpu_results(self, step: StepResult, times: ModelTimes, submitted) -> list:
         results: list = [None] * len(step.frames)
         for idx, batch in submitted:
             out = self.predictor.finish_gpu(batch)
@@ -368,10 +398,13 @@ class _Worker:
             times.postprocess += t.postprocess
             for i, r in zip(idx, out):
                 results[i] = r
-        self._answer(step, results, times)
+        return results
 
 
 _STOP_WORKER = object()
+
+#: after a model fails on a step, how long the stream waits for a step before it that makes no progress
+FAILURE_GRACE_S = 10.0
 
 
 class Stream:
@@ -396,7 +429,8 @@ class Stream:
         if len(set(self.models)) != len(self.models):
             raise UsageError(f"a model is given twice: {', '.join(self.models)}")
         self.every = self._cadence(names or self.models)
-        self.stop = threading.Event()
+        self.stop = threading.Event()  # every thread ends
+        self.halt = threading.Event()  # no new frame is read, no new step dispatched (a model failed on one)
         self.queues = [DropQueue(self.options.queue, self.options.drop) for _ in self.sources]
         self.done: queue.Queue = queue.Queue()  # what the workers answer, and failures
         self.slots = threading.Semaphore(self.options.in_flight)
@@ -435,9 +469,14 @@ class Stream:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _fail(self, exc: BaseException) -> None:
-        self.done.put(_Failure(exc))
-        self.stop.set()
+    def _fail(self, exc: BaseException, step: int | None = None) -> None:
+        """A thread failed. A model failing on a step halts the stream (no new frame, no new step) and the
+        steps before it still finish and are given; any other failure stops everything at once."""
+        self.done.put(_Failure(exc, step))
+        (self.halt if step is not None else self.stop).set()
+
+    def _halted(self) -> bool:
+        return self.stop.is_set() or self.halt.is_set()
 
     def _start(self) -> None:
         self._started = True
@@ -482,7 +521,7 @@ class Stream:
         index = 0
         first = time.perf_counter()
         try:
-            while not self.stop.is_set():
+            while not self._halted():
                 if pace:  # the frame arrives when a camera at this rate would give it
                     delay = first + index / pace - time.perf_counter()
                     if delay > 0:
@@ -502,9 +541,9 @@ class Stream:
         k = self.options.frames_per_step
         index = 0
         try:
-            while not self.stop.is_set():
+            while not self._halted():
                 while not self.slots.acquire(timeout=0.1):
-                    if self.stop.is_set():
+                    if self._halted():
                         return
                 frames: list[Frame] = []
                 for q in self.queues:
@@ -572,8 +611,11 @@ class Stream:
         self._start()
         expected = 0
         ended = False
+        failed: _Failure | None = None  # a model failed on a step: the steps before it are still given
         try:
             while True:
+                if failed is not None and expected >= failed.step:
+                    raise failed.error
                 with self._lock:
                     ready = expected in self._due and not self._due[expected]
                     step = self._pending.pop(expected, None) if ready else None
@@ -589,10 +631,18 @@ class Stream:
                     yield step
                     continue
                 if ended and expected >= self._dispatched:
+                    if failed is not None:
+                        raise failed.error
                     break
-                item = self.done.get()
+                try:  # after a failure, a step before it that never finishes (its model died) ends the wait
+                    item = self.done.get(timeout=FAILURE_GRACE_S if failed is not None else None)
+                except queue.Empty:
+                    raise failed.error from None
                 if isinstance(item, _Failure):
-                    raise item.error
+                    if item.step is None:
+                        raise item.error
+                    if failed is None or item.step < failed.step:
+                        failed = item
                 if item is _END:
                     ended = True
         finally:

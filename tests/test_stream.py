@@ -163,6 +163,22 @@ def test_garbage_collector_is_held_while_the_stream_runs():
     assert gc.get_freeze_count() == before and stream.stats().gc["held"]
 
 
+def test_collections_during_warm_up_are_not_counted_as_the_streams_pauses():
+    class Collecting(FakePredictor):
+        def preprocess_cpu(self, frames, hw, rgb=False):
+            gc.collect()  # a full collection in every call: warm-up runs and timed steps alike
+            return super().preprocess_cpu(frames, hw, rgb)
+
+    stream = Stream([Collecting("m")], [frames(2)], StreamOptions(warmup=3, hold_gc=False))
+    gc.disable()  # only the explicit collections: an automatic one could take over 1 ms on a loaded machine
+    try:
+        list(stream)
+    finally:
+        gc.enable()
+    assert stream.warmups == 1
+    assert stream.stats().gc["pauses"] == 2  # the two timed steps' collections; the three warm-up runs' are not
+
+
 @pytest.mark.parametrize("stage", ["pre", "infer", "post"])
 def test_a_failing_model_stops_the_stream_with_its_error(stage):
     # the other model is slower: when the failure comes, the steps before it are still in flight, and are given

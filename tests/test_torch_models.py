@@ -132,6 +132,27 @@ def test_load_gives_a_class_map_at_the_frames_size(user_onnx):
     assert bands == [2, 1, 0]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["onnxruntime-cuda", "torch"])
+def test_a_declared_model_on_a_gpu_gives_the_cpu_class_map(user_file, cache, backend):
+    """On a GPU the declared preprocessing runs on the device: the class map of a non-square frame (and of a
+    batch of two sizes) is the CPU's, pixel for pixel but for a few on band edges."""
+    import torch
+
+    import enginekit
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    cpu = enginekit.load(f"{user_file}:make", backend="onnxruntime-cpu", cache=cache, quiet=True, **DECLARED)
+    gpu = enginekit.load(f"{user_file}:make", backend=backend, device="cuda", cache=cache, quiet=True, **DECLARED)
+    assert gpu.info.on_gpu, gpu.reason
+    frames = [stripes(), stripes(48, 200), stripes(120, 90)]
+    for want, got in zip(cpu(frames), gpu(frames)):
+        assert got.class_map.shape == want.class_map.shape
+        assert (got.class_map == want.class_map).mean() >= 0.99
+        assert len(np.unique(want.class_map)) == 3  # the frame holds all three classes: the maps compare
+
+
 def test_load_of_the_factory_by_name_with_its_declaration(user_file, cache):
     import enginekit
 

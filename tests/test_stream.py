@@ -193,6 +193,35 @@ def test_a_failing_model_stops_the_stream_with_its_error(stage):
     assert not any(t.is_alive() for t in stream._threads + [t for w in stream._workers for t in w.threads])
 
 
+class FakeGpuPredictor(FakePredictor):
+    """The stream's GPU path (one thread: step N+1 submitted before step N is finished), run on the CPU."""
+
+    def __init__(self, model, **kw):
+        super().__init__(model, **kw)
+        from enginekit.backends.base import SessionInfo
+
+        self.info = SessionInfo("fake", "cuda:0", "x", ("y",), (None, 3, 8, 8), np.float32, None)
+
+    def submit_gpu(self, frames, hw, rgb=False, *, keep_outputs=False):
+        return self.infer_cpu(self.preprocess_cpu(frames, hw, rgb))
+
+    def finish_gpu(self, outputs):
+        return self.postprocess(outputs, None, None)
+
+
+@pytest.mark.parametrize("stage", ["infer", "post"])
+def test_a_model_failing_on_the_gpu_path_gives_the_steps_before_it(stage):
+    ok, broken = FakeGpuPredictor("ok", infer=0.03), FakeGpuPredictor("broken", fail_at=5, fail_in=stage)
+    stream = Stream([ok, broken], [frames(40)], StreamOptions(warmup=0))
+    got = []
+    with pytest.raises(RuntimeError, match=f"broke on frame 5 in {stage}"):
+        for step in stream:
+            got.append(step.index)
+            assert values(step, "ok") == values(step, "broken") == [step.index]
+    assert got == list(range(5))
+    assert not any(t.is_alive() for t in stream._threads + [t for w in stream._workers for t in w.threads])
+
+
 def test_options_and_every_are_checked():
     assert parse_every(["depth=3", "yolo=1,seg=2"]) == {"depth": 3, "yolo": 1, "seg": 2}
     for bad in (["depth"], ["depth=0"], ["=2"], ["depth=x"]):

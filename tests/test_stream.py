@@ -179,20 +179,6 @@ def test_collections_during_warm_up_are_not_counted_as_the_streams_pauses():
     assert stream.stats().gc["pauses"] == 2  # the two timed steps' collections; the three warm-up runs' are not
 
 
-@pytest.mark.parametrize("stage", ["pre", "infer", "post"])
-def test_a_failing_model_stops_the_stream_with_its_error(stage):
-    # the other model is slower: when the failure comes, the steps before it are still in flight, and are given
-    ok, broken = FakePredictor("ok", infer=0.03), FakePredictor("broken", fail_at=5, fail_in=stage)
-    stream = Stream([ok, broken], [frames(40)], StreamOptions(warmup=0))
-    got = []
-    with pytest.raises(RuntimeError, match=f"broke on frame 5 in {stage}"):
-        for step in stream:
-            got.append(step.index)
-            assert values(step, "ok") == values(step, "broken") == [step.index]
-    assert got == list(range(5))  # every step before the failing one, none after
-    assert not any(t.is_alive() for t in stream._threads + [t for w in stream._workers for t in w.threads])
-
-
 class FakeGpuPredictor(FakePredictor):
     """The stream's GPU path (one thread: step N+1 submitted before step N is finished), run on the CPU."""
 
@@ -233,16 +219,21 @@ def test_a_gpu_model_warms_up_on_its_own_thread_with_the_runs_its_backend_needs(
     assert stream.warmups == 1  # the model that needs them; the other ran no warm-up (--warmup 0)
 
 
-@pytest.mark.parametrize("stage", ["infer", "post"])
-def test_a_model_failing_on_the_gpu_path_gives_the_steps_before_it(stage):
-    ok, broken = FakeGpuPredictor("ok", infer=0.03), FakeGpuPredictor("broken", fail_at=5, fail_in=stage)
+@pytest.mark.parametrize("path, stage", [("cpu", "pre"), ("cpu", "infer"), ("cpu", "post"), ("gpu", "infer"),
+                                         ("gpu", "post")])
+def test_a_failing_model_stops_the_stream_with_its_error(path, stage):
+    """The steps before the failing one are given, then its error. The other model is slower: when the failure
+    comes those steps are still in flight. ``gpu``: the one-thread GPU path (step N+1 submitted before step N
+    is finished), run on the CPU."""
+    kind = FakePredictor if path == "cpu" else FakeGpuPredictor
+    ok, broken = kind("ok", infer=0.03), kind("broken", fail_at=5, fail_in=stage)
     stream = Stream([ok, broken], [frames(40)], StreamOptions(warmup=0))
     got = []
     with pytest.raises(RuntimeError, match=f"broke on frame 5 in {stage}"):
         for step in stream:
             got.append(step.index)
             assert values(step, "ok") == values(step, "broken") == [step.index]
-    assert got == list(range(5))
+    assert got == list(range(5))  # every step before the failing one, none after
     assert not any(t.is_alive() for t in stream._threads + [t for w in stream._workers for t in w.threads])
 
 

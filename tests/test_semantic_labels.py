@@ -253,3 +253,17 @@ def test_classify_folders_map_to_the_models_class_names(tmp_path):
     with pytest.raises(UsageError, match="matched by name"):
         read_classify_split(load_dataset(_folders(tmp_path / "odd", order=("a", "b", "c"))), "val", imagenet, None,
                             model="resnet18")
+
+
+def test_scores_are_cached_by_the_masks_content(graphs, tmp_path, cache):
+    scenes = _scenes(2)
+    data = _mask_split(tmp_path / "cached", scenes)
+    _, first = _verify(graphs["fp32"], data, cache, tmp_path)
+    _, again = _verify(graphs["fp32"], data, cache, tmp_path)
+    assert again.ground_truth["reference"] == first.ground_truth["reference"]
+    mask = tmp_path / "cached/masks/val/0.png"
+    values = cv2.imread(str(mask), cv2.IMREAD_UNCHANGED)
+    values[:, : W // 2] = 2  # half the first image now says blue: same images, other labels
+    cv2.imwrite(str(mask), values)
+    _, changed = _verify(graphs["fp32"], data, cache, tmp_path)
+    assert changed.ground_truth["reference"]["miou"] < first.ground_truth["reference"]["miou"] - 0.1

@@ -267,3 +267,22 @@ def test_scores_are_cached_by_the_masks_content(graphs, tmp_path, cache):
     cv2.imwrite(str(mask), values)
     _, changed = _verify(graphs["fp32"], data, cache, tmp_path)
     assert changed.ground_truth["reference"]["miou"] < first.ground_truth["reference"]["miou"] - 0.1
+
+
+def test_a_torchvision_model_maps_dataset_classes_by_name_or_refuses(tmp_path, run_cli, cache):
+    """torchvision's segmentation models name VOC's 21 classes: a dataset's classes are found among them by
+    name, pixels under no polygon are its __background__; a dataset naming none of them is refused."""
+    from enginekit import api
+
+    graph = api.export("torchvision:lraspp_mobilenet_v3_large", random_init=True, declared={"size": f"{H}x{W}"},
+                       output=tmp_path / "lraspp.onnx", cache=cache, quiet=True).output
+    scenes = _scenes(2)
+    named = _polygon_split(tmp_path / "voc", scenes, names=("Potted Plant", "unicorn"))
+    outcome, art = _verify(graph, named, cache, tmp_path)
+    notes = outcome.reports[0].ground_truth["notes"]
+    assert any("unicorn" in n and "ignored" in n for n in notes), notes
+    # pottedplant (16) where the green polygon is, __background__ (0) around: the blue polygon's pixels ignored
+    assert art.ground_truth["reference"]["pixels"] < 2 * H * W and "miou" in art.ground_truth
+    other = _polygon_split(tmp_path / "none", scenes, names=("unicorn", "dragon"))
+    r = run_cli("verify", str(graph), "--data", str(other), "--image-count", "1")
+    assert_one_line_error(r, 2, "no class of data.yaml", "matched by name")

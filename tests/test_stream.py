@@ -163,6 +163,22 @@ def test_garbage_collector_is_held_while_the_stream_runs():
     assert gc.get_freeze_count() == before and stream.stats().gc["held"]
 
 
+def test_collections_during_warm_up_are_not_counted_as_the_streams_pauses():
+    class Collecting(FakePredictor):
+        def preprocess_cpu(self, frames, hw, rgb=False):
+            gc.collect()  # a full collection in every call: warm-up runs and timed steps alike
+            return super().preprocess_cpu(frames, hw, rgb)
+
+    stream = Stream([Collecting("m")], [frames(2)], StreamOptions(warmup=3, hold_gc=False))
+    gc.disable()  # only the explicit collections: an automatic one could take over 1 ms on a loaded machine
+    try:
+        list(stream)
+    finally:
+        gc.enable()
+    assert stream.warmups == 1
+    assert stream.stats().gc["pauses"] == 2  # the two timed steps' collections; the three warm-up runs' are not
+
+
 @pytest.mark.parametrize("stage", ["pre", "infer", "post"])
 def test_a_failing_model_stops_the_stream_with_its_error(stage):
     # the other model is slower: when the failure comes, the steps before it are still in flight, and are given
@@ -174,6 +190,35 @@ def test_a_failing_model_stops_the_stream_with_its_error(stage):
             got.append(step.index)
             assert values(step, "ok") == values(step, "broken") == [step.index]
     assert got == list(range(5))  # every step before the failing one, none after
+    assert not any(t.is_alive() for t in stream._threads + [t for w in stream._workers for t in w.threads])
+
+
+class FakeGpuPredictor(FakePredictor):
+    """The stream's GPU path (one thread: step N+1 submitted before step N is finished), run on the CPU."""
+
+    def __init__(self, model, **kw):
+        super().__init__(model, **kw)
+        from enginekit.backends.base import SessionInfo
+
+        self.info = SessionInfo("fake", "cuda:0", "x", ("y",), (None, 3, 8, 8), np.float32, None)
+
+    def submit_gpu(self, frames, hw, rgb=False, *, keep_outputs=False):
+        return self.infer_cpu(self.preprocess_cpu(frames, hw, rgb))
+
+    def finish_gpu(self, outputs):
+        return self.postprocess(outputs, None, None)
+
+
+@pytest.mark.parametrize("stage", ["infer", "post"])
+def test_a_model_failing_on_the_gpu_path_gives_the_steps_before_it(stage):
+    ok, broken = FakeGpuPredictor("ok", infer=0.03), FakeGpuPredictor("broken", fail_at=5, fail_in=stage)
+    stream = Stream([ok, broken], [frames(40)], StreamOptions(warmup=0))
+    got = []
+    with pytest.raises(RuntimeError, match=f"broke on frame 5 in {stage}"):
+        for step in stream:
+            got.append(step.index)
+            assert values(step, "ok") == values(step, "broken") == [step.index]
+    assert got == list(range(5))
     assert not any(t.is_alive() for t in stream._threads + [t for w in stream._workers for t in w.threads])
 
 

@@ -132,6 +132,27 @@ def test_load_gives_a_class_map_at_the_frames_size(user_onnx):
     assert bands == [2, 1, 0]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["onnxruntime-cuda", "torch"])
+def test_a_declared_model_on_a_gpu_gives_the_cpu_class_map(user_file, cache, backend):
+    """On a GPU the declared preprocessing runs on the device: the class map of a non-square frame (and of a
+    batch of two sizes) is the CPU's, pixel for pixel but for a few on band edges."""
+    import torch
+
+    import enginekit
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    cpu = enginekit.load(f"{user_file}:make", backend="onnxruntime-cpu", cache=cache, quiet=True, **DECLARED)
+    gpu = enginekit.load(f"{user_file}:make", backend=backend, device="cuda", cache=cache, quiet=True, **DECLARED)
+    assert gpu.info.on_gpu, gpu.reason
+    frames = [stripes(), stripes(48, 200), stripes(120, 90)]
+    for want, got in zip(cpu(frames), gpu(frames)):
+        assert got.class_map.shape == want.class_map.shape
+        assert (got.class_map == want.class_map).mean() >= 0.99
+        assert len(np.unique(want.class_map)) == 3  # the frame holds all three classes: the maps compare
+
+
 def test_load_of_the_factory_by_name_with_its_declaration(user_file, cache):
     import enginekit
 
@@ -376,3 +397,35 @@ def test_random_init_resnet_keeps_fp16_rounding_small(monkeypatch):
     assert damped < 5e-3 and classes >= 2  # small, and the photographs still land on different classes
     undamped, _ = rounding_error(1.0)
     assert undamped > 4 * damped  # measured: 0.018 against 0.0019
+
+
+@pytest.mark.parametrize("resize", ["stretch", "letterbox", "crop"])
+@pytest.mark.parametrize("channels", ["rgb", "bgr"])
+def test_declared_device_preprocessing_matches_the_host_preprocessing(resize, channels):
+    """The GPU path's declared preprocessing (torch ops, run here on CPU tensors) == the host's (cv2), on a
+    non-square photograph: resize mode, channel order, mean/std; a wrong mode or order shows as a large gap."""
+    import cv2
+    import torch
+
+    from enginekit.backends import SessionInfo
+    from enginekit.families.torch_models.family import TorchModelAdapter
+    from enginekit.families.torch_models.runtime import DeclaredInput
+    from enginekit.images import embedded_image_paths
+
+    bus = next(p for p in embedded_image_paths() if p.name == "bus.jpg")
+    rgb = np.ascontiguousarray(cv2.imread(str(bus))[..., ::-1])  # 1080 x 810, portrait
+    declared = {"resize": resize, "channels": channels,
+                "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225), "size": (96, 160)}
+    adapter = TorchModelAdapter.create("torchvision:resnet18", declared)
+    hw = (96, 160)
+    info = SessionInfo("torch", "cpu", "images", ("out",), (None, 3, *hw))
+    processor = DeclaredInput(adapter, {}, info)
+    host = adapter.preprocess(rgb, hw)[0]
+    device = processor.preprocess_gpu(torch.from_numpy(rgb).permute(2, 0, 1).float(), hw).numpy()
+    assert host.shape == device.shape == (3, *hw)
+    gap = np.abs(host - device) * 0.229  # in 0..1 pixels
+    assert gap.mean() <= 1 / 255 and np.quantile(gap, 0.99) <= 4 / 255, (gap.mean() * 255, gap.max() * 255)
+    flipped = DeclaredInput(TorchModelAdapter.create(
+        "torchvision:resnet18", {**declared, "channels": "rgb" if channels == "bgr" else "bgr"}),
+        {}, info).preprocess_gpu(torch.from_numpy(rgb).permute(2, 0, 1).float(), hw).numpy()
+    assert np.abs(host - flipped).mean() * 0.229 > 8 / 255  # the comparison sees a channel order

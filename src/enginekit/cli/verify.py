@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
 
           enginekit verify
 
-          enginekit verify yolo12n --random-init --precision int8
+          enginekit verify yolo12n --random-init --precision fp16
 
           enginekit verify KEY --images data/val --report out/ --junit out/verify.xml
 

@@ -448,6 +448,7 @@ class Stream:
         self._lock = threading.Lock()
         self._gc_frozen = False
         self._gc_start = 0.0
+        self._warming = False
         self.started_at = self.ended_at = 0.0
 
     def _cadence(self, names: list[str]) -> dict[str, int]:
@@ -512,6 +513,8 @@ class Stream:
     def _gc_callback(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._gc_start = time.perf_counter()
+        elif self._warming:
+            return
         elif info.get("generation") == 2 or (time.perf_counter() - self._gc_start) > 1e-3:  # full, or long
             self.gc_pauses.append((time.perf_counter() - self._gc_start) * 1e3)
 
@@ -560,11 +563,13 @@ class Stream:
                 new = [w for w in self._workers if w.predictor.model in due and w.shape_key(step) not in w.seen]
                 if new:  # warm-ups run with nothing else in flight, before the step is timed
                     held = self._drain()
+                    self._warming = True  # collections while warming up are not the stream's pauses
                     try:
                         for w in new:
                             if w.warm(step):
                                 self.warmups += 1
                     finally:
+                        self._warming = False
                         for _ in range(held):
                             self.slots.release()
                 step.dispatched = step.done = time.perf_counter()

@@ -188,7 +188,7 @@ def test_class_mapping_by_name_by_index_and_its_refusals():
         class_mapping({0: "a", 1: "b"}, {}, 5)
 
 
-def test_bad_labels_are_one_line(graphs, splits, run_cli, tmp_path):
+def test_bad_labels_are_one_line(graphs, splits, run_cli, tmp_path, cache):
     scenes = _scenes(2)
     wrong = _mask_split(tmp_path / "wrong-size", scenes, size=(H // 2, W // 2))
     r = run_cli("verify", str(graphs["fp32"]), "--data", str(wrong), "--image-count", "1")
@@ -204,6 +204,15 @@ def test_bad_labels_are_one_line(graphs, splits, run_cli, tmp_path):
     (boxes / "labels/val/0.txt").unlink()  # images and no labels at all
     r = run_cli("verify", str(graphs["fp32"]), "--data", str(boxes / "data.yaml"), "--image-count", "1")
     assert_one_line_error(r, 2, "no usable labels")
+    from enginekit.errors import UsageError
+
+    loose = tmp_path / "loose"  # masks in a folder without a YAML: their values are the model's classes (3)
+    _mask_split(loose, scenes)
+    (loose / "data.yaml").unlink()
+    mask = loose / "masks/val/1.png"
+    cv2.imwrite(str(mask), np.where(cv2.imread(str(mask), cv2.IMREAD_UNCHANGED) == 2, 5, 0).astype(np.uint8))
+    with pytest.raises(UsageError, match="holds value 5, no class of the model"):
+        _verify(graphs["fp32"], loose, cache, tmp_path)
     five = _polygon_split(tmp_path / "five", scenes, names=("a", "b", "c", "d", "e"))
     r = run_cli("verify", str(graphs["fp32"]), "--data", str(five), "--image-count", "1")
     assert_one_line_error(r, 2, "named nowhere")

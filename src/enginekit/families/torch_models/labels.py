@@ -179,6 +179,11 @@ class SemanticSplit:
             if values.shape != tuple(image_hw):
                 raise UsageError(f"mask {sample.mask} is {values.shape[1]}x{values.shape[0]}, its image "
                                  f"{sample.path.name} {image_hw[1]}x{image_hw[0]}: a mask is at its image's size")
+            if not self.names:  # values are the model's classes: one it has not is refused, not ignored
+                strange = sorted(set(np.unique(values).tolist()) - set(mapping.table) - {MASK_IGNORE})
+                if strange:
+                    raise UsageError(f"mask {sample.mask} holds value {strange[0]}, no class of the model "
+                                     f"({channels} classes; values are class indices, 255 is ignored)")
             lut = mapping.lut(int(values.max()) + 1)
             out = lut[values]
             out[values == MASK_IGNORE] = IGNORE

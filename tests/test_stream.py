@@ -209,6 +209,30 @@ class FakeGpuPredictor(FakePredictor):
         return self.postprocess(outputs, None, None)
 
 
+def test_a_gpu_model_warms_up_on_its_own_thread_with_the_runs_its_backend_needs():
+    """ONNX Runtime's CUDA provider captures its graph on the third run of a shape on a thread and keeps it
+    there, in a mode any other thread's CUDA call spoils: the stream runs those runs (``capture_runs``) on the
+    model's own thread, before any timed step, even with --warmup 0."""
+
+    class Capturing(FakeGpuPredictor):
+        def __init__(self, model, **kw):
+            super().__init__(model, **kw)
+            self.session = type("Session", (), {"capture_runs": 3})()
+            self.threads_seen: list[tuple[str, int]] = []
+
+        def submit_gpu(self, frames, hw, rgb=False, *, keep_outputs=False):
+            self.threads_seen.append((threading.current_thread().name, int(frames[0][0, 0, 0])))
+            return super().submit_gpu(frames, hw, rgb, keep_outputs=keep_outputs)
+
+    model, other = Capturing("m"), FakeGpuPredictor("other")
+    stream = Stream([model, other], [frames(4)], StreamOptions(warmup=0))
+    assert [s.index for s in stream] == [0, 1, 2, 3]
+    names = {name for name, _ in model.threads_seen}
+    assert names == {"enginekit-m-_gpu_loop"}, names  # warm-up and timed runs alike: the model's own thread
+    assert [v for _, v in model.threads_seen] == [0, 0, 0, 0, 1, 2, 3]  # three untimed runs of the shape first
+    assert stream.warmups == 1  # the model that needs them; the other ran no warm-up (--warmup 0)
+
+
 @pytest.mark.parametrize("stage", ["infer", "post"])
 def test_a_model_failing_on_the_gpu_path_gives_the_steps_before_it(stage):
     ok, broken = FakeGpuPredictor("ok", infer=0.03), FakeGpuPredictor("broken", fail_at=5, fail_in=stage)

@@ -259,6 +259,13 @@ class Backend:
         """One batch -> the outputs by name (numpy in, numpy out; a CUDA tensor in, CUDA tensors out)."""
         raise NotImplementedError
 
+    @property
+    def capture_runs(self) -> int:
+        """Runs of each input shape, on the thread that will serve it, before a run may share the GPU with
+        other threads' work (a backend that captures a CUDA graph on a later run, in a mode that any other
+        thread's CUDA call spoils). 0: none needed."""
+        return 0
+
     def infer_feed(self, feed: Mapping[str, Any]) -> dict:
         """Polygraphy's shape of a runner: inputs by name -> numpy outputs by name (verify's candidates)."""
         import numpy as np

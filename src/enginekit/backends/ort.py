@@ -207,6 +207,15 @@ class OnnxRuntimeCuda(_OnnxRuntime):
         # ordering on our stream is enough: no device-wide sync at the end of each run
         self.run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
 
+    #: ONNX Runtime's CUDA provider captures a session's graph on the third run on a thread (two regular runs
+    #: first: ``min_num_runs_before_cuda_graph_capture_``) and keeps it in that thread's context; its capture
+    #: is cudaStreamCaptureModeGlobal, which any other thread's CUDA call meanwhile spoils
+    GRAPH_CAPTURE_RUNS = 3
+
+    @property
+    def capture_runs(self) -> int:
+        return self.GRAPH_CAPTURE_RUNS if self.cuda_graph else 0
+
     def _make_session(self, *, graph: bool):
         from enginekit.onnx.runtime import CPU, CUDA, session
 
@@ -242,7 +251,7 @@ class OnnxRuntimeCuda(_OnnxRuntime):
             outs = {n: torch.empty(tuple(v.shape()), dtype=_torch_dtype(v.data_type()), device=x.device)
                     for n, v in zip(self.info.output_names, values)}
             state = {"outs": outs}
-            if self.cuda_graph:  # fixed addresses: ORT captures its graph on the first run of this session
+            if self.cuda_graph:  # fixed addresses: ORT captures its graph on a later run (``capture_runs``)
                 try:
                     sess = self._make_session(graph=True)
                 except Exception:  # noqa: BLE001 - ORT refuses graph capture for control flow (an NMS Loop)

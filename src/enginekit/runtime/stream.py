@@ -267,15 +267,31 @@ class _Worker:
         return tuple((tuple(hw), tuple(tuple(images[i].shape) for i in idx))
                      for hw, idx in self.predictor.chunks(images, self.options.batch))
 
+    def warm_up(self, step: StepResult) -> bool:
+        """``warm`` on the thread that serves this model's steps (a GPU model's own: where a backend keeps what
+        its first runs capture); the stream calls it with nothing else in flight. True when it warmed up."""
+        if not self.predictor.info.on_gpu:
+            return self.warm(step)
+        request = _WarmUp(step)
+        if not _put(self.inbox, request, self.stop):
+            return False
+        while not request.done.wait(0.1):
+            if self.stop.is_set():
+                return False
+        if request.error is not None:
+            raise request.error
+        return request.warmed
+
     def warm(self, step: StepResult) -> bool:
-        """Untimed runs on ``step``'s input shapes when this model has not met them (the stream runs it with
-        nothing else in flight); True when it warmed up."""
+        """Untimed runs on ``step``'s input shapes when this model has not met them: ``--warmup`` of them, and
+        at least the runs its backend needs before it shares the GPU (``capture_runs``); True when it ran."""
         key = self.shape_key(step)
         if key in self.seen:
             return False
         images = [f.image for f in step.frames]
         p, gpu = self.predictor, self.predictor.info.on_gpu
-        for _ in range(self.options.warmup):
+        runs = max(self.options.warmup, getattr(getattr(p, "session", None), "capture_runs", 0) if gpu else 0)
+        for _ in range(runs):
             for hw, idx in p.chunks(images, self.options.batch):
                 chunk = [images[i] for i in idx]
                 if gpu:  # the path the timed steps take: outputs kept, postprocessing on its own stream
@@ -283,7 +299,7 @@ class _Worker:
                 else:
                     p.run_chunk(chunk, hw, self.options.rgb)
         self.seen.add(key)
-        return self.options.warmup > 0
+        return runs > 0
 
     # -- CPU: a thread per stage -------------------------------------------------------------------------
     def _cpu_pre(self, out: queue.Queue) -> None:
@@ -369,6 +385,16 @@ class _Worker:
                 while pending:
                     self._gpu_finish(*pending.popleft())
                 return
+            if isinstance(step, _WarmUp):  # on this thread, with nothing else in flight (the stream waits)
+                while pending:
+                    self._gpu_finish(*pending.popleft())
+                try:
+                    step.warmed = self.warm(step.step)
+                except Exception as exc:  # noqa: BLE001 - raised again on the thread that asked
+                    step.error = exc
+                finally:
+                    step.done.set()
+                continue
             images = [f.image for f in step.frames]
             times = ModelTimes()
             try:
@@ -402,6 +428,14 @@ class _Worker:
 
 
 _STOP_WORKER = object()
+
+
+class _WarmUp:
+    """A GPU worker's warm-up on a step's shapes, run on the worker's own thread; ``done`` once it ran."""
+
+    def __init__(self, step: "StepResult"):
+        self.step, self.done = step, threading.Event()
+        self.warmed, self.error = False, None
 
 #: after a model fails on a step, how long the stream waits for a step before it that makes no progress
 FAILURE_GRACE_S = 10.0
@@ -566,7 +600,7 @@ class Stream:
                     self._warming = True  # collections while warming up are not the stream's pauses
                     try:
                         for w in new:
-                            if w.warm(step):
+                            if w.warm_up(step):
                                 self.warmups += 1
                     finally:
                         self._warming = False

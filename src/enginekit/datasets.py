@@ -105,9 +105,7 @@ def dataset_images(dataset: Dataset, split: str) -> list[Path]:
     """Every image of ``split``, sorted: its image files, or those of its class folders (classify layout)."""
     if not dataset.classify_layout:
         return dataset.images(split)
-    from enginekit.images import list_images
-
-    paths = sorted(p for folder, _ in dataset.class_folders(split) for p in list_images(folder))
+    paths = sorted(p for p, _ in dataset.class_folders(split))  # (image, class index) pairs
     if not paths:
         raise UsageError(f"the {split} split of {dataset.source} has no images")
     return paths

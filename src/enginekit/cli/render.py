@@ -276,10 +276,11 @@ def ladder_table(outcome) -> None:
     info = next((r.ground_truth for r in outcome.reports if r.ground_truth), {})
     metric = rows[0]["metric"] if rows else "map50_95"
     title = (f"against the labels of {info.get('data', '?')} ({info.get('split', 'val')}: {info.get('images', '?')} "
-             f"images, {info.get('instances', '?')} instances, at {'x'.join(map(str, info.get('network_hw', [])))})")
+             f"images, {info.get('instances', '?')} {info.get('unit', 'instances')}, at {'x'.join(map(str, info.get('network_hw', [])))})")
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     latency = any(r.get("latency_ms") for r in rows)
-    for col in ("precision", "artifact", metric.replace("_", " ").replace("map50 95", "mAP50-95").replace("map", "mAP"),
+    label = {"miou": "mIoU"}.get(metric) or metric.replace("_", " ").replace("map50 95", "mAP50-95").replace("map", "mAP")
+    for col in ("precision", "artifact", label,
                 "drop", "gate", "size MB", *(["p50 ms (bench)"] if latency else [])):
         table.add_column(col, no_wrap=True)
     for r in rows:

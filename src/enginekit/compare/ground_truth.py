@@ -9,7 +9,8 @@ OKS, probiou), and the statistics go into the task's Ultralytics metrics class (
 ``process`` computes precision, recall, mAP50 and mAP50-95 (``ap_per_class``) exactly as ``val`` does.
 
 Keys: ``precision``, ``recall``, ``map50``, ``map50_95`` (boxes; obb: rotated boxes), ``mask_*`` (segment),
-``pose_*`` (pose), ``top1``/``top5`` (classify); ``images`` and ``instances`` counted.
+``pose_*`` (pose), ``top1``/``top5`` (classify); ``images`` and ``instances`` counted. Semantic class maps
+(``SemanticScores``): ``miou`` and ``pixel_accuracy`` of a confusion matrix over the labelled pixels.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ _NAMES = {"precision": "precision", "recall": "recall", "mAP50": "map50", "mAP50
 
 #: the metric a drop against the reference is gated on, per task
 HEADLINE = {"detect": "map50_95", "obb": "map50_95", "segment": "mask_map50_95", "pose": "pose_map50_95",
-            "classify": "top1"}
+            "classify": "top1", "semantic": "miou"}
 
 
 def _match(pred: Instances, truth: Instances, sim: np.ndarray) -> np.ndarray:
@@ -112,10 +113,50 @@ class ClassifyScores:
                 "instances": float(len(self.targets))}
 
 
+class SemanticScores:
+    """Class maps against labelled class maps: one confusion matrix over every labelled pixel of every image.
+
+    ``miou``: the mean IoU over the classes present in the labels or the predictions (a class the candidate
+    predicts where the labels have none counts, at IoU 0; a class in neither counts for nothing), as VOC's and
+    MMSegmentation's mIoU (Ultralytics' ``SemanticMetrics`` averages over the labels' classes only);
+    ``pixel_accuracy``: the share of labelled pixels predicted as labelled. Pixels labelled ``IGNORE`` (-1:
+    a mask's 255, classes the model has not) are not scored."""
+
+    def __init__(self):
+        self.matrix: np.ndarray | None = None
+        self.images = 0
+        self.pixels = 0
+
+    def add(self, truth: np.ndarray, pred: np.ndarray, classes: int) -> None:
+        """One image: its labelled class map and the candidate's, same H x W, in the model's ``classes``."""
+        if truth.shape != pred.shape:
+            raise ValueError(f"class maps of {truth.shape} and {pred.shape}")
+        n = max(int(classes), 2)
+        if self.matrix is None:
+            self.matrix = np.zeros((n, n), np.int64)
+        elif self.matrix.shape[0] != n:
+            raise ValueError(f"class maps of {n} classes after {self.matrix.shape[0]}")
+        valid = truth >= 0
+        t, p = truth[valid].astype(np.int64), pred[valid].astype(np.int64)
+        self.matrix += np.bincount(t * n + p, minlength=n * n).reshape(n, n)
+        self.images += 1
+        self.pixels += int(valid.sum())
+
+    def result(self) -> dict[str, float]:
+        m = self.matrix if self.matrix is not None else np.zeros((2, 2), np.int64)
+        inter = np.diag(m).astype(np.float64)
+        union = m.sum(0) + m.sum(1) - inter
+        present = union > 0
+        total = m.sum()
+        return {"miou": float((inter[present] / union[present]).mean()) if present.any() else 0.0,
+                "pixel_accuracy": float(inter.sum() / total) if total else 0.0, "classes": float(present.sum()),
+                "images": float(self.images), "instances": float(self.pixels), "pixels": float(self.pixels)}
+
+
 def drops(reference: dict[str, float], candidate: dict[str, float]) -> dict[str, float]:
     """The candidate's loss against the reference on each figure both have (positive: worse)."""
-    skip = {"images", "instances", "rectangles"}
+    skip = {"images", "instances", "rectangles", "pixels", "classes"}
     return {f"{k}_drop": float(reference[k] - candidate[k]) for k in reference if k in candidate and k not in skip}
 
 
-Scorer = Callable[[], "InstanceScores | ClassifyScores"]
+Scorer = Callable[[], "InstanceScores | ClassifyScores | SemanticScores"]

@@ -163,7 +163,7 @@ STATISTICS: dict[str, Statistic] = {s.name: s for s in (
                 "below the FP32 PyTorch model's", kind="ground_truth", limits=(0.0, 1.0), closed=("low", "high"))
       for m, label in (("map50_95", "mAP50-95"), ("map50", "mAP50"), ("mask_map50_95", "mask mAP50-95"),
                        ("mask_map50", "mask mAP50"), ("pose_map50_95", "pose mAP50-95"), ("pose_map50", "pose mAP50"),
-                       ("top1", "top-1"), ("top5", "top-5"))),
+                       ("top1", "top-1"), ("top5", "top-5"), ("miou", "mIoU"), ("pixel_accuracy", "pixel accuracy"))),
     # task options: where the task metrics are computed, set like a tolerance
     Statistic("conf", "conf", "", "the confidence both sides' detections are kept at", kind="option",
               limits=(0.0, 1.0), closed=("high",)),

@@ -6,9 +6,11 @@ else the full size), one image per inference (batch 1, as the runtime runs a fra
 by the family as Ultralytics' validator decodes them (confidence 0.001, NMS IoU 0.7, multi-label, 300 per
 image or the most labels an image has) and scored by Ultralytics' validator metrics
 (``compare.ground_truth``). The FP32 PyTorch reference is scored with each candidate's own letterbox, so a
-candidate's drop is its own loss. Every score is a cache entry (``ground-truth``) keyed by the candidate
-(weights, graph sha256 or engine key), the labels' content and the input sizes: a second verify scores
-nothing again.
+candidate's drop is its own loss. Semantic models (``families.torch_models``): every frame goes to the
+network's size as the runtime takes it, and the class map the runtime gives at the frame's size is scored
+against the labelled class map (``SemanticScores``). Every score is a cache entry (``ground-truth``) keyed
+by the candidate (weights, graph sha256 or engine key), the labels' content (masks and polygons too) and the
+input sizes: a second verify scores nothing again.
 """
 
 from __future__ import annotations
@@ -59,11 +61,12 @@ class GroundTruth:
         self.hw = tuple(hw)
         if not hasattr(self.adapter, "read_labels") or not hasattr(self.adapter, "label_scores"):
             raise UsageError(f"{self.adapter.variant} ({self.adapter.family}) takes no labels: verify --data scores "
-                             "detect, segment, pose, obb and classify models")
+                             "detect, segment, pose, obb, classify and semantic models")
+        self.unit = "labelled pixels" if self.adapter.task == "semantic" else "instances"  # what ``instances`` counts
         with reporting.stage(f"labels ({request.source.name}, {request.split})") as s:
             self.split = self.adapter.read_labels(load_dataset(request.source), request.split, self.metadata,
                                                   limit=request.limit)
-            s.detail = f"{len(self.split.samples)} images, {self.split.instances} instances"
+            s.detail = f"{len(self.split.samples)} images, {self.split.instances} {self.unit}"
         self.digest = self.split.digest()
         self.max_det = max(MAX_DET, self.split.max_labels)  # as the validator raises its max_det to fit the labels
         self.notes = list(self.split.notes)
@@ -73,7 +76,7 @@ class GroundTruth:
     def describe(self) -> dict:
         return {"data": str(self.request.source), "split": self.request.split, "images": len(self.split.samples),
                 "instances": self.split.instances, "network_hw": list(self.hw), "headline": self.headline,
-                "limit": self.request.limit}
+                "limit": self.request.limit, "unit": self.unit}
 
     # -- input sizes -------------------------------------------------------------------------------
     def input_sizes(self, accepts_hw: Callable | None) -> list[tuple[tuple[int, int], bool]]:

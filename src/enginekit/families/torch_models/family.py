@@ -33,7 +33,7 @@ from enginekit.families.base import (
     check_weights_file,
     seed_everything,
 )
-from enginekit.families.evaluation import ClassifyEvaluation, DepthEvaluation, SemanticEvaluation
+from enginekit.families.evaluation import ClassifyEvaluation, DepthEvaluation, SemanticEvaluation, label_gates
 from enginekit.families.registry import FamilyInfo, register
 from enginekit.families.torch_models import sources, table
 from enginekit.families.torch_models.runtime import ClassifyProcessor, DepthProcessor, SemanticProcessor, place
@@ -485,11 +485,47 @@ class TorchSemantic(SemanticEvaluation, TorchModelAdapter):
             result["compared"] = 0.0  # random weights, one map whatever the photograph: nothing to compare
         return result
 
+    # -- against labels (verify --data; families.torch_models.labels) ----------------------------------
+    #: the most a graph's mIoU against the labels may fall below the FP32 PyTorch model's (``gt.miou_drop``)
+    label_gates = label_gates("miou")
+
+    def read_labels(self, dataset, split: str, metadata: dict[str, str], *, limit: int | None = None):
+        from enginekit.families.torch_models.labels import read_semantic_split
+
+        names, count = _model_classes(self, metadata)
+        return read_semantic_split(dataset, split, names, count, model=self.variant, limit=limit)
+
+    def label_scores(self, names: dict[int, str], metadata: dict[str, str]):
+        from enginekit.compare.ground_truth import SemanticScores
+
+        return SemanticScores()
+
+    def label_letterbox(self, image_hw: tuple[int, int], hw: tuple[int, int], rect: bool):
+        return tuple(hw)  # every frame goes to the network's size: its class map comes back to the frame's
+
+    def add_label_image(self, scores, split, sample, image_bgr, outputs, metadata, letterbox, max_det: int) -> None:
+        """One image: the runtime's class map at the frame's size (``runtime.frame_class_map``) against its labels."""
+        from enginekit.families.torch_models.runtime import frame_class_map
+
+        logits = np.asarray(outputs[self.output_names[0]][0])
+        shape = tuple(image_bgr.shape[:2])
+        pred = frame_class_map(logits, shape, letterbox, self.spec.resize or "stretch", self.crop_fraction)
+        channels = max(int(logits.shape[0]), 2)
+        scores.add(split.truth(sample, shape, channels), pred, channels)
+
     def nothing_to_compare(self, task):
         if task.get("reference_varies", 1.0) == 0.0:
             return ("the random-weight reference gives the same class map on every photograph: a check on it could "
                     "not fail; use trained weights (--weights) or photographs of what the model sees (--images)")
         return SemanticEvaluation.nothing_to_compare(self, task)
+
+
+def _model_classes(adapter, metadata: dict[str, str]) -> tuple[dict[int, str], int | None]:
+    """The model's class names (the graph's or the table's) and count (theirs, or ``--classes``; None: unknown)."""
+    from enginekit.families.processing import parse_names
+
+    names = parse_names(metadata.get("names")) or adapter.default_class_names()
+    return names, len(names) if names else adapter.spec.classes
 
 
 def _maps_vary(maps: np.ndarray) -> bool:
@@ -529,6 +565,13 @@ class TorchClassify(ClassifyEvaluation, TorchModelAdapter):
         if _random_weights(metadata) and not result["reference_varies"]:
             result["compared"] = 0.0
         return result
+
+    def read_labels(self, dataset, split: str, metadata: dict[str, str], *, limit: int | None = None):
+        """Ultralytics' class folders, each the model class of its name (``families.torch_models.labels``)."""
+        from enginekit.families.torch_models.labels import read_classify_split
+
+        names, count = _model_classes(self, metadata)
+        return read_classify_split(dataset, split, names, count, model=self.variant, limit=limit)
 
     def nothing_to_compare(self, task):
         if task.get("reference_varies", 1.0) == 0.0:

@@ -110,17 +110,35 @@ class SemanticProcessor(DeclaredInput, SemanticMaps):
     """A class per pixel at the frame's size: logits to the network's size, bars cut off, to the frame's."""
 
     def postprocess(self, outputs, image_hws, hw):
-        import torch.nn.functional as F
-
         results = []
         for logits, shape in zip(self.output(outputs, 0), image_hws):
-            full = F.interpolate(logits[None], size=tuple(hw), mode="bilinear", align_corners=False)
-            part = self.covered(full, tuple(shape), hw)
-            pred = F.interpolate(part, size=tuple(shape), mode="bilinear", align_corners=False)[0]
-            class_map = pred.argmax(0) if pred.shape[0] > 1 else pred.gt(0)[0]
-            dtype = np.uint8 if pred.shape[0] <= 256 else np.int32
+            class_map = frame_class_map(logits, tuple(shape), hw, self.resize, self.crop_fraction)
+            dtype = np.uint8 if logits.shape[0] <= 256 else np.int32
             results.append(SemanticMap(class_map.cpu().numpy().astype(dtype), dict(self.names), tuple(shape)))
         return results
+
+
+def frame_class_map(logits, image_hw: tuple[int, int], hw: tuple[int, int], resize: str,
+                    crop_fraction: float = 0.875):
+    """Per-pixel logits (C, h, w) of one frame -> its class map at the frame's size (``image_hw``): the logits
+    bilinear to the network's size ``hw``, the letterbox's bars cut off, bilinear to the frame's size, then the
+    argmax (logit > 0 for one class). A tensor in, a tensor out (numpy in: numpy out). The runtime's result,
+    and what ``verify --data`` scores against labels, for the FP32 model and every graph alike."""
+    import torch
+    import torch.nn.functional as F
+
+    array = isinstance(logits, np.ndarray)
+    t = torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32)) if array else logits
+    full = t[None].float()
+    if tuple(full.shape[2:]) != tuple(hw):
+        full = F.interpolate(full, size=tuple(hw), mode="bilinear", align_corners=False)
+    if resize == "letterbox":
+        g = geometry(tuple(image_hw), tuple(hw), resize, crop_fraction)
+        full = full[..., g.y:g.y + g.rh, g.x:g.x + g.rw]
+    pred = full if tuple(full.shape[2:]) == tuple(image_hw) else F.interpolate(
+        full, size=tuple(image_hw), mode="bilinear", align_corners=False)
+    class_map = pred[0].argmax(0) if pred.shape[1] > 1 else pred[0].gt(0)[0].long()
+    return class_map.numpy() if array else class_map
 
 
 class ClassifyProcessor(DeclaredInput, TopClasses):

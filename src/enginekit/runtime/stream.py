@@ -676,7 +676,9 @@ class Stream:
                 try:  # after a failure, a step before it that never finishes (its model died) ends the wait
                     item = self.done.get(timeout=FAILURE_GRACE_S if failed is not None else None)
                 except queue.Empty:
-                    raise failed.error from None
+                    item = failed  # raised below as it is (the wait's own exception is no part of it)
+                if item is failed:
+                    raise failed.error
                 if isinstance(item, _Failure):
                     if item.step is None:
                         raise item.error

@@ -4,8 +4,9 @@
     .venv/bin/python examples/python_api.py yolo11n best.pt      # your own trained detector
 
 With no arguments it runs Depth-Anything-V2-small with seeded random weights (their depth maps
-vary, so its gates compare something). A random-weight YOLO detects nothing at the confidence
-users run, so its verify fails by design ("nothing to compare"): give YOLO your weights.
+vary, so its gates compare something). A random-weight detector gets an informative init (its
+scores spread, so FP32 and FP16 gates compare detections); INT8 of random weights fails its task
+gates honestly: give YOLO your weights.
 Every call is cached by content: run it twice and the second run does no export or build.
 """
 

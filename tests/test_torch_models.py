@@ -119,6 +119,22 @@ def test_verify_passes_the_graph_and_fails_it_with_one_weight_changed(user_onnx,
     assert "parity" in line or "miou" in line
 
 
+def test_verify_by_name_again_checks_with_the_stored_references(user_file, run_cli, tmp_path):
+    """A second verify of a declared module by name takes its references from the cache and loads no model:
+    its undeclared outputs come from the stored references, and the graphs are still compared."""
+    env = {"ENGINEKIT_CACHE": str(tmp_path / "cache")}
+    args = ("verify", f"{user_file}:make", *FLAGS, "--report", "rep")
+    first = run_cli(*args, env=env)
+    assert first.code == 0, first.stdout + first.stderr
+    again = run_cli(*args, env=env)
+    assert again.code == 0, again.stdout + again.stderr
+    said = again.stdout + again.stderr
+    assert "references" in said and "stored" in said and "raised" not in said, said
+    data = json.loads((tmp_path / "rep" / "report.json").read_text())
+    graphs = [a for a in data["entries"][0]["artifacts"] if a["name"].startswith("onnx-")]
+    assert graphs and all(a["ran"] and a["task"]["miou"] == 1.0 for a in graphs), graphs
+
+
 def test_load_gives_a_class_map_at_the_frames_size(user_onnx):
     import enginekit
     from enginekit.results import SemanticMap

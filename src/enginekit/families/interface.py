@@ -198,6 +198,10 @@ class Export(ABC):
         """The module traced with a ``batch``-image example (the loaded one, unless NMS needs to know)."""
         return loaded.module
 
+    def adopt_outputs(self, names: tuple[str, ...]) -> None:
+        """The model's output names, as its loaded module or its stored references give them: a family whose
+        outputs are found by loading the model takes them here (a cache hit loads no model). Others: nothing."""
+
     def reference(self, loaded: "LoadedModel", batch: np.ndarray) -> dict[str, np.ndarray]:
         """The PyTorch forward on a batch, as numpy outputs keyed by output name."""
         import torch

@@ -103,7 +103,10 @@ def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: in
     with reporting.stage("references (PyTorch)") as s:
         entry, status = pipe.cache.get_or_create("reference", parts, produce, subject=pipe.subject)
         s.status = status
-    return References(_load(entry.path), entry.key, status, entry.manifest.get("skipped_images", []))
+    cases = _load(entry.path)
+    if cases:  # stored: the model was not loaded, and a family that finds its outputs by loading learns them here
+        adapter.adopt_outputs(tuple(cases[0].outputs))
+    return References(cases, entry.key, status, entry.manifest.get("skipped_images", []))
 
 
 def _compute(pipe, images: CalibrationData, photo_shape, random_shapes, seed) -> list[Case]:

@@ -156,6 +156,11 @@ class TorchModelAdapter(ModelAdapter):
                           f"fixed H x W: exported at the profile's size ({self.default_input[2]}x{self.default_input[3]} "
                           "by default)")
 
+    def adopt_outputs(self, names: tuple[str, ...]) -> None:
+        if not self.output_names:  # declared or already found: kept
+            self.output_names = tuple(names)
+            self._output_axes()
+
     def _output_axes(self) -> None:
         if "batch" in self.dynamic_axes[self.input_name].values():
             self.dynamic_axes.update({n: {0: "batch"} for n in self.output_names})
@@ -366,8 +371,7 @@ def _discover(model, adapter) -> tuple[str, ...]:
 def wrap_outputs(model, adapter):
     """The module export traces and the reference runs: the user's, outputs flattened in the declared order."""
     if not adapter.output_names:
-        adapter.output_names = _discover(model, adapter)
-        adapter._output_axes()
+        adapter.adopt_outputs(_discover(model, adapter))
     return _outputs_class()(model, adapter).eval()
 
 

@@ -195,6 +195,16 @@ def test_bad_data_is_one_line(run_cli, tmp_path, graph, trained_detector):
     r = run_cli("verify", str(graph), "--reference", str(trained_detector.weights), "--data", "wrong.yaml")
     assert_one_line_error(r, 2, "val split of wrong.yaml has no images")
     assert "references" not in r.stderr  # refused before any work
+    # images with no labels at all: the reference and every graph would score 0, a pass that checked nothing
+    import shutil
+
+    from enginekit.images import embedded_image_paths
+
+    (tmp_path / "bare" / "images" / "val").mkdir(parents=True)
+    for photo in embedded_image_paths()[:2]:
+        shutil.copy(photo, tmp_path / "bare" / "images" / "val" / photo.name)
+    r = run_cli("verify", str(graph), "--reference", str(trained_detector.weights), "--data", "bare")
+    assert_one_line_error(r, 2, "holds no labels", "0 instances")
 
 
 def test_bench_records_give_the_ladder_its_latency(tmp_path):

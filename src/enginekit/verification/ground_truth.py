@@ -67,6 +67,10 @@ class GroundTruth:
             self.split = self.adapter.read_labels(load_dataset(request.source), request.split, self.metadata,
                                                   limit=request.limit)
             s.detail = f"{len(self.split.samples)} images, {self.split.instances} {self.unit}"
+        if not self.split.instances:  # every figure would be 0 for the reference and each graph alike: no check
+            raise UsageError(f"--data {request.source}: its {request.split} split holds no labels for a "
+                             f"{self.adapter.task} model ({len(self.split.samples)} images, 0 {self.unit}): "
+                             "nothing to score against")
         self.digest = self.split.digest()
         self.max_det = max(MAX_DET, self.split.max_labels)  # as the validator raises its max_det to fit the labels
         self.notes = list(self.split.notes)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from enginekit.errors import UsageError
+from enginekit.errors import ModelFailed, UsageError
 from enginekit.runtime.stream import DropQueue, Stream, StreamOptions, parse_every
 
 
@@ -229,12 +229,27 @@ def test_a_failing_model_stops_the_stream_with_its_error(path, stage):
     ok, broken = kind("ok", infer=0.03), kind("broken", fail_at=5, fail_in=stage)
     stream = Stream([ok, broken], [frames(40)], StreamOptions(warmup=0))
     got = []
-    with pytest.raises(RuntimeError, match=f"broke on frame 5 in {stage}"):
+    with pytest.raises(ModelFailed, match=f"broken failed on f5: RuntimeError: broken broke on frame 5 in {stage}") as caught:
         for step in stream:
             got.append(step.index)
             assert values(step, "ok") == values(step, "broken") == [step.index]
     assert got == list(range(5))  # every step before the failing one, none after
+    assert isinstance(caught.value.__cause__, RuntimeError) and caught.value.step == 5
     assert not any(t.is_alive() for t in stream._threads + [t for w in stream._workers for t in w.threads])
+
+
+@pytest.mark.parametrize("path", ["cpu", "gpu"])
+@pytest.mark.parametrize("warmup", [0, 1])
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_model_failing_on_its_first_frame_is_an_error_not_an_empty_stream(path, warmup, count):
+    """The first frame of a shape is where a model meets its input (a graph refusing the size); with a warm-up
+    the failure comes from the warm-up, which runs on the dispatching thread (CPU) or the model's (GPU). The
+    stream raises it; it never ends quietly with nothing found."""
+    kind = FakePredictor if path == "cpu" else FakeGpuPredictor
+    stream = Stream([kind("broken", fail_at=0)], [frames(count)], StreamOptions(warmup=warmup))
+    with pytest.raises(ModelFailed, match="broken failed on f0: RuntimeError: broken broke on frame 0"):
+        list(stream)
+    assert stream.records == []
 
 
 def test_options_and_every_are_checked():

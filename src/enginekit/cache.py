@@ -55,6 +55,7 @@ from enginekit.errors import EnginekitError, UsageError
 from enginekit.fsutil import fsync_dir as _fsync_dir, fsync_file as _fsync_file
 
 MANIFEST = "manifest.json"
+MANIFEST_LIMIT = 16 * 2**20  # a manifest is a few kB; a larger one is not one (and is not read whole)
 # Manifest fields the cache owns; a producer's extra fields may not overwrite them.
 RESERVED_FIELDS = ("kind", "key", "parts", "files", "created", "subject")
 # Waiting for another process's build: an engine build of a large model can take an hour.
@@ -142,7 +143,9 @@ def key_for(parts: dict[str, Any]) -> str:
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """sha256 hex of a file's bytes (streamed: engines and ONNX files are large)."""
-    with open(path, "rb") as f:
+    from enginekit.fsutil import open_regular
+
+    with open_regular(path) as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
@@ -314,8 +317,10 @@ class Cache:
         settings = current()
         if settings is None:
             return None
+        from enginekit.store.settings import check_apart
         from enginekit.store.tier import remote_for
 
+        check_apart(settings.url, self.root, settings.origin)
         return remote_for(settings)
 
     # ----- paths
@@ -661,6 +666,7 @@ class Cache:
         if write and not remote.settings.writable:
             raise UsageError(f"the store {remote.url} is read-only here (--remote-read-only or "
                              "ENGINEKIT_REMOTE_MODE=read): nothing is pushed")
+        remote.store.check(write=write)  # there, a folder (a bucket), writable: before any object is written
         return remote
 
     # ----- entries in use
@@ -1069,7 +1075,9 @@ def _check_kind_key(kind: str, key: str) -> None:
 def _read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """(manifest, None) or (None, reason)."""
     try:
-        text = (path / MANIFEST).read_text(encoding="utf-8")
+        from enginekit.fsutil import read_text
+
+        text = read_text(path / MANIFEST, limit=MANIFEST_LIMIT)
     except FileNotFoundError:
         return None, f"{MANIFEST} is missing"
     except OSError as exc:

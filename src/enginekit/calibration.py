@@ -135,6 +135,9 @@ class CalibrationData:
         return images
 
     def _array_batch(self, shape: Shape) -> np.ndarray:
+        from enginekit.fsutil import refuse_special_file
+
+        refuse_special_file(self.source, "calibration array")
         try:
             loaded = np.load(self.source)
             array = loaded[loaded.files[0]] if isinstance(loaded, np.lib.npyio.NpzFile) else loaded

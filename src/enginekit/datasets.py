@@ -20,11 +20,13 @@ from typing import Any
 import numpy as np
 
 from enginekit.errors import UsageError
+from enginekit.fsutil import read_text, refuse_special_file
 from enginekit.images import IMAGE_SUFFIXES
 
 YAML_SUFFIXES = (".yaml", ".yml")
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".asf", ".ts"}
 SPLITS = ("train", "val", "test")
+DATASET_YAML_LIMIT = 16 * 2**20  # a dataset YAML names its folders and classes: kilobytes
 
 
 def is_yaml(path: Path) -> bool:
@@ -82,11 +84,12 @@ def _listed(root: Path, spec: str, what: str) -> list[Path]:
     p = Path(spec).expanduser()
     if not p.is_absolute():
         p = root / p
+    refuse_special_file(p, what)
     if p.is_dir():
         return [f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()]
     if p.is_file() and p.suffix.lower() == ".txt":
         try:
-            lines = [line.strip() for line in p.read_text().splitlines() if line.strip()]
+            lines = [line.strip() for line in read_text(p, what=f"{what}: image list").splitlines() if line.strip()]
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"{what}: cannot read the image list {p}: {exc}") from exc
         out = []
@@ -127,7 +130,7 @@ def load_dataset(path: Path | str) -> Dataset:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_text(path, limit=DATASET_YAML_LIMIT, what="dataset"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise UsageError(f"cannot read dataset {path}: {str(exc).splitlines()[0][:160]}") from exc
     if not isinstance(data, dict):
@@ -153,18 +156,32 @@ def _root(yaml_path: Path, value: Any) -> Path:
     raise UsageError(f"{yaml_path}: path {value} is not a folder (enginekit downloads no dataset)")
 
 
+MAX_CLASSES = 100_000
+
+
 def _names(yaml_path: Path, data: dict) -> dict[int, str]:
+    nc = data.get("nc")
+    if nc is not None and (isinstance(nc, bool) or not isinstance(nc, int) or not 1 <= nc <= MAX_CLASSES):
+        raise UsageError(f"{yaml_path}: nc {nc!r} is not a number of classes (1 to {MAX_CLASSES})")
     names = data.get("names")
     if isinstance(names, (list, tuple)):
-        return {i: str(n) for i, n in enumerate(names)}
-    if isinstance(names, dict):
+        found = {i: str(n) for i, n in enumerate(names)}
+    elif isinstance(names, dict):
         try:
-            return {int(k): str(v) for k, v in names.items()}
+            found = {int(k): str(v) for k, v in names.items()}
         except (TypeError, ValueError) as cause:
             raise UsageError(f"{yaml_path}: names must map class indices to names") from cause
-    if names is None and isinstance(data.get("nc"), int):
-        return {i: f"class{i}" for i in range(data["nc"])}
-    raise UsageError(f"{yaml_path} has no names (a list or an index: name mapping)")
+        if found and sorted(found) != list(range(len(found))):
+            raise UsageError(f"{yaml_path}: names must number the classes 0 to {len(found) - 1}, each once")
+    elif names is None and nc is not None:
+        return {i: f"class{i}" for i in range(nc)}
+    else:
+        raise UsageError(f"{yaml_path} has no names (a list or an index: name mapping)")
+    if not found:
+        raise UsageError(f"{yaml_path}: names is empty")
+    if nc is not None and nc != len(found):
+        raise UsageError(f"{yaml_path}: nc {nc} but {len(found)} names")
+    return found
 
 
 def _has_class_folders(folder: Path) -> bool:

@@ -37,6 +37,19 @@ class Terminated(KeyboardInterrupt):
     exit_code = 143
 
 
+class ModelFailed(EnginekitError):
+    """A model raised while running on a frame (its backend refused the input, ran out of memory...): one line
+    naming the model and the frame, the backend's own exception kept as ``__cause__``. Exit 2: the input
+    (a size the graph cannot take, a corrupt graph) is what a user changes."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, model: str, error: BaseException, frames: list[str] | tuple[str, ...] = (), step: int | None = None):
+        self.model, self.error, self.frames, self.step = model, error, list(frames), step
+        where = f" on {', '.join(self.frames[:3])}{' ...' if len(self.frames) > 3 else ''}" if self.frames else ""
+        super().__init__(f"{model} failed{where}: {type(error).__name__}: {first_line(error, 300)}")
+
+
 class ParityError(EnginekitError):
     """A candidate does not compute what its reference computes."""
 

@@ -139,6 +139,8 @@ def output_path_problem(path: str | os.PathLike[str], *, folder: bool = False) -
             return f"{p} exists and is not a folder"
     elif p.is_dir():
         return f"{p} is a folder; give a file name"
+    elif special_file_kind(p) is not None:  # a write goes to a temporary file renamed over it: it would be replaced
+        return f"{p} is {special_file_kind(p)}; enginekit writes regular files (whole, by a rename over the name)"
     elif str(path).endswith(os.sep):
         return f"{path} names a folder; give a file name"
     existing = p if folder else p.parent
@@ -194,6 +196,65 @@ def refuse_special_file(path: str | os.PathLike[str], what: str) -> None:
 
         raise UsageError(f"{what} {path} is {kind}, not a regular file: enginekit reads only regular files "
                          "(a pipe or device could block the read forever)")
+
+
+class NotRegular(OSError):
+    """``open_regular`` met a FIFO, a device, a socket or a file over its format's size (an ``OSError``, so a
+    caller's handling of unreadable files covers it)."""
+
+    def __init__(self, path, problem: str):
+        import errno
+
+        super().__init__(errno.EINVAL, f"it is {problem}", str(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename} {self.strerror.removeprefix('it ')}"
+
+
+def open_regular(path: str | os.PathLike[str], *, limit: int | None = None, what: str | None = None):
+    """``open(path, "rb")`` for a regular file only: the one way enginekit opens a file it reads itself (a file
+    a library opens by its path gets ``refuse_special_file`` first).
+
+    Opened without blocking (opening a FIFO nobody writes to blocks ``open`` itself), then checked on the open
+    descriptor, so nothing can be swapped in between: a FIFO, device or socket, or (``limit``) a file larger
+    than its format may be, raises ``NotRegular``; with ``what`` (how the user named it: "--data", "calibration
+    cache") a one-line ``UsageError`` instead. A missing file or a folder raises as ``open`` does."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(21, "Is a directory", str(path))
+        problem = None
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((kind for test, kind in _SPECIAL if test(st.st_mode)), "a special file")
+            problem = f"{kind}, not a regular file (a pipe or device could block the read forever)"
+        elif limit is not None and st.st_size > limit:
+            problem = f"{st.st_size} bytes, more than the {limit} such a file may have"
+        if problem is not None:
+            if what is not None:
+                from enginekit.errors import UsageError
+
+                raise UsageError(f"{what} {path} is {problem}")
+            raise NotRegular(path, problem)
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str | os.PathLike[str], *, limit: int | None = None, what: str | None = None) -> bytes:
+    """A regular file's bytes (``open_regular``: never blocks on a FIFO or a device)."""
+    with open_regular(path, limit=limit, what=what) as f:
+        return f.read()
+
+
+def read_text(path: str | os.PathLike[str], *, limit: int | None = None, what: str | None = None,
+              encoding: str = "utf-8") -> str:
+    """A regular file's text (``open_regular``)."""
+    return read_bytes(path, limit=limit, what=what).decode(encoding)
 
 
 # --------------------------------------------------------------------------- JSON for strict parsers

@@ -103,6 +103,22 @@ def gpu_info() -> GpuInfo | None:
 gpu_info.cache_clear = gpus.cache_clear  # type: ignore[attr-defined]  # callers reset both as one
 
 
+def check_device(device: str | None, what: str = "--device") -> None:
+    """A ``--device`` as asked for: cpu, cuda or cuda:N (``UsageError`` otherwise), and a CUDA device only where
+    this machine has a GPU (``CapabilityError``, exit 3: asked for, never the CPU instead)."""
+    import re
+
+    from enginekit.errors import CapabilityError, UsageError
+
+    if device is None:
+        return
+    if not re.fullmatch(r"cpu|cuda(:[0-9]{1,3})?", device):
+        raise UsageError(f"{what} {device!r}: expected cpu, cuda or cuda:N")
+    if device.startswith("cuda") and gpu_info() is None:
+        raise CapabilityError(f"{what} {device}: this machine has no GPU that CUDA can use (`enginekit doctor` "
+                              "says why); leave it out, or give cpu")
+
+
 def process_memory(pid: int | None = None) -> int | None:
     """Bytes of GPU memory process ``pid`` (default: this one) holds on the GPUs CUDA sees, through NVML;
     None where NVML, a driver or a GPU is missing, or the driver does not say."""

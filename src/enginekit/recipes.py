@@ -168,7 +168,7 @@ class Verification(_Strict):
     # a labelled dataset (an Ultralytics dataset YAML or a folder with YOLO labels): every precision scored
     # against its labels (verify --data), its split (--data-split) and how many images (--data-limit)
     data: Optional[str] = None
-    data_split: str = "val"
+    data_split: Optional[str] = None  # None: val
     data_limit: Optional[int] = Field(None, gt=0)
     on_build: bool = True  # record a parity check in the manifest at build time (build --no-verify)
     require_engine: bool = False  # fail when the engine cannot run here (verify --require-engine)
@@ -189,6 +189,13 @@ class Verification(_Strict):
                 if problem:
                     raise _problem(at + loc, problem)
         return tolerances
+
+    @model_validator(mode="after")
+    def _data_options(self) -> "Verification":
+        for key in ("data_split", "data_limit"):
+            if getattr(self, key) is not None and self.data is None:
+                raise _problem(("verification", key), f"{key} chooses what verification.data scores, and no data is given")
+        return self
 
 
 class Builder(_Strict):
@@ -719,6 +726,15 @@ def _check(recipe: Recipe) -> None:
     _check_calibration(recipe)
     _check_targets(recipe)
     _check_verification(recipe, adapter)
+    _check_runtime(recipe, adapter)
+
+
+def _check_runtime(recipe: Recipe, adapter) -> None:
+    """``runtime.input`` is an input the model takes (a YOLO's sides are multiples of its stride)."""
+    size = recipe.runtime.input_size() if recipe.runtime is not None else None
+    if size is not None:
+        shape = (1, int(adapter.default_input[1]), *size)
+        _expect(("runtime", "input"), lambda: adapter.constraint.check(shape, what="size"))
 
 
 def _expect(loc: Loc, fn, *args):
@@ -877,8 +893,11 @@ def find_recipe(name_or_path: str) -> Path:
     """A recipe file: a path as given, else a recipe name (local before shipped)."""
     path = Path(name_or_path)
     if path.suffix in RECIPE_SUFFIXES or path.exists():
+        from enginekit.fsutil import refuse_special_file
+
+        refuse_special_file(path, "recipe")
         if not path.is_file():
-            raise UsageError(f"recipe file not found: {path}")
+            raise UsageError(f"recipe {path} is a folder, not a file" if path.is_dir() else f"recipe file not found: {path}")
         return path
     for ref in list_recipes():
         if ref.name == name_or_path:
@@ -906,7 +925,9 @@ def load_recipe(name_or_path: Union[str, Path]) -> Recipe:
     path = find_recipe(str(name_or_path))
     file = str(name_or_path) if Path(str(name_or_path)).suffix in RECIPE_SUFFIXES else display_path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        from enginekit.fsutil import read_text
+
+        text = read_text(path, limit=4 * MAX_RECIPE_CHARS, what="recipe")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read recipe {file}: {exc}") from exc
     data, lines = _compose(text, file)

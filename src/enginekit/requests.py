@@ -260,8 +260,15 @@ class BuildRequest(_ModelOptions):
     @field_validator("calib_cache")
     @classmethod
     def _calib_cache(cls, value: Optional[Path]) -> Optional[Path]:
-        # read when it is a file, else written: refused up front when it cannot be (a folder, no access)
-        return value if value is None or Path(value).is_file() else _output(value, "--calib-cache")
+        # read when it is a file, else written: refused up front when it cannot be (a folder, no access, a FIFO);
+        # a file (unlike an output folder) goes into a folder that exists: a typo in it is not made a folder
+        if value is None or Path(value).is_file():
+            return value
+        parent = Path(value).expanduser().parent
+        if not parent.is_dir():
+            raise UsageError(f"--calib-cache {value}: {parent} {'is not a folder' if parent.exists() else 'does not exist'}"
+                             " (the cache file is written into a folder that exists)")
+        return _output(value, "--calib-cache")
 
     @field_validator("calib_method")
     @classmethod
@@ -362,7 +369,7 @@ class VerifyRequest(Options):
     #: labels to score every candidate and the FP32 PyTorch model against: an Ultralytics dataset YAML or a
     #: folder of images with YOLO labels (``--data``); its split and how many of its images (spread evenly)
     data: Optional[Path] = None
-    data_split: str = "val"
+    data_split: Optional[str] = None  # None: val
     data_limit: Optional[int] = Field(None, ge=1)
 
     @model_validator(mode="before")
@@ -408,6 +415,10 @@ class VerifyRequest(Options):
                              f"({b.target} {b.precision})".replace("  ", " "))
         if len(self.precisions) > 1 and self.kind != "model":
             raise UsageError(f"--precision {self.precision}: a list of precisions needs a model name (each its engine)")
+        if self.data is None:
+            given = [f for f, v in (("--data-split", self.data_split), ("--data-limit", self.data_limit)) if v is not None]
+            if given:
+                raise UsageError(f"{' and '.join(given)}: chooses what --data scores, and no --data was given")
         return self
 
     @field_validator("precision")

@@ -13,6 +13,8 @@ import re
 import time
 from pathlib import Path
 
+from enginekit.fsutil import read_text
+
 FOLDER = ".bench-records"  # beside the entries, never one of them (cache ls and gc pass over dot folders)
 
 
@@ -35,7 +37,7 @@ def record(cache, device: str, identity: str, backend: str, batch: int, p50_ms: 
 
 def _read(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path))
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}

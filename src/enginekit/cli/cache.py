@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from enginekit.cli.common import RemoteOpt, RemoteReadOnlyOpt, handles_errors
+from enginekit.errors import UsageError
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
 
@@ -33,7 +34,11 @@ def register(app: typer.Typer) -> None:
 
         Example: [bold]enginekit cache ls --kind engine[/]
         """
+        _store_needs_remote(remote_list, store)
         if remote_list:
+            if verify:
+                raise UsageError("--verify checks the local entries' files; the store's are checked (sha256) when "
+                                 "pulled: drop --verify, or `enginekit cache pull KEY`")
             return _ls_remote(kind, as_json, store)
         from enginekit.cache import Cache
 
@@ -96,6 +101,7 @@ def register(app: typer.Typer) -> None:
         # "" is a value given (and refused by the parsers), not an option left out
         size = parse_size(max_size) if max_size is not None else None
         age = parse_age(max_age) if max_age is not None else None
+        _store_needs_remote(remote_gc, store)
         if remote_gc:
             return _gc_remote(size, age, dry_run, store)
         removed = Cache(remote=None).gc(size, age, dry_run=dry_run)
@@ -128,8 +134,6 @@ def register(app: typer.Typer) -> None:
         from enginekit.flows.store import push
 
         if keys and push_all:
-            from enginekit.errors import UsageError
-
             raise UsageError("cache push: name entries or pass --all, not both")
         cache = Cache()
         result = push(cache, keys or [], everything=push_all)
@@ -166,6 +170,12 @@ def register(app: typer.Typer) -> None:
             emit(str(entry.file(main) if main else entry.path))
 
 
+def _store_needs_remote(remote: bool, store: Optional[str]) -> None:
+    if store is not None and not remote:
+        raise UsageError(f"--store {store} names the store for --remote, which was not given: add --remote (without "
+                         "it the local cache is listed or cleaned)")
+
+
 def _remote_of(store: Optional[str]):
     from enginekit.cache import Cache
     from enginekit.store.settings import using
@@ -173,8 +183,6 @@ def _remote_of(store: Optional[str]):
     with using(store):
         remote = Cache().remote
     if remote is None:
-        from enginekit.errors import UsageError
-
         raise UsageError("no store configured: set ENGINEKIT_REMOTE=s3://BUCKET/PREFIX or pass --store URL")
     return remote
 

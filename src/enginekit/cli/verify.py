@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         image_count: Annotated[Optional[int], typer.Option("--image-count", help="Photographs the gates run on (default 4; with --data and no --images, 16 of the labelled split, spread evenly).")] = None,
         data: Annotated[Optional[Path], typer.Option("--data", help="Labels: an Ultralytics dataset YAML (its val split) or a folder of images with YOLO labels (semantic models: or class-index mask PNGs in masks/<split>/); the FP32 PyTorch model and every graph (and the engine where it runs) are scored against them (Ultralytics' validator metrics; mIoU for semantic models), and each drop against the FP32 model is gated (--tol gt.map50_95_drop=0.01, gt.miou_drop=0.01).")] = None,
         data_limit: Annotated[Optional[int], typer.Option("--data-limit", help="With --data: score this many images of the split, spread evenly (default: all).")] = None,
-        data_split: Annotated[str, typer.Option("--data-split", help="With --data: the dataset's split to score (val, test, train).")] = "val",
+        data_split: Annotated[Optional[str], typer.Option("--data-split", help="With --data: the dataset's split to score (val, test, train; default val).")] = None,
         report: Annotated[Optional[Path], typer.Option("--report", help="Folder for report.json, summary.md, junit.xml and PNGs.")] = None,
         junit: Annotated[Optional[Path], typer.Option("--junit", help="JUnit XML path (one test case per artifact x check).")] = None,
         tol: Annotated[Optional[list[str]], typer.Option("--tol", help="Override a tolerance: rel_l2=1e-3, fp16.map50=0.9 (repeatable).")] = None,

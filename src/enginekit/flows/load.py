@@ -83,12 +83,11 @@ def _input_shape(adapter, input_size) -> tuple[int, ...] | None:
     fixed H x W; None where the frame decides (Depth-Anything's shorter side) or nothing was asked."""
     if input_size is None:
         return None
-    if isinstance(input_size, int):
-        if _dynamic_hw(adapter):
-            return None
-        input_size = (input_size, input_size)
-    h, w = (int(v) for v in input_size)
-    return (1, int(adapter.default_input[1]), h, w)
+    side = isinstance(input_size, int)
+    h, w = (input_size, input_size) if side else (int(v) for v in input_size)
+    shape = (1, int(adapter.default_input[1]), h, w)
+    adapter.constraint.check(shape, what="input size")  # a YOLO at 321 would fail on its first frame, not here
+    return None if side and _dynamic_hw(adapter) else shape
 
 
 def simplifier() -> str:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from enginekit import reporting
-from enginekit.errors import UsageError, first_line
+from enginekit.errors import CapabilityError, UsageError, first_line
 
 #: expected cost of a precision relative to fp32, on a GPU backend and on a CPU one (ordering only)
 GPU_PRECISION_COST = {"fp32": 1.0, "fp16": 0.55, "int8": 0.35, "fp8": 0.35}
@@ -349,11 +349,19 @@ def space(request, index: int) -> list[Candidate]:
     from enginekit.families import resolve
     from enginekit.precisions import names as precision_names
 
+    from enginekit.gpu import check_device
+
     name = request.models[index]
     adapter = resolve(name)
+    check_device(request.device)
     chosen = request.backends or default_backends(request.device)
     if not chosen:
         raise UsageError("no backend runs here: `enginekit doctor` says why")
+    for backend_name in request.backends:  # asked for by name: it must run here, said before any build
+        backend = backends.get(backend_name)
+        verdict = backend.check(device=backend.default_device(request.device))
+        if not verdict.ok:
+            raise CapabilityError(f"--backend {backend_name} does not run here: {verdict.reason}")
     sizes = request.sizes(index)
     batches = request.batches or [request.frames_per_step]
     out = []

@@ -50,7 +50,7 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
     cache = cache or Cache()
     overrides = r.tolerances
     if r.images is None and r.data is not None:  # the gates judge on the user's own labelled images
-        data = CalibrationData(Path(r.data), count=r.image_count or LABELLED_IMAGE_COUNT, split=r.data_split,
+        data = CalibrationData(Path(r.data), count=r.image_count or LABELLED_IMAGE_COUNT, split=r.data_split or "val",
                                labelled=True)
     else:
         data = CalibrationData(Path(r.images) if r.images else None, count=r.image_count or IMAGE_COUNT)
@@ -60,7 +60,7 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
     if r.data is not None:
         from enginekit.verification.ground_truth import LabelRequest
 
-        labels = LabelRequest(Path(r.data), r.data_split, r.data_limit)
+        labels = LabelRequest(Path(r.data), r.data_split or "val", r.data_limit)
         labels.check()  # a dataset without images in that split is refused before any work
     if r.kind == "onnx":
         reports = [verify_onnx_file(Path(r.target), r.reference, r.model, data, overrides, cache, spec=r.build,

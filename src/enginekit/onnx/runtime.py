@@ -34,8 +34,9 @@ def providers() -> list[str]:
 _available = providers  # ``session``'s argument of that name hides the function
 
 
-def options(*, threads: int | None = None, log_level: int = 3):
-    """Session options: ONNX Runtime's warnings off (level 3: errors only), ``threads`` intra-op threads."""
+def options(*, threads: int | None = None, log_level: int = 4):
+    """Session options: ONNX Runtime's own log off but for fatal errors (level 4; an error it logs is raised as
+    an exception too, which enginekit reports in one line), ``threads`` intra-op threads."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -46,7 +47,7 @@ def options(*, threads: int | None = None, log_level: int = 3):
 
 
 def session(model, *, cpu_only: bool = True, providers: list | None = None, threads: int | None = None,
-            log_level: int = 3):
+            log_level: int = 4):
     """An InferenceSession over ``model`` (a path, serialized bytes or a ModelProto).
 
     ``providers``: the providers in order of preference (entries may be ``(name, options)``);

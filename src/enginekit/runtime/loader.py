@@ -10,6 +10,7 @@ it, then comes back here with the artifact).
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from enginekit.backends.base import ENGINE, KIND_WORDS, MODULE, ONNX, Artifact
 from enginekit.errors import CapabilityError, UsageError
 from enginekit.model import ModelRequest, check_weights_choice
 from enginekit.precisions import NAMES as PRECISIONS
+from enginekit.gpu import check_device
 
 
 
@@ -80,9 +82,18 @@ def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=Non
         if not path.is_file():
             raise UsageError(f"engine plan not found: {path}")
         side = path.with_name("manifest.json")
-        if not side.is_file():
+        if not side.is_file() and not os.path.lexists(side):
             raise UsageError(f"{path} has no manifest.json beside it: load it by its cache key, or from its cache folder")
-        return _engine_target(path, json.loads(side.read_text()), path.name, cache)
+        from enginekit.cache import MANIFEST_LIMIT
+        from enginekit.fsutil import read_text
+
+        try:
+            manifest = json.loads(read_text(side, limit=MANIFEST_LIMIT, what="engine manifest"))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{side} is not a readable engine manifest: {str(exc).splitlines()[0][:160]}") from exc
+        if not isinstance(manifest, dict):
+            raise UsageError(f"{side} is not an engine manifest (a JSON object)")
+        return _engine_target(path, manifest, path.name, cache)
     if path.suffix in (".yaml", ".yml"):
         from enginekit.recipes import load_recipe
 
@@ -196,11 +207,7 @@ def plan_load(target, precision: str = "fp32", backend: str = "auto", *, weights
 
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}: choose {', '.join(PRECISIONS)}")
-    if device is not None and not re.fullmatch(r"cpu|cuda(:[0-9]{1,3})?", device):
-        raise UsageError(f"--device {device!r}: expected cpu, cuda or cuda:N")
-    if device is not None and device.startswith("cuda") and _gpu() is None:  # asked for: never the CPU instead
-        raise CapabilityError(f"--device {device}: this machine has no GPU that CUDA can use (`enginekit doctor` "
-                              "says why); leave --device out, or give cpu")
+    check_device(device)
     for flag, value in (("--conf", conf), ("--iou", iou)):
         if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):  # NaN fails this too
             raise UsageError(f"{flag} {value}: expected a number from 0 to 1")

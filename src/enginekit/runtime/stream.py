@@ -32,7 +32,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from enginekit.errors import UsageError
+from enginekit.errors import EnginekitError, ModelFailed, UsageError
 
 #: ``--drop``: what happens when frames come faster than the models take them (the queue between
 #: decoding and the models is full)
@@ -190,9 +190,9 @@ class _Failure:
 class _StepFailed(Exception):
     """A model's stage failed on a step: the steps before it still finish, then the stream stops."""
 
-    def __init__(self, step: int, error: BaseException):
-        super().__init__(step, error)
-        self.step, self.error = step, error
+    def __init__(self, step: "StepResult", error: BaseException):
+        super().__init__(step.index, error)
+        self.step, self.error, self.frames = step.index, error, [f.name for f in step.frames]
 
 
 @contextlib.contextmanager
@@ -200,7 +200,17 @@ def _on_step(step: "StepResult"):
     try:
         yield
     except Exception as exc:  # noqa: BLE001 - carried to the caller's thread with its step
-        raise _StepFailed(step.index, exc) from exc
+        raise _StepFailed(step, exc) from exc
+
+
+def _model_failed(model: str, error: BaseException, frames: list[str], step: int | None) -> BaseException:
+    """A model's failure as the stream gives it: enginekit's own errors as they are, anything else (the backend's
+    exception) as ``ModelFailed``, naming the model and the frames, the exception its cause."""
+    if isinstance(error, EnginekitError):
+        return error
+    failure = ModelFailed(model, error, frames, step)
+    failure.__cause__ = error
+    return failure
 
 
 _END = object()
@@ -254,7 +264,7 @@ class _Worker:
             try:
                 fn(*args)
             except _StepFailed as failed:
-                self.fail(failed.error, failed.step)
+                self.fail(_model_failed(self.predictor.model, failed.error, failed.frames, failed.step), failed.step)
             except BaseException as exc:  # noqa: BLE001 - carried to the caller's thread
                 self.fail(exc)
 
@@ -600,7 +610,11 @@ class Stream:
                     self._warming = True  # collections while warming up are not the stream's pauses
                     try:
                         for w in new:
-                            if w.warm_up(step):
+                            try:
+                                warmed = w.warm_up(step)
+                            except Exception as exc:  # noqa: BLE001 - the model's failure on this step's frames
+                                raise _model_failed(w.predictor.model, exc, [f.name for f in step.frames], index) from exc
+                            if warmed:
                                 self.warmups += 1
                     finally:
                         self._warming = False
@@ -619,6 +633,8 @@ class Stream:
                 self._dispatched = index
                 if not complete:
                     return
+        except BaseException as exc:  # noqa: BLE001 - given to the caller before the end marker below
+            self._fail(exc)
         finally:
             for w in self._workers:
                 _put(w.inbox, _STOP_WORKER, self.stop)

@@ -31,7 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from enginekit.errors import UsageError
-from enginekit.fsutil import atomic_write_text
+from enginekit.fsutil import atomic_write_text, read_text
 from enginekit.precisions import names as precision_names
 from enginekit.stages import int8_layout
 from enginekit.stages.modelopt_compat import (
@@ -61,6 +61,7 @@ _ALGORITHMS = {"entropy": "EntropyCalibration2", "max": "MinMaxCalibration"}
 # TensorRT 11 reads no cache, and ModelOpt's reader and this module's skip the field.
 CACHE_TRT_VERSION = 100000
 _HEADER = re.compile(r"^TRT-\d+-(?P<algorithm>\w+)$")
+CALIBRATION_CACHE_LIMIT = 64 * 2**20  # a line per tensor: a few hundred kB for the largest graphs
 _ENTRY = re.compile(r"^(?P<name>.+): (?P<hex>[0-9a-fA-F]{8})$")
 
 
@@ -103,10 +104,10 @@ def read_calibration_cache(path: Path) -> dict[str, float]:
 
 def _read_cache(path: Path) -> tuple[str, dict[str, float]]:
     """(calibrator name from the header, scales); every defect is a one-line UsageError."""
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(f"calibration cache not found: {path}")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_text(path, limit=CALIBRATION_CACHE_LIMIT, what="calibration cache").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not a text file"
         raise UsageError(f"cannot read calibration cache {path}: {reason}") from exc

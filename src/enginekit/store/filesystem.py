@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
-from enginekit.fsutil import current_umask
+from enginekit.fsutil import current_umask, open_regular, read_bytes
 from enginekit.store.base import ObjectInfo, StoreError
 
 _TMP_PREFIX = ".incoming-"
@@ -23,8 +23,10 @@ _TMP_PREFIX = ".incoming-"
 
 class FileStore:
     def __init__(self, url: str):
+        from enginekit.store.settings import folder_of
+
         self.url = url
-        self.root = Path(url[len("file://"):] if url.startswith("file://") else url).expanduser()
+        self.root = Path(folder_of(url))
 
     def _path(self, name: str) -> Path:
         if name.startswith("/") or ".." in name.split("/"):
@@ -33,7 +35,7 @@ class FileStore:
 
     def get(self, name: str) -> bytes | None:
         try:
-            return self._path(name).read_bytes()
+            return read_bytes(self._path(name))
         except FileNotFoundError:
             self.check()
             return None
@@ -46,7 +48,7 @@ class FileStore:
 
         digest, written = hashlib.sha256(), 0
         try:
-            with open(self._path(name), "rb") as src, open(dest, "wb") as out:
+            with open_regular(self._path(name)) as src, open(dest, "wb") as out:
                 while chunk := src.read(8 * 2**20):
                     out.write(chunk)
                     digest.update(chunk)
@@ -63,6 +65,7 @@ class FileStore:
 
     def _staged(self, name: str, write) -> Path:
         path = self._path(name)
+        self.check()  # the store's folder is made by whoever sets it up, never by a write (a typo publishes nowhere)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
@@ -137,7 +140,9 @@ class FileStore:
 
     def check(self, write: bool = False) -> None:
         if not self.root.is_dir():
-            raise StoreError(f"the store {self.url}: {self.root} is not a folder (create it first)", "no-bucket")
+            what = "does not exist" if not os.path.lexists(self.root) else "is not a folder"
+            raise StoreError(f"the store {self.url}: {self.root} {what} (a team store is a folder made for it: "
+                             "create it first)", "no-bucket")
         if write and not os.access(self.root, os.W_OK | os.X_OK):
             raise StoreError(f"the store {self.url}: {self.root} is not writable", "denied")
 

@@ -93,3 +93,35 @@ def check_url(url: str, origin: str = "--remote") -> None:
         from enginekit.store.s3 import parse_s3_url
 
         parse_s3_url(url)
+    else:
+        folder_of(url, origin)
+
+
+def folder_of(url: str, origin: str = "--remote") -> str:
+    """A shared-folder store's folder (``file:///srv/ek`` or ``/srv/ek``), absolute and normalised: the same
+    for every verb whatever the working directory. ``file://`` with no folder, a relative one
+    (``file://rel/dir``: its first part would be a host) and the filesystem root (``$UNSET/``) are refused."""
+    import posixpath
+
+    path = url[len("file://"):] if url.startswith("file://") else url
+    if not path.startswith("/"):
+        raise UsageError(f"{origin} {url!r}: a folder store is file:///ABSOLUTE/PATH (three slashes) or /ABSOLUTE/PATH; "
+                         + ("it names no folder" if not path else f"{path!r} is relative (or a host name)"))
+    folder = posixpath.normpath(path).replace("//", "/")
+    if folder == "/":
+        raise UsageError(f"{origin} {url!r}: the filesystem root cannot be the team store (an unset variable in "
+                         "$VAR/?); name its folder, e.g. file:///srv/enginekit")
+    return folder
+
+
+def check_apart(url: str, cache_root, origin: str = "--remote") -> None:
+    """A folder store not inside the local cache: the cache would take the store's files for its own (``cache ls``
+    listing the store's objects as corrupt entries, ``cache purge`` deleting them)."""
+    import os
+
+    if url.startswith("s3://"):
+        return
+    store = os.path.realpath(folder_of(url, origin))
+    cache = os.path.realpath(os.path.expanduser(str(cache_root)))
+    if store == cache or store.startswith(cache.rstrip("/") + "/"):
+        raise UsageError(f"{origin} {url!r} is inside the local cache {cache}: the team store needs a folder of its own")

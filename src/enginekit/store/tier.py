@@ -226,7 +226,7 @@ class Remote:
             data = self.store.get(info.name)
             try:
                 record = json.loads(data) if data else None
-            except ValueError:
+            except (ValueError, UnicodeDecodeError, RecursionError):
                 continue
             if isinstance(record, dict) and record.get("identity") == identity and record.get("key"):
                 records.append(record)
@@ -238,7 +238,7 @@ class Remote:
             data = self.store.get(info.name)
             try:
                 record = json.loads(data) if data else None
-            except ValueError:
+            except (ValueError, UnicodeDecodeError, RecursionError):
                 continue
             if isinstance(record, dict):
                 out.append(record)
@@ -266,8 +266,11 @@ class Remote:
             return None
         name = index_name(identity, manifest["key"])
         old = self.store.get(name)
-        record = json.loads(old) if old else None
-        if not isinstance(record, dict):
+        try:
+            record = json.loads(old) if old else None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            record = None  # a garbage record (a crashed writer, a hand edit): written anew from the manifest
+        if not isinstance(record, dict) or record.get("key") != manifest["key"]:
             record = {"kind": "engine", "key": manifest["key"], "identity": identity,
                       "hardware": hardware_of(manifest),
                       "verdict": {"parity": (manifest.get("parity") or {}).get("passed")},

@@ -96,6 +96,9 @@ class TorchModelAdapter(ModelAdapter):
         self.source = sources.parse(variant)
         self.declared = ModelSpec.of(declared)
         library = self.source.kind if self.source.kind in ("torchvision", "timm") else ""
+        if self.declared.classes is not None and not library:
+            raise UsageError(f"--classes {self.declared.classes}: torchvision and timm models are built with that many "
+                             f"classes; {self.source.display} builds its own (set them in its code)")
         base, self.row = table.defaults(library, self.source.name) if library else (ModelSpec(), None)
         self.spec = self.declared.over(base)
         self.crop_fraction = table.crop_fraction(library, self.source.name) if library else 0.875
@@ -330,7 +333,8 @@ def _outputs_class():
             self._adapter = [adapter]  # not a submodule
 
         def forward(self, x):
-            out = self.model(x)
+            with sources.user_code(f"{self._adapter[0].variant}'s forward", capture=False):
+                out = self.model(x)
             if isinstance(out, dict):
                 missing = [n for n in self.names if n not in out]
                 if missing:
@@ -358,7 +362,7 @@ def _discover(model, adapter) -> tuple[str, ...]:
     import torch
 
     n, c, h, w = adapter.trace_shape((2, *adapter.default_input[1:]))
-    with torch.no_grad():
+    with torch.no_grad(), sources.user_code(f"{adapter.variant}'s forward", capture=False):
         out = model(torch.zeros(n, c, h, w))
     if isinstance(out, dict):
         return tuple(str(k) for k in out)

@@ -213,8 +213,10 @@ def read_mask(path: Path) -> np.ndarray:
     """A mask PNG's class indices (H, W): a palette or greyscale image; one line for anything else."""
     from PIL import Image, UnidentifiedImageError
 
+    from enginekit.fsutil import open_regular
+
     try:
-        with Image.open(path) as im:
+        with open_regular(path) as f, Image.open(f) as im:
             if im.mode not in ("P", "L", "I", "I;16"):
                 raise UsageError(f"mask {path} is a {im.mode} image: a mask holds one class index per pixel "
                                  "(a greyscale or palette PNG)")
@@ -238,8 +240,10 @@ def mask_path(image: Path) -> Path | None:
 def _image_hw(path: Path) -> tuple[int, int]:
     from PIL import Image, UnidentifiedImageError
 
+    from enginekit.fsutil import open_regular
+
     try:
-        with Image.open(path) as im:
+        with open_regular(path) as f, Image.open(f) as im:
             w, h = im.size
             if im.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # turned a quarter, as OpenCV decodes it
                 w, h = h, w

@@ -19,11 +19,12 @@ Nothing here imports torch at module level: parsing a reference is cheap.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from enginekit.errors import UsageError
 
@@ -227,6 +228,55 @@ def _module_identity(module: str) -> dict[str, str]:
     return {}
 
 
+# -- the user's code ---------------------------------------------------------------------------------
+@contextlib.contextmanager
+def user_code(what: str, *, argv0: str | None = None, capture: bool = True) -> Iterator[None]:
+    """Run the user's code (importing a file, calling a factory, a forward) so that it cannot end enginekit:
+    ``sys.exit`` and any exception become one ``UsageError`` naming ``what`` ("importing train.py"); with
+    ``capture``, what it prints is reported as notes (stderr: stdout carries enginekit's results), and its last line is in the
+    error when it fails (argparse's "error: ..."). ``sys.argv`` is ``[argv0]`` meanwhile, as ``python file.py``
+    would give it: a file that parses the command line at import sees no arguments, not enginekit's.
+
+    ``capture`` swaps the process's stdout and stderr: only for code run once on the main thread (imports,
+    factories), never for a forward, which the runtime calls from several threads."""
+    import io
+    import sys
+
+    saved_argv = sys.argv
+    out = io.StringIO()
+    try:
+        if argv0 is not None:
+            sys.argv = [argv0]
+        with (contextlib.redirect_stdout(out) if capture else contextlib.nullcontext()), \
+                (contextlib.redirect_stderr(out) if capture else contextlib.nullcontext()):
+            yield
+    except UsageError:
+        raise
+    except SystemExit as exc:
+        said = _last_line(out.getvalue())
+        code = exc.code if exc.code is not None else 0
+        raise UsageError(f"{what} ended the program (sys.exit({code!r})){f': {said}' if said else ''}; enginekit "
+                         "imports the file and calls the factory, and neither may exit (parse a command line under "
+                         "`if __name__ == \"__main__\":`)") from exc
+    except Exception as exc:  # noqa: BLE001 - the user's code refused: one line
+        from enginekit.families.base import describe_load_error
+
+        raise UsageError(describe_load_error(exc, f"{what} failed with {type(exc).__name__}")) from exc
+    else:
+        if out.getvalue():  # what it printed, as notes on stderr (a failure's last line is in the error instead)
+            from enginekit import reporting
+
+            for line in out.getvalue().splitlines():
+                reporting.note(f"{what}: {line}")
+    finally:
+        sys.argv = saved_argv
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
 # -- building ----------------------------------------------------------------------------------------
 def build(source: Source, kwargs: dict[str, Any]) -> "torch.nn.Module":
     """The model with its builder's own weights: torchvision's and timm's untrained ones (no download), a
@@ -252,14 +302,8 @@ def build(source: Source, kwargs: dict[str, Any]) -> "torch.nn.Module":
 
 
 def _built(make, source: Source):
-    try:
+    with user_code(f"building {source.display}", argv0=str(source.path) if source.path else None):
         return make()
-    except UsageError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the user's code or the library refused: one line
-        from enginekit.families.base import describe_load_error
-
-        raise UsageError(describe_load_error(exc, f"building {source.display} failed")) from exc
 
 
 def _factory(source: Source):
@@ -267,10 +311,15 @@ def _factory(source: Source):
     import importlib.util
     import sys
 
-    try:
-        if source.kind == "file":
-            check(source)
-            name = f"enginekit_user_{sha256_bytes(str(source.path).encode())[:12]}"
+    where = source.display.rsplit(":", 1)[0]
+    if source.kind == "file":
+        check(source)
+        name = f"enginekit_user_{sha256_bytes(str(source.path).encode())[:12]}"
+        from enginekit.cache import sha256_file
+
+        digest = sha256_file(source.path)
+        module = sys.modules.get(name)
+        if module is None or getattr(module, "__enginekit_sha256__", None) != digest:  # imported once per content
             spec = importlib.util.spec_from_file_location(name, source.path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module  # dataclasses and pickling look their module up here
@@ -279,18 +328,18 @@ def _factory(source: Source):
             if added:  # the file's siblings import as they do when it runs as a script
                 sys.path.insert(0, folder)
             try:
-                spec.loader.exec_module(module)
+                with user_code(f"importing {where}", argv0=str(source.path)):
+                    spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(name, None)
+                raise
             finally:
                 if added:
                     sys.path.remove(folder)
-        else:
+            module.__enginekit_sha256__ = digest
+    else:
+        with user_code(f"importing {where}", argv0=source.module):
             module = importlib.import_module(source.module)
-    except UsageError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        from enginekit.families.base import describe_load_error
-
-        raise UsageError(describe_load_error(exc, f"importing {source.display.rsplit(':', 1)[0]} failed")) from exc
     factory = getattr(module, source.name, None)
     if factory is None or not callable(factory):
         where = source.path.name if source.kind == "file" else source.module
@@ -316,17 +365,59 @@ def load_program(source: Source):
                          f"{TRUST_FLAG} (or set {TRUST_ENV}=1) if you trust it")
     import torch
 
+    logged: list = []
     try:
         if source.kind == "export":
-            program = torch.export.load(str(source.path))
+            with _logged("torch.export", "torch._export", into=logged):  # it logs the cause, then raises
+                program = torch.export.load(str(source.path))
+            _refuse_static_batch(program, source)
             module = _program_module(program, source)
         else:
             module = torch.jit.load(str(source.path), map_location="cpu")
+    except UsageError:
+        raise
     except Exception as exc:  # noqa: BLE001
         from enginekit.families.base import describe_load_error
 
-        raise UsageError(describe_load_error(exc, f"cannot load {source.path.name}")) from exc
+        cause = next((r.exc_info[1] for r in logged if r.exc_info and r.exc_info[1] is not None), exc)
+        raise UsageError(describe_load_error(cause, f"cannot load {source.path.name}")) from exc
     return module
+
+
+@contextlib.contextmanager
+def _logged(*loggers: str, into: list) -> Iterator[None]:
+    """What ``loggers`` log meanwhile goes to ``into`` (their records), not to the terminal."""
+    import logging
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            into.append(record)
+
+    keep = Keep()
+    saved = [(logging.getLogger(name), logging.getLogger(name).handlers, logging.getLogger(name).propagate)
+             for name in loggers]
+    for logger, _, _ in saved:
+        logger.handlers, logger.propagate = [keep], False  # torch gives its loggers handlers of their own
+    try:
+        yield
+    finally:
+        for logger, handlers, propagate in saved:
+            logger.handlers, logger.propagate = handlers, propagate
+
+
+def _refuse_static_batch(program, source: Source) -> None:
+    """A program captured with a fixed batch (torch.export's default: every dimension static) runs at that batch
+    only, and enginekit's graphs take any batch: refused in one line saying how to capture it."""
+    from enginekit.shapes import format_shape
+
+    inputs = set(program.graph_signature.user_inputs)
+    shapes = [tuple(n.meta["val"].shape) for n in program.graph.nodes
+              if n.op == "placeholder" and n.name in inputs and hasattr(n.meta.get("val"), "shape")]
+    if len(shapes) == 1 and len(shapes[0]) == 4 and isinstance(shapes[0][0], int):
+        shape = tuple(d if isinstance(d, int) else "?" for d in shapes[0])
+        raise UsageError(f"{source.path.name} was captured with a fixed input {format_shape(shape)} (torch.export's "
+                         "default: static shapes), and enginekit's graphs take any batch: capture it with "
+                         "dynamic_shapes=({0: torch.export.Dim('batch')},) (add 2 and 3 for any H x W)")
 
 
 def _program_module(program, source: Source):

@@ -109,6 +109,13 @@ def read_split(dataset: Dataset, split: str, task: str, model_names: dict[int, s
 def _ultralytics_labels(images: list[Path], data: dict, task: str) -> list[dict]:
     """Ultralytics' label dicts of ``images`` (its parsing and checks), its label cache in a temporary folder."""
     from ultralytics.data.dataset import YOLODataset
+    from ultralytics.data.utils import img2label_paths
+
+    from enginekit.fsutil import refuse_special_file
+
+    for image, label in zip(images, img2label_paths([str(p) for p in images])):  # Ultralytics' threads would block
+        refuse_special_file(image, "image")
+        refuse_special_file(label, "label file")
 
     class Labels(YOLODataset):
         def get_img_files(self, img_path):  # the images chosen (a list of files, not of file lists)

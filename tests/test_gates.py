@@ -561,13 +561,15 @@ def test_lossy_int8_exits_1_naming_what_it_lost(trained, tmp_path, run_cli):
 
 
 def test_entropy_calibration_at_320_loses_detections(trained, tmp_path):
-    """The old default (entropy on the embedded photographs) drops 3 of 49 FP32 detections at 320:
-    more than the 5% the gate allows. The reason YOLO's default is max."""
+    """The old default (entropy on the embedded photographs) moves more than the 5% of the FP32 detections the gate
+    allows at 320: it dropped 3 of 49 with one trained detector (recall 0.94), added extra ones with another
+    (precision below 0.95). The reason YOLO's default is max."""
     outcome = _verify_int8(trained, tmp_path, calib_method="entropy")
     report, art = _int8_artifact(outcome)
     assert not outcome.passed
-    assert "task recall" in {c.name for c in report.failures()}
-    assert 0.85 < art.task["recall"] < 0.95, art.task
+    failed = {c.name for c in report.failures()} & {"task recall", "task precision"}
+    assert failed, [str(c) for c in report.failures()]
+    assert 0.8 < min(art.task["recall"], art.task["precision"]) < 0.95, art.task
 
 
 def scale_largest_weight(src, dst, share: float = 0.1, factor: float = -3.0):

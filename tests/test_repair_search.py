@@ -91,11 +91,17 @@ def test_int8_repair_on_the_trained_detector(trained_detector, detector_images, 
     quantized = []
     real_quantize = int8.quantize_int8  # the pipeline imports it where it quantizes
     monkeypatch.setattr(int8, "quantize_int8", lambda *a, **k: quantized.append(a) or real_quantize(*a, **k))
-    out = api.build("yolov8n", weights=trained_detector.weights, precision="int8", profiles=["1x3x320x320"],
-                    calib_data=detector_images, calib_method="entropy", repair=True,
-                    tolerances=["int8.rel_l2=0.05"], verify=False,
-                    cache=Cache(tmp_path / "cache"), quiet=True)
-    rec = out.manifest["repair"]
+    limit = 0.05
+    for _ in range(4):  # a limit the default INT8 graph fails: a fifth under its own worst error
+        out = api.build("yolov8n", weights=trained_detector.weights, precision="int8", profiles=["1x3x320x320"],
+                        calib_data=detector_images, calib_method="entropy", repair=True,
+                        tolerances=[f"int8.rel_l2={limit:.6g}"], verify=False,
+                        cache=Cache(tmp_path / "cache"), quiet=True)
+        rec = out.manifest["repair"]
+        if rec["failures_before"]:
+            break
+        assert rec["passed"] and not rec["nodes"] and rec["trials"] == 1, rec  # nothing to repair: nothing moved
+        limit = rec["rel_l2_before"] * 0.8
     assert rec["passed"] and rec["failures_before"] and not rec["failures_after"], rec
     # a gate 5x tighter than the default on every output part: with only the head's last convolutions and the
     # DFL excluded (the family's default), the search kept 18 of 81 candidates (22%); with the whole head

@@ -141,8 +141,11 @@ def test_onnx_cpu_matches_ultralytics_predict_on_trained_task_model(task, task_o
         elif task == "depth":  # the map at the original size (the image stretched to the input, as Ultralytics)
             want = ref.depth.data.cpu().numpy() if hasattr(ref.depth, "data") else ref.depth.cpu().numpy()
             assert ours.depth.shape == want.shape == ours.image_shape
-            assert np.abs(ours.depth - want).max() <= 1e-3 * float(np.abs(want).max())
-            assert want.std() > 0.05 * float(np.abs(want).mean())  # a map that varies: it compared something
+            tol = 1e-3 * float(np.abs(want).max())
+            assert np.abs(ours.depth - want).max() <= tol
+            # a map that varies by far more than the tolerance: it compared something (the lightly trained model's
+            # spread is a few percent of its mean, 0.05 of 3.5 m with one training run)
+            assert want.std() > 10 * tol, (want.std(), tol)
             n = 1
         elif task == "obb":
             r = ref.obb

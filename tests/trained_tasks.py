@@ -234,16 +234,16 @@ def held_out_images(folder: Path, task: str, count: int = 4, seed: int = 10_000)
     return folder
 
 
-def int8_sets(root: Path, tasks, size: int, held_out_tasks=None) -> dict:
+def int8_sets(root: Path, tasks, size: int, held_out_tasks=None, held_out: int = 8) -> dict:
     """What the INT8 task tests share: a Cache under ``root``, a noise batch (8 x 3 x size x size) to
-    calibrate on, and per task 8 held-out images and 8 calibration images of the training distribution
+    calibrate on, and per task ``held_out`` held-out images and 8 calibration images of the training distribution
     (drawn with another seed than the held-out ones, 10 000)."""
     from enginekit.cache import Cache
 
     noise = root / "noise.npy"
     np.save(noise, np.random.default_rng(0).random((8, 3, size, size), dtype=np.float32))
     return {"root": root, "cache": Cache(root / "cache"), "noise": noise,
-            "held_out": {t: held_out_images(root / "held-out" / t, t, count=8) for t in (held_out_tasks or tasks)},
+            "held_out": {t: held_out_images(root / "held-out" / t, t, count=held_out) for t in (held_out_tasks or tasks)},
             "domain": {t: held_out_images(root / "calibration" / t, t, count=8, seed=20_000) for t in tasks}}
 
 

@@ -141,14 +141,23 @@ def greedy_pairs(sim: np.ndarray, ref: Instances, cand: Instances, thr: float = 
     return pairs
 
 
+#: two kept rows are one box (the same detection, its numbers rounded differently) from this IoU on: rounding moves a
+#: box by a fraction of a pixel (FP16 at 640: IoU >= 0.98), where two boxes that NMS told apart overlap near its
+#: threshold (0.7)
+SAME_BOX_IOU = 0.9
+
+
 def paired_rows(ref_out: np.ndarray, cand_out: np.ndarray, *, xywh: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Kept-box outputs (B, max_det, 6+) with the rows the two share side by side.
 
     An NMS graph's rows are its kept boxes by descending score, zero-padded: two near-equal
     scores swapped, or one box above the threshold in one and not the other, shifts every row
     after it. Per image, each reference row is paired with the candidate row ``greedy_pairs`` gives
-    it (same class, box IoU >= 0.5); pairs come first, in the reference's order, the rest are
-    zero in both. Parity then measures the boxes both kept; recall and precision count the others.
+    it (same class, box IoU >= 0.5) where the two are one box (IoU >= ``SAME_BOX_IOU``); pairs come first,
+    in the reference's order, the rest are zero in both. Parity then measures the boxes both kept; recall,
+    precision and mAP count the others, among them an object whose NMS kept another of its overlapping
+    boxes (a rounding moves an IoU across NMS's threshold: that pair overlaps about as much as the threshold,
+    0.7, and differs in score by what separates two boxes, not by rounding).
     ``xywh``: the rows' boxes are centre and size (rotated boxes' upright extent pairs them; RT-DETR's
     top-k rows, in query order, which near-equal scores reorder the same way)."""
     ref_aligned, cand_aligned = np.zeros_like(ref_out), np.zeros_like(cand_out)
@@ -161,7 +170,9 @@ def paired_rows(ref_out: np.ndarray, cand_out: np.ndarray, *, xywh: bool = False
 
     for b, (ref, cand) in enumerate(zip(ref_out, cand_out)):
         (r_rows, r), (c_rows, c) = instances(ref), instances(cand)
-        pairs = sorted(greedy_pairs(box_iou(r, c), r, c), key=lambda p: p[1])
+        iou = box_iou(r, c)
+        pairs = sorted(((ci, ri) for ci, ri in greedy_pairs(iou, r, c) if iou[ri, ci] >= SAME_BOX_IOU),
+                       key=lambda p: p[1])
         for k, (ci, ri) in enumerate(pairs):
             ref_aligned[b, k], cand_aligned[b, k] = ref[r_rows[ri]], cand[c_rows[ci]]
     return ref_aligned, cand_aligned

@@ -99,7 +99,8 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
     names = rp.quantized_nodes(chain[-1].path) if precision == "int8" else rp.candidate_nodes(source.path, precision)
     if passed:
         return chain[-1], {"nodes": [], "moved": 0, "candidates": len(names), "rel_l2_before": worst,
-                           "rel_l2_after": worst, "trials": 1, "task_before": first.task, "task_after": first.task}
+                           "rel_l2_after": worst, "trials": 1, "task_before": first.task, "task_after": first.task,
+                           "passed": True, "failures_before": [], "failures_after": []}
     with reporting.stage(f"repair {precision}: rank {len(names)} nodes") as s:
         feed = cases[0].feed
         ranking = rp.per_node_error(source.path, chain[-1].path, feed, names)

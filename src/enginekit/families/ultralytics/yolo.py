@@ -98,6 +98,13 @@ def yolo_variants(suffix: str = "") -> list[str]:
     return sorted(names)
 
 
+#: node names of an --nms graph: the model's under /nms/model/ (the prefix the exclusions below allow), the
+#: suppression's own beside them. Both stay out of reduced precision: INT8 would quantize the scores that rank the
+#: boxes (TopK) and the class offsets added to their corners, FP16 round the corners the IoUs come from.
+IN_NMS = r"(?:/nms/model)?"
+NMS_NODES = r"/nms/(?!model/)"
+
+
 def ends_in_own_nms(name: str, suffix: str = "") -> bool:
     """Whether the architecture ``name`` is built from has a one-to-one head (yolo26's
     ``end2end: True``, yolov10's v10Detect): its outputs are kept boxes already."""
@@ -112,6 +119,9 @@ class YoloFamily(UltralyticsAdapter):
     """A YOLO family: ``<detector name><suffix>`` (suffix "" for detectors)."""
 
     suffix = ""
+    # An --nms graph's suppression stays FP32: box corners up to 640 px are 0.25-0.5 px apart in FP16, enough to
+    # move an IoU across the threshold and keep another box (a graph without NMS has no such node)
+    fp16_keep_fp32 = (NMS_NODES,)
 
     @classmethod
     def matches(cls, name: str) -> bool:
@@ -245,10 +255,11 @@ class _YoloInstances(InstanceEvaluation, YoloFamily):
     # the head's branches that INT8 leaves alone: box/DFL and class branches (as for detectors), and
     # each task's own branch (mask coefficients, keypoints, angle: cv4) and the mask prototypes
     int8_exclude = (
-        r"/model\.\d+/(one2one_)?cv[234]\.\d+/.*",
-        r"/model\.\d+/(one2one_)?cv4_(kpts|sigma)\.\d+/.*",
-        r"/model\.\d+/(one2one_)?dfl/.*",
-        r"/model\.\d+/proto/.*",
+        IN_NMS + r"/model\.\d+/(one2one_)?cv[234]\.\d+/.*",
+        IN_NMS + r"/model\.\d+/(one2one_)?cv4_(kpts|sigma)\.\d+/.*",
+        IN_NMS + r"/model\.\d+/(one2one_)?dfl/.*",
+        IN_NMS + r"/model\.\d+/proto/.*",
+        NMS_NODES,
     )
 
     @classmethod
@@ -353,8 +364,8 @@ class YoloAdapter(_YoloInstances):
     # keeps 19 of 88 / 25 of 123 quantizable nodes of a trained yolov8s / yolo11s in high precision (22% /
     # 20%) for the same detections (recall 0.992 / 0.986, precision 1 / 1 on 123 / 143 FP32 detections);
     # the last convolutions alone keep 7 of 88 / 7 of 123 (8% / 6%).
-    int8_exclude = (r"/model\.\d+/(one2one_)?cv[23]\.\d+/(one2one_)?cv[23]\.\d+\.2/.*",
-                    r"/model\.\d+/(one2one_)?dfl/.*")
+    int8_exclude = (IN_NMS + r"/model\.\d+/(one2one_)?cv[23]\.\d+/(one2one_)?cv[23]\.\d+\.2/.*",
+                    IN_NMS + r"/model\.\d+/(one2one_)?dfl/.*", NMS_NODES)
     # Against the FP32 detections at the operating point (conf 0.25): a graph fails when it loses
     # more than 5% of them (recall), adds more than 5% (precision), or ranks them below mAP50 0.9
     # (measured in families/ultralytics/base.py: fp16 1 / 1 / 0.995, int8 1 / 0.98 / 0.994 on the trained

@@ -1,11 +1,10 @@
 """verify --data: graphs scored against a dataset's labels by Ultralytics' validator metrics.
 
-Oracle: Ultralytics' own ``YOLO(pt).val(data=..., batch=1)`` on the suite's trained detector and labelled
-splits drawn like its training data. On square images at the network size every letterbox is the identity,
-so enginekit's FP32 figures must be the validator's (``rect=False``: the same input) to rounding; on
-non-square images Ultralytics' validator pads each side to the stride plus half a stride (``pad=0.5``) where
-the runtime (as ``YOLO(pt).predict``) takes the smallest stride-aligned rectangle, so the figures agree
-within 0.005. A tampered graph loses mAP against the labels and its drop gate fails.
+Oracle: Ultralytics' own ``YOLO(pt).val(data=..., batch=1)`` at its defaults (``rect=True``: each image padded
+into its rectangle, stride-aligned plus half a stride) on the suite's trained models and labelled splits drawn
+like their training data, non-square as users' photographs are, for every instance task: enginekit's FP32
+figures are the validator's to rounding. A graph of one size scores as ``YOLO(file).val()`` (``rect=False``).
+A tampered graph loses mAP against the labels and its drop gate fails.
 """
 
 from __future__ import annotations
@@ -73,7 +72,7 @@ def _val(weights, data, **kw) -> dict:
 def _verify(graph, weights, data, cache, tmp_path, **kw):
     from enginekit import api
 
-    kw.setdefault("image_count", 1)
+    kw.setdefault("image_count", 4)
     return api.verify(str(graph), reference=weights, data=data, cache=cache, quiet=True,
                       report_dir=tmp_path / "report", **kw)
 
@@ -86,7 +85,8 @@ def test_fp32_figures_are_ultralytics_val(graph, trained_detector, splits, cache
     ref = gt["reference"]
     assert 0.2 < ref["map50_95"] < 0.98, ref  # labels the detector gets partly right: a figure that could differ
     assert ref["images"] == 9 and ref["instances"] > 16  # the background image scores too
-    want = _val(trained_detector.weights, splits["square"], rect=False)
+    want = _val(trained_detector.weights, splits["square"])  # its defaults: rect=True (320 -> 352x352)
+    assert gt["letterbox"] == ref["letterbox"] == "val rect" and gt["rectangles"] == 9
     for key in ("map50_95", "map50", "precision", "recall"):
         assert ref[key] == pytest.approx(want[key], abs=1e-3), (key, ref, want)
         assert gt[key] == pytest.approx(ref[key], abs=2e-3)  # the FP32 graph scores as its PyTorch model
@@ -105,9 +105,9 @@ def test_fp32_figures_are_ultralytics_val(graph, trained_detector, splits, cache
 
 
 def test_non_square_images_score_as_val(graph, trained_detector, splits, cache, tmp_path):
-    """A graph fixed at the square takes each image squared, as ``val(rect=False)`` does: the same figures. The
-    graph that takes any H x W takes each image's own rectangle (``YOLO(pt).predict``'s), which Ultralytics'
-    val never feeds (it pads half a stride more): close, not equal."""
+    """A graph fixed at the square takes each image squared, as ``YOLO(file).val()`` (``rect=False``) does: the
+    same figures. The graph that takes any H x W takes each image's validator rectangle, as ``YOLO(pt).val()``:
+    the same figures again, where the runtime's own rectangle (``YOLO(pt).predict``'s) gave 0.0087 less."""
     import onnx
 
     model = onnx.load(str(graph))
@@ -117,7 +117,7 @@ def test_non_square_images_score_as_val(graph, trained_detector, splits, cache, 
     fixed = tmp_path / "fixed.onnx"
     onnx.save(model, str(fixed))
     square = _verify(fixed, trained_detector.weights, splits["rect"], cache, tmp_path).reports[0].artifacts[-1]
-    assert square.ground_truth["rectangles"] == 0
+    assert square.ground_truth["rectangles"] == 0 and square.ground_truth["letterbox"] == f"{SIZE}x{SIZE}"
     want = _val(trained_detector.weights, splits["rect"], rect=False)
     assert 0.2 < want["map50_95"] < 0.98
     for key in ("map50_95", "map50", "precision", "recall"):
@@ -125,12 +125,66 @@ def test_non_square_images_score_as_val(graph, trained_detector, splits, cache, 
         assert square.ground_truth[key] == pytest.approx(want[key], abs=2e-3), key
 
     rect = _verify(graph, trained_detector.weights, splits["rect"], cache, tmp_path).reports[0].artifacts[-1]
-    assert rect.ground_truth["rectangles"] == 12  # every image at its own rectangle
-    assert rect.ground_truth["map50_95"] == pytest.approx(rect.ground_truth["reference"]["map50_95"], abs=2e-3)
-    # 12 images, 320: a few boxes move with the letterbox (0.0087 from val's default measured; 200 images of a
-    # yolov8s at 640: see the README)
+    assert rect.ground_truth["rectangles"] == 12  # every image at its validator rectangle
+    assert rect.ground_truth["letterbox"] == rect.ground_truth["reference"]["letterbox"] == "val rect"
     default = _val(trained_detector.weights, splits["rect"])
-    assert rect.ground_truth["reference"]["map50_95"] == pytest.approx(default["map50_95"], abs=0.02)
+    for key in ("map50_95", "map50", "precision", "recall"):
+        assert rect.ground_truth["reference"][key] == pytest.approx(default[key], abs=1e-3), key
+        assert rect.ground_truth[key] == pytest.approx(default[key], abs=2e-3), key
+
+
+def test_val_rectangles_are_ultralytics_own():
+    """The rectangle each image gets is the one Ultralytics' validator dataset gives it at batch 1 (``rect=True``,
+    ``pad=0.5``): a 4:3 photograph 512x672 at 640 (not the predictor's 480x640), a square one 672x672."""
+    from enginekit.families.ultralytics.labels import val_rectangles
+
+    shapes = [(1080, 810), (720, 1280), (640, 640), (90, 160), (160, 90), (333, 500)]
+    assert val_rectangles(shapes, 640, 32)[:3] == [(672, 512), (384, 672), (672, 672)]
+    # against Ultralytics' formula, computed here by hand for each
+    for (h, w), got in zip(shapes, val_rectangles(shapes, 640, 32)):
+        ar = h / w
+        want = [ar, 1] if ar < 1 else [1, 1 / ar] if ar > 1 else [1, 1]
+        assert got == tuple(int(np.ceil(v * 640 / 32 + 0.5)) * 32 for v in want), ((h, w), got)
+
+
+# --------------------------------------------------------------------------- every instance task against yolo val
+
+#: non-square images at the trained size of the suite's task models (160): 3:4, 9:16, 4:3
+TASK_SPLIT = [(120, 160), (160, 90), (160, 120)]
+#: per task, the validator's metric suffix -> enginekit's key prefix
+TASK_METRICS = {"segment": {"B": "", "M": "mask_"}, "pose": {"B": "", "P": "pose_"}, "obb": {"B": ""}}
+
+
+@pytest.mark.parametrize("task", sorted(TASK_METRICS))
+def test_every_instance_task_scores_as_yolo_val(task, tmp_path_factory, cache):
+    """Segment, pose and obb (the detector is above): enginekit's FP32 figures on 3 non-square images equal
+    ``YOLO(pt).val(data, batch=1)`` at its defaults, within 0.002, and a graph that takes any H x W scores the same."""
+    from trained_tasks import MODELS, labelled_split, trained_task_model
+    from ultralytics import YOLO
+
+    from enginekit import api
+
+    root = tmp_path_factory.mktemp(f"val-{task}")
+    data = labelled_split(root / "data", task, TASK_SPLIT)
+    weights = trained_task_model(task)
+    graph = api.export(MODELS[task], weights=weights, input="1x3x160x160", output=root / "model.onnx", cache=cache,
+                       quiet=True).output
+    outcome = api.verify(str(graph), reference=weights, data=data, cache=cache, quiet=True, image_count=3,
+                         tolerances=["conf=0.1", "min_detections=0"])
+    art = outcome.reports[0].artifacts[-1]
+    gt, ref = art.ground_truth, art.ground_truth["reference"]
+    assert gt["images"] == 3 and gt["rectangles"] == 3 and gt["letterbox"] == "val rect", gt
+    r = YOLO(str(weights)).val(data=str(data), batch=1, imgsz=160, device="cpu", plots=False, verbose=False,
+                               workers=0, save_json=False, project=str(root / "runs"))
+    want = {f"{TASK_METRICS[task][k[-2]]}{name}": float(v) for k, v in r.results_dict.items() if k.startswith("metrics/")
+            for stem, name in (("mAP50-95", "map50_95"), ("mAP50", "map50"), ("precision", "precision"),
+                               ("recall", "recall")) if k == f"metrics/{stem}({k[-2]})" and k[-2] in TASK_METRICS[task]}
+    assert len(want) == 4 * len(TASK_METRICS[task]), r.results_dict
+    headline = {"segment": "mask_map50_95", "pose": "pose_map50_95", "obb": "map50_95"}[task]
+    assert 0.05 < want[headline] < 0.99, want  # a figure that could differ
+    for key, value in want.items():
+        assert ref[key] == pytest.approx(value, abs=2e-3), (key, ref, want)
+        assert gt[key] == pytest.approx(ref[key], abs=2e-3), (key, gt, ref)
 
 
 def test_a_graph_that_loses_map_fails_its_labels_gate(graph, trained_detector, splits, cache, tmp_path):

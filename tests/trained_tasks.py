@@ -91,16 +91,17 @@ def _outline(cls: int, cx: float, cy: float, r: float, theta: float) -> tuple[np
     return poly, poly
 
 
-def draw_image(rng, size: int, objects, side_px):
-    """(RGB uint8 image, [(cls, polygon Nx2, keypoints 3x2)] in pixels)."""
+def draw_image(rng, size, objects, side_px):
+    """(RGB uint8 image, [(cls, polygon Nx2, keypoints 3x2)] in pixels). ``size``: a side, or (H, W)."""
     import cv2
 
-    img = _background(rng, size, size)
+    h, w = (size, size) if isinstance(size, int) else size
+    img = _background(rng, h, w)
     shapes, centres = [], []
     for _ in range(int(rng.integers(objects[0], objects[1] + 1))):
         r = float(rng.uniform(*side_px)) / 2
         for _attempt in range(20):
-            cx, cy = rng.uniform(r + 2, size - r - 2, 2)
+            cx, cy = rng.uniform(r + 2, w - r - 2), rng.uniform(r + 2, h - r - 2)
             if all(np.hypot(cx - x, cy - y) > r + rr + 4 for x, y, rr in centres):
                 break
         else:
@@ -117,11 +118,14 @@ def draw_image(rng, size: int, objects, side_px):
     return np.clip(img, 0, 255).astype(np.uint8), shapes
 
 
-def _label(task: str, cls: int, poly: np.ndarray, kpts: np.ndarray, size: int) -> str:
+def _label(task: str, cls: int, poly: np.ndarray, kpts: np.ndarray, size) -> str:
+    """One YOLO label line (``size``: the image's side, or its (H, W)); detect: the outline's box."""
     import cv2
 
+    h, w = (size, size) if isinstance(size, int) else size
+
     def fmt(points):
-        return " ".join(f"{v / size:.6f}" for v in np.asarray(points).reshape(-1))
+        return " ".join(f"{v:.6f}" for v in (np.asarray(points, np.float64).reshape(-1, 2) / [w, h]).reshape(-1))
 
     if task == "segment":
         return f"{cls} {fmt(poly)}"
@@ -129,9 +133,32 @@ def _label(task: str, cls: int, poly: np.ndarray, kpts: np.ndarray, size: int) -
         return f"{cls} {fmt(cv2.boxPoints(cv2.minAreaRect(poly.astype(np.float32))))}"
     x1, y1 = poly.min(0)
     x2, y2 = poly.max(0)
-    box = [(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1]
-    kp = " ".join(f"{x / size:.6f} {y / size:.6f} 2" for x, y in kpts)
-    return f"{cls} {fmt(box)} {kp}"
+    box = fmt([[(x1 + x2) / 2, (y1 + y2) / 2], [x2 - x1, y2 - y1]])
+    if task == "detect":
+        return f"{cls} {box}"
+    kp = " ".join(f"{x / w:.6f} {y / h:.6f} 2" for x, y in kpts)
+    return f"{cls} {box} {kp}"
+
+
+def labelled_split(root: Path, task: str, sizes, seed: int = 30_000) -> Path:
+    """A val split of images of ``sizes`` ((H, W) each: non-square, as users' photographs) drawn like ``task``'s
+    training images, with its labels and a dataset YAML (the path returned)."""
+    import cv2
+
+    data = _settings(task)[0]
+    rng = np.random.default_rng(seed)
+    for sub in ("images/val", "labels/val"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for i, hw in enumerate(sizes):
+        img, shapes = draw_image(rng, tuple(hw), data["objects"], data["side_px"])
+        cv2.imwrite(str(root / "images/val" / f"{i:03d}.png"), img[..., ::-1])
+        lines = [_label(task, c, p, k, tuple(hw)) for c, p, k in shapes]
+        (root / "labels/val" / f"{i:03d}.txt").write_text("\n".join(lines) + ("\n" if lines else ""))
+    names = "".join(f"  {i}: {n}\n" for i, n in enumerate(NAMES))
+    extra = "kpt_shape: [3, 3]\nflip_idx: [0, 1, 2]\n" if task == "pose" else ""
+    path = root / "data.yaml"
+    path.write_text(f"path: {root}\ntrain: images/val\nval: images/val\n{extra}names:\n{names}")
+    return path
 
 
 def write_classify_dataset(root: Path, data: dict = DATA_CLS) -> Path:

@@ -280,7 +280,7 @@ def ladder_table(outcome) -> None:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     latency = any(r.get("latency_ms") for r in rows)
     label = {"miou": "mIoU"}.get(metric) or metric.replace("_", " ").replace("map50 95", "mAP50-95").replace("map", "mAP")
-    for col in ("precision", "artifact", label,
+    for col in ("precision", "artifact", "letterbox", label,
                 "drop", "gate", "size MB", *(["p50 ms (bench)"] if latency else [])):
         table.add_column(col, no_wrap=True)
     for r in rows:
@@ -289,12 +289,17 @@ def ladder_table(outcome) -> None:
             gate = "reference" if r["artifact"] == "PyTorch" else ""
         else:
             gate = (f"[green]pass[/] (<= {r['limit']:g})" if r["passed"] else f"[bold red]FAIL[/] (> {r['limit']:g})")
-        cells = [r["precision"], r["artifact"], f"{r['value']:.4f}", drop, gate,
+        cells = [r["precision"], r["artifact"], r.get("letterbox") or "", f"{r['value']:.4f}", drop, gate,
                  f"{r['size_mb']:.1f}" if r["size_mb"] else ""]
         if latency:
             lat = r.get("latency_ms")
             cells.append(f"{lat['p50_ms']:.2f} ({lat['backend']})" if lat else "")
         table.add_row(*cells)
     console.print(table)
+    from enginekit.verification.ladder import letterbox_legend
+
+    legend = letterbox_legend(rows)
+    if legend:
+        console.print(f"  {escape(legend)}")
     for note in info.get("notes", []):
         console.print(f"  [yellow]note:[/] {escape(note)}")

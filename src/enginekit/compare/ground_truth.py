@@ -156,7 +156,8 @@ class SemanticScores:
 def drops(reference: dict[str, float], candidate: dict[str, float]) -> dict[str, float]:
     """The candidate's loss against the reference on each figure both have (positive: worse)."""
     skip = {"images", "instances", "rectangles", "pixels", "classes"}
-    return {f"{k}_drop": float(reference[k] - candidate[k]) for k in reference if k in candidate and k not in skip}
+    return {f"{k}_drop": float(reference[k] - candidate[k]) for k in reference
+            if k in candidate and k not in skip and isinstance(reference[k], (int, float))}
 
 
 Scorer = Callable[[], "InstanceScores | ClassifyScores | SemanticScores"]

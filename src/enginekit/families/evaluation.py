@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from enginekit.compare.instances import MAX_DET, Instances, Similarity, box_iou, compare_instances
+from enginekit.compare.instances import CONF_MAP, MAX_DET, Instances, Similarity, box_iou, compare_instances
 from enginekit.compare.parts import OutputPart
 
 
@@ -98,6 +98,9 @@ class InstanceEvaluation:
         return first.boxes
 
     # -- against labels (verify --data): the family reads them (``read_labels``, ``label_truth``) -----------
+    #: the lowest score a prediction scored against labels may have: Ultralytics' validator's default
+    label_conf = CONF_MAP
+
     def label_scores(self, names: dict[int, str], metadata: dict[str, str]):
         """Ultralytics' validator metrics of this task (``compare.ground_truth.InstanceScores``)."""
         from enginekit.compare.ground_truth import InstanceScores
@@ -110,10 +113,8 @@ class InstanceEvaluation:
     def add_label_image(self, scores, split, sample, image_bgr, outputs, metadata, letterbox, max_det: int) -> None:
         """One image into ``scores``: its labels in the input's pixels (``letterbox``: the runtime's for it)
         against the predictions decoded as Ultralytics' validator decodes them (down to conf 0.001, multi-label)."""
-        from enginekit.compare.instances import CONF_MAP
-
         truth = self.label_truth(split, sample, image_bgr, letterbox)
-        (pred,) = self.decode(outputs, metadata, CONF_MAP, max_det=max_det, validator=True)
+        (pred,) = self.decode(outputs, metadata, self.label_conf, max_det=max_det, validator=True)
         scores.add(truth, pred, sample.path.name)
 
     def nothing_to_compare(self, task):

@@ -1,10 +1,13 @@
 """``verify --data``: the FP32 PyTorch model and every candidate scored against a dataset's labels.
 
-Each image goes through the preprocessing of the runtime the candidate stands for (Ultralytics' letterbox at
-the network size: the image's own rectangle where the graph or engine takes it, as ``YOLO(pt).predict``;
-else the full size), one image per inference (batch 1, as the runtime runs a frame); the outputs are decoded
-by the family as Ultralytics' validator decodes them (confidence 0.001, NMS IoU 0.7, multi-label, 300 per
-image or the most labels an image has) and scored by Ultralytics' validator metrics
+Each image is loaded and letterboxed as the family's own validator does it, so the FP32 figure is the one users
+already have: YOLO's (detect, segment, pose, obb) as ``yolo val`` at its defaults, the image's longer side at the
+network's and padded into its validator rectangle (``rect=True`` at batch 1: stride-aligned plus half a stride) for
+the PyTorch model and every graph that takes any H x W, as ``YOLO(pt).val()``; into the network's size for a file of
+one size, as ``YOLO(file).val()`` (``families.ultralytics.labels``). Other families: the runtime's preprocessing
+(the image's own rectangle where the graph takes it, else the network's size). One image per inference (batch 1);
+the outputs are decoded by the family as Ultralytics' validator decodes them (confidence 0.001, obb 0.01, NMS IoU 0.7,
+multi-label, 300 per image or the most labels an image has) and scored by Ultralytics' validator metrics
 (``compare.ground_truth``). The FP32 PyTorch reference is scored with each candidate's own letterbox, so a
 candidate's drop is its own loss. Semantic models (``families.torch_models``): every frame goes to the
 network's size as the runtime takes it, and the class map the runtime gives at the frame's size is scored
@@ -28,7 +31,7 @@ from enginekit.compare.ground_truth import HEADLINE, drops
 from enginekit.compare.instances import IOU_NMS, MAX_DET
 from enginekit.errors import UsageError
 
-GROUND_TRUTH_VERSION = 1  # part of every ground-truth key: bump when scoring changes
+GROUND_TRUTH_VERSION = 2  # part of every ground-truth key: bump when scoring changes (2: yolo val's letterbox)
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class GroundTruth:
         self.unit = "labelled pixels" if self.adapter.task == "semantic" else "instances"  # what ``instances`` counts
         with reporting.stage(f"labels ({request.source.name}, {request.split})") as s:
             self.split = self.adapter.read_labels(load_dataset(request.source), request.split, self.metadata,
-                                                  limit=request.limit)
+                                                  limit=request.limit, imgsz=max(self.hw))
             s.detail = f"{len(self.split.samples)} images, {self.split.instances} {self.unit}"
         if not self.split.instances:  # every figure would be 0 for the reference and each graph alike: no check
             raise UsageError(f"--data {request.source}: its {request.split} split holds no labels for a "
@@ -84,16 +87,33 @@ class GroundTruth:
 
     # -- input sizes -------------------------------------------------------------------------------
     def input_sizes(self, accepts_hw: Callable | None) -> list[tuple[tuple[int, int], bool]]:
-        """Per image: (network input H x W, whether it is the image's rectangle), as the candidate's runtime."""
+        """Per image: (network input H x W, whether it is the image's rectangle). A family scored as its own
+        validator scores (``label_rectangles``, YOLO's ``yolo val``) gives its rectangles; else the image's
+        rectangle as the candidate's runtime makes it (``rect_hw``). A candidate that does not take a rectangle
+        (a graph or engine of one size) gets the network's size, as ``YOLO(file).val()`` does."""
+        if hasattr(self.adapter, "label_rectangles"):
+            rects = self.adapter.label_rectangles(self.split, self.hw)
+        else:
+            rects = [self.adapter.rect_hw(s, self.hw) if s is not None else None
+                     for s in (_image_hw(sample) for sample in self.split.samples)]
         sizes = []
-        for sample in self.split.samples:
-            shape = _image_hw(sample)
-            rect = self.adapter.rect_hw(shape, self.hw) if shape is not None else None
+        for rect in rects:
             if rect is not None and tuple(rect) != self.hw and accepts_hw is not None and accepts_hw(tuple(rect)):
                 sizes.append((tuple(rect), True))
             else:
                 sizes.append((self.hw, False))
         return sizes
+
+    def letterbox_of(self, sizes) -> str:
+        """The letterbox a score was made at, in words (the report's column)."""
+        rects = sum(1 for _, r in sizes if r)
+        full = "x".join(map(str, self.hw))
+        if not hasattr(self.adapter, "label_rectangles"):
+            return full if not rects else f"own rectangle ({rects} of {len(sizes)})" if rects < len(sizes) else \
+                "own rectangle"
+        if rects == len(sizes):
+            return "val rect"
+        return full if not rects else f"val rect {rects} of {len(sizes)}, else {full}"
 
     # -- scoring ------------------------------------------------------------------------------------
     def score(self, name: str, identity: str, run: Callable, accepts_hw: Callable | None, versions: dict) -> dict:
@@ -102,7 +122,8 @@ class GroundTruth:
         parts = {"stage": "ground-truth", "version": GROUND_TRUTH_VERSION, "candidate": identity,
                  "labels": self.digest, "network_hw": list(self.hw),
                  "inputs": hashlib.sha256(json.dumps([list(hw) for hw, _ in sizes]).encode()).hexdigest(),
-                 "decode": {"conf": 0.001, "iou": IOU_NMS, "max_det": self.max_det, "multi_label": True},
+                 "decode": {"conf": getattr(self.adapter, "label_conf", 0.001), "iou": IOU_NMS, "max_det": self.max_det,
+                            "multi_label": True},
                  "versions": versions}
 
         def produce(tmp: Path) -> dict:
@@ -113,6 +134,7 @@ class GroundTruth:
             s.status = status
         result = dict(entry.manifest["result"])
         result["rectangles"] = float(entry.manifest.get("rectangles", 0))
+        result["letterbox"] = self.letterbox_of(sizes)
         return result
 
     def _score(self, run: Callable, sizes) -> dict:
@@ -121,16 +143,19 @@ class GroundTruth:
         scores = self.adapter.label_scores(self.split.names, self.metadata)
         name = self.adapter.input_name
         for sample, (hw, rect) in zip(self.split.samples, sizes):
-            bgr = cv2.imread(str(sample.path), cv2.IMREAD_COLOR)
-            if bgr is None:
-                raise UsageError(f"cannot read image {sample.path}")
-            rgb = np.ascontiguousarray(bgr[..., ::-1])
-            x = self.adapter.preprocess_rect(rgb, self.hw) if rect else self.adapter.preprocess(rgb, self.hw)
+            if hasattr(self.adapter, "label_input"):  # as the family's validator loads and letterboxes it
+                bgr, x, letterbox = self.adapter.label_input(sample, hw)
+            else:
+                bgr = cv2.imread(str(sample.path), cv2.IMREAD_COLOR)
+                if bgr is None:
+                    raise UsageError(f"cannot read image {sample.path}")
+                rgb = np.ascontiguousarray(bgr[..., ::-1])
+                x = self.adapter.preprocess_rect(rgb, self.hw) if rect else self.adapter.preprocess(rgb, self.hw)
+                letterbox = self.adapter.label_letterbox(bgr.shape[:2], self.hw, rect) if hasattr(
+                    self.adapter, "label_letterbox") else None
             if tuple(x.shape[2:]) != tuple(hw):
                 raise ValueError(f"{sample.path.name} letterboxed to {x.shape[2:]}, not {hw}")
             outputs = run({name: np.ascontiguousarray(x, dtype=np.float32)})
-            letterbox = self.adapter.label_letterbox(bgr.shape[:2], self.hw, rect) if hasattr(
-                self.adapter, "label_letterbox") else None
             self.adapter.add_label_image(scores, self.split, sample, bgr, outputs, self.metadata, letterbox, self.max_det)
         return scores.result()
 

@@ -23,7 +23,8 @@ def precision_ladder(reports, latency_of=None) -> list[dict]:
                 seen.add(key)
                 rows.append({"precision": "fp32", "artifact": "PyTorch", "metric": headline, "value": ref[headline],
                              "drop": 0.0, "limit": None, "passed": None, "size_mb": None, "latency_ms": None,
-                             "images": gt.get("images"), "instances": gt.get("instances")})
+                             "images": gt.get("images"), "instances": gt.get("instances"),
+                             "letterbox": ref.get("letterbox")})
             identity = gt.get("identity", f"{report.engine_key}:{art.name}")
             if identity in seen:
                 continue
@@ -34,5 +35,16 @@ def precision_ladder(reports, latency_of=None) -> list[dict]:
             rows.append({"precision": art.precision, "artifact": art.name, "metric": headline, "value": gt[headline],
                          "drop": drop, "limit": limit, "passed": None if limit is None or drop is None else drop <= limit,
                          "size_mb": round(art.size_bytes / 2**20, 2) if art.size_bytes else None,
-                         "latency_ms": latency, "images": gt.get("images"), "instances": gt.get("instances")})
+                         "latency_ms": latency, "images": gt.get("images"), "instances": gt.get("instances"),
+                         "letterbox": gt.get("letterbox")})
     return rows
+
+
+#: what the ladder's letterbox column means, said once under it
+LETTERBOX_LEGEND = ("letterbox: 'val rect' is yolo val's rectangle per image (rect=True at batch 1: the longer side at "
+                    "the network's, stride-aligned plus half a stride), as YOLO(pt).val() scores; HxW the full size, "
+                    "as YOLO(file).val() scores a file of one size")
+
+
+def letterbox_legend(ladder: list) -> str | None:
+    return LETTERBOX_LEGEND if any("val rect" in (r.get("letterbox") or "") for r in ladder) else None

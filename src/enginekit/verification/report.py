@@ -9,6 +9,7 @@ from xml.etree import ElementTree as ET
 from enginekit.compare.comparison import of_part
 from enginekit.compare.gate import VerifyReport
 from enginekit.compare.metrics import STATISTICS
+from enginekit.verification.ladder import letterbox_legend
 
 
 def write_json(reports: list[VerifyReport], path: Path, ladder: list | None = None) -> Path:
@@ -78,17 +79,18 @@ def ladder_lines(reports: list[VerifyReport], ladder: list) -> list[str]:
     metric = ladder[0]["metric"]
     lines = [f"## Against the labels of `{info.get('data', '?')}` ({info.get('split', 'val')}: "
              f"{info.get('images', '?')} images, {info.get('instances', '?')} instances)", "",
-             f"| precision | artifact | {metric} | drop | gate | size MB | p50 ms (bench) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             f"| precision | artifact | letterbox | {metric} | drop | gate | size MB | p50 ms (bench) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in ladder:
         drop = "" if r["artifact"] == "PyTorch" or r["drop"] is None else f"{r['drop']:+.4f}"
         gate = ("reference" if r["artifact"] == "PyTorch" else "") if r["passed"] is None else \
             f"{'pass' if r['passed'] else 'FAIL'} (limit {r['limit']:g})"
         lat = r.get("latency_ms")
         latency = f"{lat['p50_ms']:.2f} ({lat['backend']})" if lat else ""
-        lines.append(f"| {r['precision']} | {r['artifact']} | {r['value']:.4f} | {drop} | {gate} | "
+        lines.append(f"| {r['precision']} | {r['artifact']} | {r.get('letterbox') or ''} | {r['value']:.4f} | {drop} | {gate} | "
                      f"{r['size_mb'] or ''} | {latency} |")
-    return lines + [""]
+    legend = letterbox_legend(ladder)
+    return lines + ([""] + [legend] if legend else []) + [""]
 
 
 TASK_FIGURES = ("conf", "reference_detections", "candidate_detections", "recall", "precision", "map50", "map50_95",

@@ -497,7 +497,8 @@ class TorchSemantic(SemanticEvaluation, TorchModelAdapter):
     #: the most a graph's mIoU against the labels may fall below the FP32 PyTorch model's (``gt.miou_drop``)
     label_gates = label_gates("miou")
 
-    def read_labels(self, dataset, split: str, metadata: dict[str, str], *, limit: int | None = None):
+    def read_labels(self, dataset, split: str, metadata: dict[str, str], *, limit: int | None = None,
+                    imgsz: int = 640):
         from enginekit.families.torch_models.labels import read_semantic_split
 
         names, count = _model_classes(self, metadata)
@@ -574,7 +575,8 @@ class TorchClassify(ClassifyEvaluation, TorchModelAdapter):
             result["compared"] = 0.0
         return result
 
-    def read_labels(self, dataset, split: str, metadata: dict[str, str], *, limit: int | None = None):
+    def read_labels(self, dataset, split: str, metadata: dict[str, str], *, limit: int | None = None,
+                    imgsz: int = 640):
         """Ultralytics' class folders, each the model class of its name (``families.torch_models.labels``)."""
         from enginekit.families.torch_models.labels import read_classify_split
 

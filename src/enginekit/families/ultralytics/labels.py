@@ -73,8 +73,9 @@ class LabelledSplit:
 
 
 def read_split(dataset: Dataset, split: str, task: str, model_names: dict[int, str], *,
-               limit: int | None = None, kpt_shape=None) -> LabelledSplit:
-    """The labelled images of ``split`` (``limit``: that many, spread evenly over the sorted list)."""
+               limit: int | None = None, kpt_shape=None, imgsz: int = 640) -> LabelledSplit:
+    """The labelled images of ``split`` (``limit``: that many, spread evenly over the sorted list). ``imgsz``: the
+    network's longer side, the size Ultralytics' validator loads each image at (``val_image``)."""
     if task == "classify":
         return _classify_split(dataset, split, model_names, limit)
     if dataset.classify_layout:
@@ -92,7 +93,7 @@ def read_split(dataset: Dataset, split: str, task: str, model_names: dict[int, s
     data = {"names": names, "nc": len(names), "channels": 3, **dataset.options}
     if task == "pose":
         data["kpt_shape"] = list(kpt_shape or dataset.options.get("kpt_shape") or [17, 3])
-    labels = _ultralytics_labels(images, data, task)
+    labels = _ultralytics_labels(images, data, task, imgsz)
     found = {Path(lb["im_file"]).resolve(): lb for lb in labels}
     samples = [Sample(p, found[p.resolve()]) for p in images if p.resolve() in found]
     missing = len(images) - len(samples)
@@ -106,8 +107,9 @@ def read_split(dataset: Dataset, split: str, task: str, model_names: dict[int, s
     return LabelledSplit(dataset, split, task, samples, names, {"kpt_shape": data.get("kpt_shape")}, notes)
 
 
-def _ultralytics_labels(images: list[Path], data: dict, task: str) -> list[dict]:
-    """Ultralytics' label dicts of ``images`` (its parsing and checks), its label cache in a temporary folder."""
+def _ultralytics_labels(images: list[Path], data: dict, task: str, imgsz: int = 640) -> list[dict]:
+    """Ultralytics' label dicts of ``images`` (its parsing and checks), its label cache in a temporary folder. Each
+    keeps its dataset (``_dataset``, made at ``imgsz``) and its place in it (``_index``): ``val_image`` loads it."""
     from ultralytics.data.dataset import YOLODataset
     from ultralytics.data.utils import img2label_paths
 
@@ -127,13 +129,14 @@ def _ultralytics_labels(images: list[Path], data: dict, task: str) -> list[dict]
     with tempfile.TemporaryDirectory(prefix="enginekit-labels-") as scratch:
         Labels._scratch = scratch
         try:
-            ds = Labels(img_path=[str(p) for p in images], imgsz=640, augment=False, rect=False, data=data, task=task,
+            ds = Labels(img_path=[str(p) for p in images], imgsz=imgsz, augment=False, rect=False, data=data, task=task,
                         prefix="", batch_size=1)
         except (RuntimeError, FileNotFoundError, ValueError, AssertionError) as exc:
             raise UsageError(f"cannot read the labels of {images[0].parent}: {str(exc).splitlines()[0][:200]}") from exc
         labels = list(ds.labels)
-        for lb in labels:
-            lb["_dataset"] = ds  # its update_labels_info (segments resampled, Instances) per task
+        for i, lb in enumerate(labels):
+            lb["_dataset"] = ds  # its update_labels_info (segments resampled, Instances) per task; load_image
+            lb["_index"] = i
     return labels
 
 
@@ -157,6 +160,44 @@ def _classify_split(dataset: Dataset, split: str, model_names: dict[int, str], l
 
 
 # -- labels in the network input's pixels ----------------------------------------------------------------
+# -- Ultralytics' validator's input (``yolo val``): the image at the network's longer side, padded into its
+# rectangle (rect=True, batch 1: the .pt and graphs of any H x W) or the full size (files of one size) ----------
+VAL_PAD = 0.5  # the validator's rectangle padding, in strides (``build_yolo_dataset``: pad 0.5 in val mode)
+
+
+def val_rectangles(shapes: list[tuple[int, int]], imgsz: int, stride: int) -> list[tuple[int, int]]:
+    """Per image (H x W as read), the input H x W Ultralytics' validator gives it at batch 1 with ``rect=True``
+    (``YOLO(pt).val()``'s default): its dataset's own ``set_rectangle``, run over the shapes alone (each side to
+    ``imgsz`` by the aspect ratio, in strides, plus half a stride, rounded up: a 4:3 photograph at 640 gets
+    512x672, a square one 672x672)."""
+    from types import SimpleNamespace
+
+    from ultralytics.data.base import BaseDataset
+
+    if not shapes:
+        return []
+    rect = SimpleNamespace(ni=len(shapes), batch_size=1, labels=[{"shape": tuple(s)} for s in shapes],
+                           im_files=list(range(len(shapes))), imgsz=imgsz, stride=stride, pad=VAL_PAD)
+    BaseDataset.set_rectangle(rect)  # sorts by aspect ratio: im_files says where each went
+    out: list = [None] * len(shapes)
+    for place, original in enumerate(rect.im_files):
+        out[original] = tuple(int(v) for v in rect.batch_shapes[rect.batch[place]])
+    return out
+
+
+def val_image(sample: Sample) -> np.ndarray:
+    """``sample``'s image as Ultralytics' validator loads it (BGR): its longer side to the network's
+    (``BaseDataset.load_image``: OpenCV, INTER_LINEAR), before the letterbox pads it."""
+    return sample.label["_dataset"].load_image(sample.label["_index"])[0]
+
+
+def val_letterbox(hw: tuple[int, int]):
+    """The validator's ``LetterBox``: into ``hw`` centred, grey 114, never enlarging (``scaleup=False``)."""
+    from ultralytics.data.augment import LetterBox
+
+    return LetterBox(new_shape=tuple(int(v) for v in hw), scaleup=False)
+
+
 def truth_instances(split: LabelledSplit, sample: Sample, image_bgr: np.ndarray, letterbox) -> Instances:
     """``sample``'s labels as the validator compares them: in the pixels of the input ``letterbox`` (Ultralytics'
     ``LetterBox``, the runtime's for this frame) makes of ``image_bgr``."""

@@ -146,7 +146,8 @@ class YoloFamily(UltralyticsAdapter):
                 "segment, pose and obb models)")
 
     # -- labels (verify --data): an Ultralytics dataset, read by Ultralytics (families.ultralytics.labels) ------
-    def read_labels(self, dataset, split: str, metadata: dict[str, str], *, limit: int | None = None):
+    def read_labels(self, dataset, split: str, metadata: dict[str, str], *, limit: int | None = None,
+                    imgsz: int = 640):
         """The labelled images of ``split`` (a ``labels.LabelledSplit``); one line where this task takes none."""
         import ast
 
@@ -158,18 +159,8 @@ class YoloFamily(UltralyticsAdapter):
                              "and classify models against labels")
         kpt = metadata.get("kpt_shape")
         return read_split(dataset, split, self.task, parse_names(metadata.get("names")) or self.default_class_names(),
-                          limit=limit, kpt_shape=ast.literal_eval(kpt) if isinstance(kpt, str) else kpt)
+                          limit=limit, kpt_shape=ast.literal_eval(kpt) if isinstance(kpt, str) else kpt, imgsz=imgsz)
 
-    def label_truth(self, split, sample, image_bgr, letterbox):
-        from enginekit.families.ultralytics.labels import truth_instances
-
-        return truth_instances(split, sample, image_bgr, letterbox)
-
-    def label_letterbox(self, image_hw: tuple[int, int], hw: tuple[int, int], rect: bool):
-        """The ``LetterBox`` the runtime gives a frame at network size ``hw`` (``rect``: its own rectangle)."""
-        from enginekit.families.ultralytics.runtime import letterbox
-
-        return letterbox(hw, auto=rect, stride=getattr(self, "rect_stride", 32))
 
 
 # -- instances: detect, segment, pose, obb --------------------------------------------------------------
@@ -243,6 +234,32 @@ class _YoloInstances(InstanceEvaluation, YoloFamily):
         from enginekit.families.ultralytics.runtime import letterbox, to_input
 
         return to_input(letterbox(hw, auto=True, stride=self.rect_stride)(image=image_rgb))[None]
+
+    def label_truth(self, split, sample, image_bgr, letterbox):
+        from enginekit.families.ultralytics.labels import truth_instances
+
+        return truth_instances(split, sample, image_bgr, letterbox)
+
+    # ``yolo val``'s input: labels are scored as Ultralytics' validator scores them, so the FP32 figure is the one
+    # users have (``YOLO(pt).val()``): its rectangle per image for a model that takes any H x W, else the full size
+    def label_rectangles(self, split, hw: tuple[int, int]) -> list[tuple[int, int] | None]:
+        """Per sample, the validator's rectangle (``rect=True``, batch 1) at network size ``hw``."""
+        from enginekit.families.ultralytics.labels import val_rectangles
+
+        shapes = [s.label.get("shape") if s.label is not None else None for s in split.samples]
+        if any(s is None for s in shapes):
+            return [None] * len(shapes)
+        return val_rectangles([tuple(s) for s in shapes], max(hw), getattr(self, "rect_stride", 32))
+
+    def label_input(self, sample, hw: tuple[int, int]):
+        """(the image as loaded, the network input, the letterbox that made it) of ``sample`` at input ``hw`` (its
+        validator rectangle, or the network's size), as Ultralytics' validator makes them."""
+        from enginekit.families.ultralytics.labels import val_image, val_letterbox
+        from enginekit.families.ultralytics.runtime import to_input
+
+        bgr = val_image(sample)
+        letterbox = val_letterbox(hw)
+        return bgr, to_input(letterbox(image=np.ascontiguousarray(bgr[..., ::-1])))[None], letterbox
 
     @property
     def dynamic_axes(self) -> dict[str, dict[int, str]]:
@@ -547,6 +564,7 @@ class YoloObbAdapter(_YoloTaskInstances):
     # (TorchNMS.fast_nms, the export path that zeroes suppressed scores), as its predict does
     nms_form = "fast"
     rotated = True  # rotated boxes stay centre + size, the angle beside them
+    label_conf = 0.01  # Ultralytics' validator's default for obb (``BaseValidator``: "reduce OBB val memory usage")
 
     def decode(self, outputs, metadata, conf, *, hw=None, max_det=MAX_DET, validator=False):
         """Instances with rotated boxes (N, 5): centre x, centre y, width, height, angle (radians)."""

@@ -28,7 +28,7 @@ LEVELS: list[tuple[str, ...]] = [
     ("families", "trt"),
     ("compare",),
     ("onnx",),
-    ("cache", "store", "shapes", "images", "datasets", "calibration", "errors", "reporting", "gpu", "fsutil", "precisions", "results", "__version__"),
+    ("cache", "store", "shapes", "images", "datasets", "calibration", "errors", "reporting", "gpu", "fsutil", "precisions", "results", "engine_file", "__version__"),
 ]
 LEVEL = {name: depth for depth, names in enumerate(LEVELS) for name in names}
 

@@ -54,11 +54,14 @@ class ModelRequest:
     nms: bool = False  # NMS in the graph (``--nms``): the family's with_nms adapter
     declared: dict = field(default_factory=dict)  # ModelSpec fields the user set (JSON-ready)
     adapter: ModelAdapter = field(init=False, repr=False, compare=False)
+    #: the checkpoint the model was named by (``export best.pt``): its name is the outputs' (best.onnx)
+    checkpoint: Optional[Path] = field(default=None, init=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.weights is not None:
             self.weights = Path(self.weights)
         check_weights_choice(self.weights, self.random_init)
+        self._from_checkpoint()
         self.declared = dict(self.declared or {})
         self.adapter = resolve(self.name, self.declared)
         self.adapter.check_source()
@@ -66,6 +69,24 @@ class ModelRequest:
             self.adapter = self.adapter.with_nms()
         if self.weights is not None:
             check_weights_path(self.weights, self.adapter)
+
+    def _from_checkpoint(self) -> None:
+        """``best.pt`` alone (``yolo export model=best.pt``'s habit): an Ultralytics checkpoint names its model (the
+        architecture it records) and is its weights."""
+        path = Path(str(self.name)).expanduser()
+        if path.suffix.lower() not in (".pt", ".pth") or not path.is_file():
+            return
+        from enginekit.families.ultralytics.identity import checkpoint_variant, is_checkpoint
+
+        if not is_checkpoint(path):
+            return  # a TorchScript program or a state dict: the pytorch family's
+        if self.weights is not None or self.random_init:
+            raise UsageError(f"{path.name} is an Ultralytics checkpoint: it is the model and its weights; drop "
+                             f"{'--weights' if self.weights is not None else '--random-init'} (or name the model)")
+        self.name, self.weights, self.checkpoint = checkpoint_variant(path), path, path
+        from enginekit import reporting
+
+        reporting.note(f"{path.name}: {self.name} (the architecture it records)")
 
     @classmethod
     def recorded(cls, name: str, identity: str, *, nms: bool = False,

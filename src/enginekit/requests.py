@@ -387,6 +387,11 @@ class VerifyRequest(Options):
             calibrating = any(options.get(k) for k in CALIBRATION_OPTIONS)
             precision = next((p for p in names if precisions.get(p).calibrated), names[0]) if calibrating else names[0]
             data["build"] = BuildRequest(target=target, precision=precision, **options)
+        elif kind == "engine":  # an engine file's checkpoint: --weights and --reference say the same
+            if data.get("reference") is not None and options.get("weights") is not None:
+                raise UsageError("--reference and --weights name the same checkpoint: pass one")
+            if options.get("weights") is not None:
+                data["reference"] = options["weights"]
         elif kind == "onnx" and target is not None:  # the weights (or seed) to compare the file against
             if data.get("reference") is not None and options.get("weights") is not None:
                 raise UsageError("--reference and --weights name the same checkpoint: pass one")
@@ -443,7 +448,7 @@ class VerifyRequest(Options):
 
     @property
     def kind(self) -> str:
-        """all | key | model | onnx: what ``target`` names."""
+        """all | key | model | onnx | engine: what ``target`` names."""
         return _target_kind(self.target, self.reference)
 
     @property
@@ -487,6 +492,8 @@ def _precision_list(value: str) -> list[str]:
 def _target_kind(target: Optional[str], reference: Any) -> str:
     if target is None:
         return "all"
+    if target.endswith((".engine", ".plan")):
+        return "engine"
     if target.endswith(".onnx") or reference is not None:
         return "onnx"
     if re.fullmatch(r"[0-9a-f]{6,64}", target):

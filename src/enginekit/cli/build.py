@@ -38,6 +38,7 @@ def register(app: typer.Typer) -> None:
         repair: Annotated[bool, typer.Option("--repair", help="fp16/int8: if the parity gate fails, keep the fewest offending nodes in FP32 and rebuild.")] = False,
         tol: Annotated[Optional[list[str]], typer.Option("--tol", help="Gate tolerance for --repair: rel_l2=1e-4, fp16.cosine=0.9999 (repeatable).")] = None,
         output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also copy the plan here.")] = None,
+        ultralytics_metadata: Annotated[bool, typer.Option("--ultralytics-metadata", help="The copy (-o, default NAME.engine here) starts with Ultralytics' header (length, JSON: task, names, stride, imgsz...) so YOLO(\"NAME.engine\") loads it; the cache keeps the bare plan.")] = False,
         force: ForceOpt = False,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
@@ -75,6 +76,8 @@ def register(app: typer.Typer) -> None:
         from enginekit.fsutil import check_output_path
         from enginekit.requests import BuildRequest
 
+        if ultralytics_metadata and output is None:  # as Ultralytics names its engines: beside, after the model
+            output = Path.cwd() / f"{Path(target).stem if Path(target).suffix else target}.engine"
         check_output_path(output, "--output")
         request = BuildRequest(
             target=target, profiles=profile or [], precision=precision, backend=backend, target_cc=target_cc,
@@ -98,7 +101,7 @@ def register(app: typer.Typer) -> None:
             console.print("[yellow]warning:[/] the graph this engine was built from failed its parity check "
                           "(see parity.json; `enginekit verify` gates on it)")
         if output is not None:
-            from enginekit.pipeline import copy_file_atomic
+            from enginekit.flows.build import write_engine_file
 
-            copy_file_atomic(outcome.engine, output)
+            write_engine_file(outcome, output, ultralytics=ultralytics_metadata)
         emit(str(output or outcome.engine))

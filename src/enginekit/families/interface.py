@@ -76,6 +76,12 @@ class Registration(ABC):
         return None
 
     @classmethod
+    def adopt_metadata(cls, metadata: dict[str, str]) -> dict[str, str] | None:
+        """A graph this family's own library exported (its metadata, not enginekit's) as enginekit's metadata
+        (``model``, ``family``, ``task``, ``names``...); None where the graph is not its library's."""
+        return None
+
+    @classmethod
     @abstractmethod
     def describe(cls) -> "FamilyInfo":
         """One ``families.registry.FamilyInfo`` row for ``enginekit models``."""

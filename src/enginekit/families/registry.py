@@ -107,6 +107,18 @@ def recorded_declaration(metadata: dict) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def graph_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    """A graph's metadata as enginekit reads it: its own as it is; another tool's (an Ultralytics export) as the
+    family whose library wrote it translates it (``adopt_metadata``); else as it is."""
+    if not metadata or metadata.get("model"):
+        return metadata
+    for cls in registered():
+        adopted = cls.adopt_metadata(metadata)
+        if adopted is not None:
+            return adopted
+    return metadata
+
+
 def resolve_recorded(name: str, metadata: dict) -> "ModelAdapter":
     """The adapter a graph or engine names (``model``), with the declaration its metadata records."""
     return resolve(name, recorded_declaration(metadata))

@@ -179,7 +179,9 @@ def adapter_from_onnx(path: Path):
     """The family adapter named in an enginekit-written ONNX's metadata, else None."""
     from enginekit.onnx.graph import get_metadata, load_model
 
-    meta = get_metadata(load_model(path))
+    from enginekit.families.registry import graph_metadata
+
+    meta = graph_metadata(get_metadata(load_model(path)))
     name = meta.get("model")
     if name:
         from enginekit.families.registry import resolve_recorded
@@ -195,7 +197,9 @@ def source_model(path: Path) -> dict | None:
     """The model and weights identity an enginekit-exported ONNX file records, else None."""
     from enginekit.onnx.graph import get_metadata, load_model
 
-    meta = get_metadata(load_model(path))
+    from enginekit.families.registry import graph_metadata
+
+    meta = graph_metadata(get_metadata(load_model(path)))
     if not meta.get("model"):
         return None
     return {"name": meta["model"], "weights": meta.get("weights")}
@@ -226,3 +230,34 @@ def source_parity(pipe, precision: str, shape):
                 "failures": result.failures(), "summary": summary, "report": result.to_json()}
 
     return check
+
+
+def write_engine_file(outcome: BuildOutcome, dest: Path, *, ultralytics: bool = False) -> Path:
+    """The built engine copied to ``dest`` (whole or not at all): the bare plan, or with ``ultralytics`` Ultralytics'
+    header before it (``engine_file``: what ``YOLO("model.engine")`` reads: task, names, stride, imgsz, batch...),
+    made from the graph the engine was built from and the engine's profile. The header also names the cache entry
+    (``enginekit``: version, engine key, the plan's sha256)."""
+    from enginekit.pipeline import copy_file_atomic
+
+    if not ultralytics:
+        return copy_file_atomic(outcome.engine, dest)
+    from enginekit import __version__
+    from enginekit.cache import sha256_file
+    from enginekit.engine_file import write_with_header
+    from enginekit.families.registry import graph_metadata, resolve_recorded
+    from enginekit.families.ultralytics.identity import ultralytics_header
+    from enginekit.onnx.graph import get_metadata, load_model
+
+    graphs = [a for a in outcome.artifacts if str(getattr(a, "path", "")).endswith(".onnx")]
+    meta = graph_metadata(get_metadata(load_model(graphs[-1].path))) if graphs else {}
+    name = meta.get("model")
+    adapter = resolve_recorded(name, meta) if name else None
+    if adapter is None or not adapter.family.startswith(("yolo", "rtdetr")):
+        raise UsageError(f"--ultralytics-metadata: {name or 'this graph'} is no Ultralytics model (its header describes "
+                         "YOLO and RT-DETR engines); copy the plan without it")
+    m = outcome.manifest
+    profile = m["profiles"][0][adapter.input_name]
+    header = ultralytics_header(name, meta, profile, (m.get("precision") or {}).get("mode", "fp32"),
+                                extra={"enginekit": {"version": __version__, "engine": outcome.entry.key,
+                                                     "plan_sha256": sha256_file(outcome.engine)}})
+    return write_with_header(outcome.engine, dest, header)

@@ -56,7 +56,8 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
     images = Path(r.images) if r.images else None
     photos = load_images(images, limit=4)
     suffix = (".nms" if r.nms else "") + (".fp16.onnx" if r.fp16 else ".onnx")
-    dest = Path(r.output) if r.output else Path.cwd() / f"{adapter.output_stem}{suffix}"
+    stem = model.checkpoint.stem if model.checkpoint is not None else adapter.output_stem  # best.pt -> best.onnx
+    dest = Path(r.output) if r.output else Path.cwd() / f"{stem}{suffix}"
     check_output_path(dest, "--output")  # before any work: a run that cannot write its result does none
 
     pipe = Stages(model, cache, force=r.force)

@@ -66,6 +66,9 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
         reports = [verify_onnx_file(Path(r.target), r.reference, r.model, data, overrides, cache, spec=r.build,
                                     precision=r.precision,
                                     task_required=r.task_required, labels=labels)]
+    elif r.kind == "engine":
+        reports = [verify_engine_file(Path(r.target), r.reference, data, overrides, cache, spec=r.build,
+                                      task_required=r.task_required)]
     else:
         found = entries_to_verify(r, cache)
         reports = [verify_corrupt(e) if isinstance(e, (CorruptEntry, UnverifiableEntry)) else
@@ -373,6 +376,46 @@ def verify_engine(entry, pipe, refs, gates, metadata, precision, checked=()):
     return art
 
 
+def verify_engine_file(path: Path, reference, data, overrides, cache, spec=None, *, task_required: bool = True):
+    """An engine file as Ultralytics writes it (its header names the model, its size and batch) against its PyTorch
+    checkpoint (``--weights``/``--reference``): the engine is the only candidate, so where it cannot run here the
+    verdict is that (exit 3), not a pass."""
+    from enginekit.backends import ENGINE, Artifact, verifier
+    from enginekit.compare.gate import Gates, VerifyReport, check_candidate
+    from enginekit.errors import CapabilityError
+    from enginekit.model import ModelRequest
+    from enginekit.pipeline import Stages
+    from enginekit.runtime.loader import ultralytics_engine_target
+    from enginekit.verification.references import get_references
+
+    if not path.is_file():
+        raise UsageError(f"engine file not found: {path}")
+    target = ultralytics_engine_target(path)
+    if target is None:
+        raise UsageError(f"{path.name} is a bare plan: verify enginekit's engines by cache key or model name (their "
+                         "manifest says what they are), an Ultralytics engine file by its header")
+    weights = Path(reference) if reference is not None else (spec.weights if spec is not None else None)
+    if weights is None:
+        raise UsageError(f"verify of {path.name} needs its PyTorch weights: pass --weights CHECKPOINT")
+    request = ModelRequest(target.model, weights)
+    adapter = request.adapter
+    precision = target.precision or "fp32"
+    engine = Artifact.engine(path, target.manifest, adapter.input_name)
+    backend = verifier(ENGINE)
+    reason = backend.why_not(engine)
+    if reason is not None:
+        raise CapabilityError(f"{path.name} ({target.model}, read from its header) cannot run here: {reason}")
+    pipe = Stages(request, cache)
+    refs = get_references(pipe, target.manifest["profiles"], data)
+    report = VerifyReport(adapter.variant, None, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
+    gates = Gates(adapter, overrides, task_required=task_required)
+    with backend(engine, io="host") as runner:
+        report.artifacts.append(check_candidate(path.name, "engine", precision, runner.infer_feed, refs, gates, adapter,
+                                                target.metadata, accepts_hw=engine_accepts_hw(target.manifest,
+                                                                                              adapter.input_name)))
+    return report
+
+
 def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=None, *, task_required: bool = True,
                      precision: str | None = None, labels=None):
     """Any ONNX against its PyTorch model: an enginekit-written ONNX names its model and weights.
@@ -441,10 +484,14 @@ def onnx_model_request(path: Path, metadata: dict, model, reference, spec):
     Refused in one line when the given weights are not the ones its metadata records."""
     from enginekit.model import ModelRequest
 
+    weights = Path(reference) if reference is not None else (spec.weights if spec is not None else None)
     name = model or metadata.get("model")
+    if not name and weights is not None and weights.is_file():  # an Ultralytics checkpoint records its architecture
+        from enginekit.families.ultralytics.identity import checkpoint_variant, is_checkpoint
+
+        name = checkpoint_variant(weights) if is_checkpoint(weights) else None
     if not name:
         raise UsageError(f"{path.name} does not say which model it is: pass --model NAME (yolo12n, depth, ...)")
-    weights = Path(reference) if reference is not None else (spec.weights if spec is not None else None)
     random_init = bool(spec is not None and spec.random_init)
     seed = spec.seed if spec is not None else 0
     from enginekit.families.registry import recorded_declaration
@@ -475,7 +522,12 @@ def onnx_metadata(path: Path) -> dict[str, str]:
 
     from enginekit.onnx.graph import get_metadata
 
-    return get_metadata(onnx.load(str(path), load_external_data=False))
+    from enginekit.families.registry import graph_metadata
+
+    try:
+        return graph_metadata(get_metadata(onnx.load(str(path), load_external_data=False)))
+    except UsageError as exc:
+        raise UsageError(f"{path.name}: {exc}") from exc
 
 
 def write_reports(outcome: VerifyOutcome, report_dir: Path | None, junit: Path | None) -> None:

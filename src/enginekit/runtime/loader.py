@@ -48,10 +48,54 @@ def _onnx_metadata(path: Path) -> dict:
 
     from enginekit.onnx.graph import get_metadata
 
+    from enginekit.families.registry import graph_metadata
+
     try:
-        return get_metadata(onnx.load(str(path), load_external_data=False))
+        meta = get_metadata(onnx.load(str(path), load_external_data=False))
     except Exception as exc:  # noqa: BLE001
         raise UsageError(f"{path} is not a readable ONNX model: {str(exc).splitlines()[0][:160]}") from exc
+    try:
+        return graph_metadata(meta)  # a file Ultralytics exported reads as the model it records
+    except UsageError as exc:
+        raise UsageError(f"{path.name}: {exc}") from exc
+
+
+def ultralytics_engine_target(path: Path) -> Target | None:
+    """An engine file as Ultralytics writes it (its JSON header, then the plan: ``engine_file``) as a Target; None
+    where the file is a bare plan. Its manifest is made from the header: the model, its input size and batch, and
+    the TensorRT installed here (Ultralytics records no version: TensorRT's own check of the plan decides)."""
+    from enginekit.engine_file import read_header
+    from enginekit.families.registry import graph_metadata
+
+    offset, header = read_header(path)
+    if header is None:
+        return None
+    try:
+        meta = graph_metadata(header)
+    except UsageError as exc:
+        raise UsageError(f"{path.name}: {exc}") from exc
+    if not meta.get("model"):
+        raise UsageError(f"{path.name}: its header does not say which model it is")
+    with open(path, "rb") as f:
+        f.seek(offset)
+        flavour = "tensorrt-rtx" if f.read(4) == b"vtrt" else "tensorrt"
+    from enginekit.trt.backends import resolve_backend
+
+    try:
+        installed = resolve_backend(flavour)
+        version, name = installed.version, installed.name
+    except (UsageError, CapabilityError):
+        version, name = "not installed", flavour
+    h, w = (int(v) for v in meta["export_shape"].split("x")[2:4])
+    batch = int(header.get("batch") or 1)
+    profile = {"min": [1, 3, h, w], "opt": [1, 3, h, w], "max": [batch, 3, h, w]}
+    from enginekit.gpu import gpu_info
+
+    gpu = gpu_info()
+    manifest = {"backend": name, "backend_version": version, "gpu": gpu.to_json() if gpu else None,
+                "profiles": [{"images": profile}], "header_bytes": offset, "ultralytics_header": header,
+                "precision": {"mode": meta.get("precision", "fp32")}}
+    return Target(ENGINE, path.name, meta["model"], path, manifest, meta, precision=meta.get("precision"))
 
 
 def _engine_target(plan: Path, manifest: dict, label: str, cache) -> Target:
@@ -71,9 +115,12 @@ def _engine_target(plan: Path, manifest: dict, label: str, cache) -> Target:
 
 def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=None, declared=None) -> Target:
     """Tell what ``target`` is without loading anything heavy."""
+    from enginekit.families.torch_models.sources import PROGRAM_SUFFIXES
+
     text = str(target)
     path = Path(text)
-    if path.suffix == ".onnx" or (path.is_file() and path.suffix not in (".plan", ".engine", ".yaml", ".yml")):
+    models = (".plan", ".engine", ".yaml", ".yml", *PROGRAM_SUFFIXES)  # checkpoints and programs name models
+    if path.suffix == ".onnx" or (path.is_file() and path.suffix.lower() not in models):
         if not path.is_file():
             raise UsageError(f"ONNX file not found: {path}")
         meta = _onnx_metadata(path)
@@ -83,7 +130,11 @@ def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=Non
             raise UsageError(f"engine plan not found: {path}")
         side = path.with_name("manifest.json")
         if not side.is_file() and not os.path.lexists(side):
-            raise UsageError(f"{path} has no manifest.json beside it: load it by its cache key, or from its cache folder")
+            target = ultralytics_engine_target(path)
+            if target is None:
+                raise UsageError(f"{path} has no manifest.json beside it and no Ultralytics header: load it by its cache "
+                                 "key, or from its cache folder")
+            return target
         from enginekit.cache import MANIFEST_LIMIT
         from enginekit.fsutil import read_text
 
@@ -101,7 +152,8 @@ def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=Non
         return Target("model", recipe.name, recipe.variant, request=recipe.model_request(),
                       precision=recipe.precisions[0] if recipe.precisions else None)
     try:
-        return Target("model", text, text, request=ModelRequest(text, weights, random_init, seed, declared=declared or {}))
+        request = ModelRequest(text, weights, random_init, seed, declared=declared or {})
+        return Target("model", text, request.name, request=request)  # best.pt: the model it records
     except UsageError:
         if not re.fullmatch(r"[0-9a-f]{6,64}", text.lower()):
             raise

@@ -31,10 +31,11 @@ def _activated(plan: Path, backend: Backend):
     from enginekit.trt.binding import bind
 
     bind(backend)  # POLYGRAPHY_USE_TENSORRT_RTX is read once, when polygraphy is first imported
-    from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
-    runner = TrtRunner(EngineFromBytes(BytesFromPath(str(plan))))
+    from enginekit.engine_file import plan_bytes
+
+    runner = TrtRunner(EngineFromBytes(lambda: plan_bytes(plan)))  # after an Ultralytics header, if any
     runner.activate()
     try:
         yield runner

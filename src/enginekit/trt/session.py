@@ -150,7 +150,9 @@ class EngineSession:
         self.stream = stream or torch.cuda.Stream(device=self.device)
         self.logger = trt.Logger(trt.Logger.ERROR)
         self.runtime = trt.Runtime(self.logger)
-        self.engine = self.runtime.deserialize_cuda_engine(Path(plan).read_bytes())
+        from enginekit.engine_file import plan_bytes
+
+        self.engine = self.runtime.deserialize_cuda_engine(plan_bytes(plan))  # after an Ultralytics header, if any
         if self.engine is None:
             raise CapabilityError(f"{backend.label} refused the plan {plan} (built for another version or GPU?)")
         self.context = self.engine.create_execution_context()

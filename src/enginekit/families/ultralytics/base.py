@@ -177,6 +177,13 @@ class UltralyticsAdapter(ModelAdapter):
                              "or --random-init for structure-only work")
         return path
 
+    @classmethod
+    def adopt_metadata(cls, metadata: dict[str, str]) -> dict[str, str] | None:
+        """An ONNX file Ultralytics exported, by the metadata it writes (``identity.adopt_ultralytics_metadata``)."""
+        from enginekit.families.ultralytics.identity import adopt_ultralytics_metadata
+
+        return adopt_ultralytics_metadata(metadata)
+
     def load(self, weights: Path | None, *, random_init: bool, seed: int) -> LoadedModel:
         from ultralytics import YOLO
 
@@ -213,6 +220,10 @@ class UltralyticsAdapter(ModelAdapter):
             source = WeightsSource("hub", hub, sha256_file(downloaded))
         if getattr(model, "task", "detect") != self.task:
             raise UsageError(task_mismatch(weights or self.variant, model.task, self.variant, self.task))
+        if weights is not None and not random_init:
+            from enginekit.families.ultralytics.identity import check_architecture
+
+            check_architecture(model, self.variant, weights)
         prepared = self._prepare(model)
         module, metadata = self._finish(prepared, self._metadata(model))
         return LoadedModel(module, self.variant, source, metadata)

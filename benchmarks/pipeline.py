@@ -1,6 +1,6 @@
 """Pipeline benchmarks: the speed targets of export, build and verify, measured, not asserted.
 
-    .venv/bin/python benchmarks/pipeline.py [--section help,cold,export,ort,build,int8,verify]
+    .venv/bin/python benchmarks/pipeline.py [--section help,cold,export,ort,build,int8,verify,hits]
                                             [--quick] [--repeats N] [--models depth,yolo12n] [--json out.json]
 
 Each section runs in fresh caches (temporary folders) and, where start-up matters, in fresh
@@ -18,6 +18,9 @@ int8    The INT8 stage calibrating afresh, then from the calibration cache that 
         layout the calibrating run kept (no ModelOpt): seconds, the speed-ups, whether the graphs are equal.
 verify  verify's wall time with the references computed, then stored, and its verdict as the exit
         code gives it: a check that compares nothing (random YOLO weights) is reported as such.
+hits    what a cache hit costs, cold then warm: a second identical export (no model load, no parity run:
+        its stored verdict), enginekit.load() of a cached artifact after imports (CPU, ONNX Runtime), and
+        `make nightly` over the shipped recipes (--quick: one recipe) with nothing changed.
 --quick A small, fast configuration of the same code (tests/test_bench_pipeline.py runs it).
 """
 
@@ -59,10 +62,14 @@ class Settings:
     int8: tuple[tuple[str, str], ...] = (("yolo12n", "1x3x640x640"), ("depth", "1x3x518x518"))
     verify: tuple[tuple[str, str], ...] = (("yolo12n", YOLO_PROFILE), ("depth", DEPTH_PROFILE))
     verify_onnx: bool = False  # verify an exported ONNX file instead of building an engine first
+    hits_export: tuple[str, str] = ("yolov8n", "1x3x320x320")
+    hits_load: str = "yolo12n"
+    nightly: tuple[str, ...] = ()  # recipes (names) of the nightly run; () all the shipped ones
 
 
 QUICK = Settings(repeats=1, help_runs=3, cold=(("yolo12n", "1x3x160x160"),), cold_compare=False,
-                 int8=(("yolo12n", "1x3x160x160"),), verify=(("yolo12n", "1x3x160x160"),), verify_onnx=True)
+                 int8=(("yolo12n", "1x3x160x160"),), verify=(("yolo12n", "1x3x160x160"),), verify_onnx=True,
+                 hits_export=("yolo12n", "1x3x160x160"), nightly=("yolo12n",))
 
 
 class BenchError(Exception):
@@ -386,8 +393,46 @@ def bench_verify(s: Settings) -> None:
                    verdict(second))
 
 
+LOAD_TIMED = """
+import sys, time
+import enginekit, enginekit.api, numpy, onnxruntime  # the imports load() needs, before the clock starts
+start = time.perf_counter()
+model = enginekit.load(sys.argv[1], random_init=True, backend="onnxruntime-cpu", quiet=True)
+print(f"{time.perf_counter() - start:.4f}")
+"""
+
+
+def bench_hits(s: Settings) -> None:
+    """Cold, then warm (the same command again, nothing changed): what a cache hit costs."""
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"ENGINEKIT_CACHE": str(Path(tmp) / "c")}
+        model, shape = s.hits_export
+        export = [*ENGINEKIT, "export", model, "--random-init", "--input", shape, "-o", str(Path(tmp) / "m.onnx")]
+        for label in ("cold", "warm"):
+            ran = checked(export, env)
+            stored = "stored verdict" in ran.last_line or label == "cold"
+            record("hits", f"{model} export {shape}, {label}", ran.seconds, "s",
+                   f"{cpu_note([ran.cpu])}{'' if stored else '; NO STORED VERDICT'}")
+        for label in ("cold", "warm"):
+            done = subprocess.run([sys.executable, "-c", LOAD_TIMED, s.hits_load], env={**os.environ, **env},
+                                  capture_output=True, text=True)
+            if done.returncode:
+                raise BenchError(f"load({s.hits_load!r}) exited {done.returncode}: {done.stderr.strip()[-300:]}")
+            record("hits", f"load({s.hits_load!r}, backend='onnxruntime-cpu') after imports, {label}",
+                   float(done.stdout.split()[-1]), "s")
+        recipes = [f"RECIPE_NAMES={' '.join(s.nightly)}"] if s.nightly else []
+        nightly = ["make", "-C", str(root), "--no-print-directory", "nightly", f"REPORTS={Path(tmp) / 'reports'}",
+                   *recipes]
+        what = ", ".join(s.nightly) if s.nightly else "the shipped recipes"
+        for label in ("cold", "warm"):
+            ran = run(nightly, env)
+            record("hits", f"make nightly ({what}), {label}", ran.seconds, "s",
+                   f"{cpu_note([ran.cpu])}; exit {ran.returncode}")
+
+
 SECTIONS = {"help": bench_help, "cold": bench_cold, "export": bench_export, "ort": bench_ort, "build": bench_build,
-            "int8": bench_int8, "verify": bench_verify}
+            "int8": bench_int8, "verify": bench_verify, "hits": bench_hits}
 
 
 def main(argv: list[str] | None = None) -> int:

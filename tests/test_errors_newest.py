@@ -127,7 +127,7 @@ def test_a_special_file_in_a_folder_store_is_one_line(folder_store, tmp_path_fac
         next(p for p in copy.glob("blobs/sha256/*/*"))
     _special(target, kind)
     cache = tmp_path_factory.mktemp("empty-cache")
-    args = ["cache", "ls", "--remote", "--store", f"file://{copy}"] if verb == "ls" else \
+    args = ["cache", "ls", "--remote", f"file://{copy}"] if verb == "ls" else \
         ["cache", "pull", key[:12], "--remote", f"file://{copy}"]
     run = invoke(args, env={"ENGINEKIT_CACHE": str(cache)})
     if verb == "ls" and which == "blob":
@@ -363,7 +363,7 @@ def test_a_folder_store_url_is_absolute_and_not_the_root(tmp_path_factory, url):
     before = os.getcwd()
     os.chdir(cwd)
     try:
-        for args in (["cache", "push", "--all", "--remote", url], ["cache", "ls", "--remote", "--store", url]):
+        for args in (["cache", "push", "--all", "--remote", url], ["cache", "ls", "--remote", url]):
             line = assert_refused(invoke(args, env={"ENGINEKIT_CACHE": str(cwd / "cache")}))
             assert "ABSOLUTE" in line or "filesystem root" in line, line
         line = assert_refused(invoke(["cache", "ls", "--remote"], env={"ENGINEKIT_REMOTE": url,
@@ -398,7 +398,7 @@ def test_push_goes_only_to_a_store_folder_that_exists_apart_from_the_cache(tmp_p
         target.write_text("not a store\n")
     env = {"ENGINEKIT_CACHE": str(cache.root)}
     pushed = invoke(["cache", "push", export.key[:12], "--remote", f"file://{target}"], env=env)
-    listed = invoke(["cache", "ls", "--remote", "--store", f"file://{target}"], env=env)
+    listed = invoke(["cache", "ls", "--remote", f"file://{target}"], env=env)
     code = 2 if where in ("inside-cache", "the-cache") else 3
     for run in (pushed, listed):
         line = assert_refused(run, (code,))
@@ -441,8 +441,9 @@ def flag_world(tmp_path_factory):
 
 
 FLAGS = {
-    "ls --store, no --remote": (["cache", "ls", "--store", "file:///srv/x"], "--store"),
-    "gc --store, no --remote": (["cache", "gc", "--store", "file:///srv/x", "--max-age", "1d"], "--store"),
+    "ls --store, no --remote": (["cache", "ls", "--store", "file:///srv/x"], "--store file:///srv/x: a store URL goes"),
+    "gc --store, no --remote": (["cache", "gc", "--store", "file:///srv/x", "--max-age", "1d"], "goes with --remote"),
+    "ls URL, no --remote": (["cache", "ls", "file:///srv/x"], "file:///srv/x: a store URL goes with --remote"),
     "ls --remote --verify": (["cache", "ls", "--remote", "--verify"], "--verify"),
     "verify --data-limit, no --data": (["verify", "yolo12n", "--random-init", "--data-limit", "3"], "--data-limit"),
     "verify --data-split, no --data": (["verify", "yolo12n", "--random-init", "--data-split", "test"], "--data-split"),

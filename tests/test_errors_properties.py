@@ -716,8 +716,16 @@ def test_sigterm_during_a_verb_cleans_up(world, tmp_path_factory, data):
     assert not (cache / ".tmp").is_dir() or list((cache / ".tmp").iterdir()) == [], (verb, delay)
     half = [p.name for p in out.rglob("*") if p.name.startswith(".")]
     assert half == [], (verb, delay, half)  # no temporary file or folder beside an output
-    if proc.returncode != 0:
-        assert list(out.iterdir()) == [], (verb, delay, list(out.iterdir()))
+    if proc.returncode != 0:  # a signal after the output was published (exit 143 in teardown) leaves it whole
+        for made in out.iterdir():
+            if made.suffix == ".onnx":
+                import onnx
+
+                onnx.load(str(made))
+            elif made.is_dir():
+                assert (made / "results.json").is_file(), (verb, delay, list(made.iterdir()))
+            else:
+                assert made.stat().st_size > 0, (verb, delay, made)
 
 
 @pytest.fixture

@@ -151,7 +151,7 @@ def test_random_cases_gate_parity_but_not_the_task():
     adapter = yolo_adapter()
     found = compare(run_with(ref.copy()), cases_of(ref, "random"), adapter=adapter, gates=Gates(adapter),
                     precision="fp16")
-    assert [c.name for c in found.checks if not c.passed] == ["task: photographs compared"]
+    assert [c.name for c in found.checks if not c.passed] == ["task: no photographs compared"]
 
 
 def _near_threshold(score: float, batch: int = 4):
@@ -246,7 +246,7 @@ def test_int8_parity_is_judged_on_photographs_and_noise_only_for_structure():
     assert [c.name for c in found.checks if not c.passed] == ["parity scores finite (random inputs)"]
     found = compare(run_with(cand), cases[-1:], adapter=adapter, gates=Gates(adapter), precision="int8",
                     require_task=False)
-    assert any(c.name.startswith("parity: photographs compared") for c in found.checks if not c.passed)
+    assert any(c.name.startswith("parity: no photographs compared") for c in found.checks if not c.passed)
 
 
 def test_overrides_by_part_precision_and_option():

@@ -335,7 +335,7 @@ def test_wrong_credentials_and_missing_bucket_on_the_verbs_are_one_line(store, s
     Cache(tmp_path / "cache", remote=None).get_or_create("onnx-export", PARTS, Producer(b"v"))
     bad = run_cli("cache", "push", "--all", "--remote", store, env={**env, "AWS_SECRET_ACCESS_KEY": "wrong"})
     assert_one_line_error(bad, 3, "the secret key does not match")
-    missing = run_cli("cache", "ls", "--remote", "--store", store.replace(BUCKET, "no-such-bucket"), env=env)
+    missing = run_cli("cache", "ls", "--remote", store.replace(BUCKET, "no-such-bucket"), env=env)
     assert_one_line_error(missing, 3, "does not exist")
     scheme = run_cli("cache", "pull", "abcdef", "--remote", "gs://x/y", env=env)
     assert_one_line_error(scheme, 2, "unsupported store")
@@ -412,6 +412,11 @@ def test_cache_ls_remote_json_and_gc_remote(store, s3, tmp_path, run_cli):
     assert listed.code == 0, listed.stderr
     rows = {r["key"]: r for r in json.loads(listed.stdout)["entries"]}
     assert set(rows) == {first.key, second.key}
+    # --remote URL, as on every verb (the store named here, not by the environment); the old --store with a notice
+    by_url = run_cli("cache", "ls", "--remote", store, "--json", env=s3.env(RW))
+    assert by_url.code == 0 and {r["key"] for r in json.loads(by_url.stdout)["entries"]} == set(rows), by_url.stderr
+    old = run_cli("cache", "ls", "--remote", "--store", store, "--json", env=s3.env(RW))
+    assert old.code == 0 and json.loads(old.stdout)["entries"] and "notice: --store is now written --remote" in old.stderr
     assert rows[second.key]["hardware"]["targets"] == ["8.9"] and rows[second.key]["parity_passed"] is True
 
     dry = run_cli("cache", "gc", "--remote", "--max-size", "4K", "--dry-run", env=env)

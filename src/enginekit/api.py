@@ -84,3 +84,73 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, remote: str 
 
     with using(remote, read_only=remote_read_only):
         return run_load(target, precision, backend, **options)
+
+
+# -- signatures: each verb's keywords are its request's fields (declared once, in ``enginekit.requests``) --------
+class _Shown:
+    """A default as ``help()`` shows it (a field's value, never a shared object to mutate)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _default(field):
+    import inspect
+
+    if field.is_required():
+        return inspect.Parameter.empty
+    if field.default_factory is not None:
+        return _Shown(repr(field.default_factory()))
+    value = field.default
+    return value if value is None or isinstance(value, (bool, int, float, str)) else _Shown(repr(value))
+
+
+def _signature(fn, request_cls, first: str) -> None:
+    """``fn``'s signature for ``help()`` and editors: ``first`` (or a request) positionally, then every field of
+    ``request_cls`` by keyword with its type and default, then ``cache`` and ``quiet``."""
+    import inspect
+
+    P = inspect.Parameter
+    params = [P(first, P.POSITIONAL_ONLY, default=None, annotation=f"{request_cls.__name__} | str | None")]
+    for name, field in request_cls.model_fields.items():
+        if name == first:
+            continue
+        params.append(P(name, P.KEYWORD_ONLY, default=_default(field), annotation=field.annotation))
+    if hasattr(request_cls, "_imgsz"):  # --imgsz: a size for the input (export) or a profile (build)
+        params.append(P("imgsz", P.KEYWORD_ONLY, default=None, annotation="int | str | None"))
+    params += [P("cache", P.KEYWORD_ONLY, default=None), P("quiet", P.KEYWORD_ONLY, default=False, annotation=bool)]
+    fn.__signature__ = inspect.Signature(params, return_annotation=inspect.signature(fn).return_annotation)
+
+
+_signature(export, ExportRequest, "model")
+_signature(build, BuildRequest, "target")
+_signature(verify, VerifyRequest, "target")
+_signature(tune, TuneRequest, "models")
+
+
+def _load_signature() -> None:
+    """``load``'s: the runtime's own parameters (``flows.load.load``), the store's, then what an engine build and a
+    model declaration take (``BuildRequest``'s fields, ``--task``...), by keyword."""
+    import inspect
+
+    from enginekit.families.torch_models.spec import FLAGS
+    from enginekit.flows.load import load as run_load
+
+    P = inspect.Parameter
+    own = [p for p in inspect.signature(run_load).parameters.values() if p.kind != P.VAR_KEYWORD]
+    names = {p.name for p in own}
+    params = own[:3] + [P("remote", P.KEYWORD_ONLY, default=None, annotation="str | None"),
+                        P("remote_read_only", P.KEYWORD_ONLY, default=False, annotation=bool)] + own[3:]
+    for name, field in BuildRequest.model_fields.items():
+        if name not in names and name != "target":
+            params.append(P(name, P.KEYWORD_ONLY, default=_default(field), annotation=field.annotation))
+    for name in (*FLAGS, "bgr"):
+        if name not in names and name not in BuildRequest.model_fields:
+            params.append(P(name, P.KEYWORD_ONLY, default=None))
+    load.__signature__ = inspect.Signature(params)
+
+
+_load_signature()

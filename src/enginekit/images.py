@@ -120,6 +120,17 @@ def read_rgb(path: Path) -> np.ndarray | None:
     return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
 
+def images_of(source: Path | None = None, *, limit: int | None = None) -> list[Path]:
+    """The image files ``load_images`` reads (the first ``limit`` candidates), without decoding any."""
+    if source is None:
+        paths = embedded_image_paths()
+        if not paths:
+            raise UsageError("no embedded photographs found: install ultralytics or scikit-image, or pass an image folder")
+    else:
+        paths = list_images(source)
+    return paths[:limit] if limit is not None else paths
+
+
 def load_images(source: Path | None = None, *, limit: int | None = None) -> ImageSet:
     """Images from a folder (broken files skipped and reported) or the embedded default."""
     if source is None:

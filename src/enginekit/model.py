@@ -73,17 +73,17 @@ class ModelRequest:
     def _from_checkpoint(self) -> None:
         """``best.pt`` alone (``yolo export model=best.pt``'s habit): an Ultralytics checkpoint names its model (the
         architecture it records) and is its weights."""
-        path = Path(str(self.name)).expanduser()
-        if path.suffix.lower() not in (".pt", ".pth") or not path.is_file():
-            return
-        from enginekit.families.ultralytics.identity import checkpoint_variant, is_checkpoint
+        from enginekit.families.registry import model_in_file
 
-        if not is_checkpoint(path):
-            return  # a TorchScript program or a state dict: the pytorch family's
-        if self.weights is not None or self.random_init:
+        recorded = model_in_file(self.name)
+        if recorded is None:
+            return  # a name, a TorchScript program or a state dict
+        path = Path(str(self.name)).expanduser()
+        same = self.weights is not None and Path(self.weights).expanduser().resolve() == path.resolve()
+        if (self.weights is not None and not same) or self.random_init:
             raise UsageError(f"{path.name} is an Ultralytics checkpoint: it is the model and its weights; drop "
                              f"{'--weights' if self.weights is not None else '--random-init'} (or name the model)")
-        self.name, self.weights, self.checkpoint = checkpoint_variant(path), path, path
+        self.name, self.weights, self.checkpoint = recorded, path, path
         from enginekit import reporting
 
         reporting.note(f"{path.name}: {self.name} (the architecture it records)")

@@ -348,6 +348,12 @@ class Stages:
         with reporting.stage(f"calibration data {format_shape(shape[1:])}") as s:
             batch = data.batch(self.adapter, shape)
             s.detail = f"{batch.shape[0]} inputs" + (f", {len(data.skipped)} skipped" if data.skipped else "")
+        found = len(data.used_paths) if not data.is_array else len(batch)
+        if found < data.count:  # a folder of 2 when 8 were asked: say so (views of them may fill the count)
+            views = batch.shape[0] - found
+            reporting.warning(f"calibrating on {found} input(s) from {data.describe()}, fewer than the {data.count} "
+                              f"asked for (--calib-count)" + (f"; {views} more made from them (flips, crops, mosaics)"
+                                                             if views > 0 else ""))
         return batch
 
     def _calibration_entry(self, parts: dict) -> Path | None:

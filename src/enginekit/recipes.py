@@ -38,7 +38,7 @@ from enginekit.errors import UsageError
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 VERIFY_ONLY = ("images", "image_count", "require_engine", "task_required", "tolerances", "report_dir", "junit",
-               "data", "data_limit", "data_split")  # VerifyRequest names
+               "data", "data_limit", "data_split", "recheck", "allow_unverifiable")  # VerifyRequest names
 DEFAULT_TARGETS = "default"  # a target set meaning: this GPU, else the backend's portable set
 CALIBRATION_OPTIONS = ("calib_data", "calib_count", "calib_method", "calib_cache", "exclude")  # BuildRequest names
 

@@ -73,12 +73,20 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _one_line(exc: ValidationError) -> str:
+def unknown_name(name: str, known) -> str:
+    """``unknown option 'precison' (did you mean 'precision'?)``: a keyword no verb takes, with the closest it does."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.6)
+    return f"unknown option {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
+def _one_line(exc: ValidationError, known=()) -> str:
     error = exc.errors()[0]
     loc = [str(p) for p in error["loc"] if not isinstance(p, int)]
     where = _flag(loc[-1]) if loc else "options"
     if error["type"] == "extra_forbidden":
-        return f"unknown option {loc[-1]!r}" if loc else "unknown option"
+        return unknown_name(loc[-1], known) if loc else "unknown option"
     message = error["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
@@ -97,7 +105,7 @@ class Options(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise UsageError(_one_line(exc)) from exc
+            raise UsageError(_one_line(exc, type(self).model_fields)) from exc
 
     def replace(self, **changes: Any):
         """A copy with ``changes``, validated again."""
@@ -171,6 +179,13 @@ class ExportRequest(_ModelOptions):
     images: Optional[Path] = None
     rel_l2: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     force: bool = False
+    recheck: bool = False  # check parity again although a verdict on the same content is stored
+
+    @model_validator(mode="before")
+    @classmethod
+    def _imgsz(cls, data: Any) -> Any:
+        """``imgsz`` (Ultralytics' word: ``320`` or ``384x640``) is the input at batch 1."""
+        return _imgsz_into(data, "input", lambda shape: shape)
 
     @field_validator("simplifier")
     @classmethod
@@ -222,6 +237,12 @@ class BuildRequest(_ModelOptions):
     verify: bool = True
     repair: bool = False
     tolerances: Tolerances = Tolerances()  # --tol: the gates of --repair
+
+    @model_validator(mode="before")
+    @classmethod
+    def _imgsz(cls, data: Any) -> Any:
+        """``imgsz`` (``320`` or ``384x640``) is a profile of batch 1 at that size."""
+        return _imgsz_into(data, "profiles", lambda shape: [shape])
 
     @field_validator("profiles", "exclude", mode="before")
     @classmethod
@@ -371,6 +392,7 @@ class VerifyRequest(Options):
     data: Optional[Path] = None
     data_split: Optional[str] = None  # None: val
     data_limit: Optional[int] = Field(None, ge=1)
+    recheck: bool = False  # check again although verdicts on the same content are stored
 
     @model_validator(mode="before")
     @classmethod
@@ -535,6 +557,23 @@ def _items(value: Any) -> list[str]:
         return []
     parts = value if isinstance(value, (list, tuple)) else [value]
     return [item.strip() for part in parts for item in str(part).split(",") if item.strip()]
+
+
+def _imgsz_into(data: Any, field: str, make) -> Any:
+    """A request's ``imgsz`` (``--imgsz``) as its ``field`` (``make`` of the batch-1 shape ``1x3xHxW``); refused
+    beside a ``field`` of its own."""
+    if not isinstance(data, dict) or data.get("imgsz") is None:
+        if isinstance(data, dict) and "imgsz" in data:
+            data = {k: v for k, v in data.items() if k != "imgsz"}
+        return data
+    data = dict(data)
+    imgsz = data.pop("imgsz")
+    if data.get(field):
+        flag = {"input": "--input", "profiles": "--profile"}[field]
+        raise UsageError(f"--imgsz {imgsz} and {flag} both give the input size: give one ({flag} where batch matters)")
+    h, w = image_size(str(imgsz), "--imgsz")
+    data[field] = make(f"1x3x{h}x{w}")
+    return data
 
 
 def image_size(text: str, what: str = "--input") -> tuple[int, int]:

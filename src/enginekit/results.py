@@ -29,6 +29,23 @@ class Timings:
                 "postprocess_ms": round(self.postprocess, 3), "total_ms": round(self.total, 3)}
 
 
+def counted_names(names) -> str:
+    """``4 persons, 1 bus``: each name with its count, most first (Ultralytics' predictor's wording);
+    ``(no detections)`` for none."""
+    from collections import Counter
+
+    counts = Counter(str(n) for n in names)
+    if not counts:
+        return "(no detections)"
+
+    def label(name: str, n: int) -> str:
+        if name.isdigit():  # a model with no class names (random weights): its indices
+            return f"#{name}"
+        return name + ("s" if n > 1 and name[-1:].isalpha() and not name.endswith("s") else "")
+
+    return ", ".join(f"{n} {label(name, n)}" for name, n in counts.most_common())
+
+
 @dataclass
 class Detections:
     """Boxes (N x 4, xyxy in the original image's pixels), scores, class ids and their names."""
@@ -44,6 +61,10 @@ class Detections:
 
     def __len__(self) -> int:
         return len(self.scores)
+
+    def found(self) -> str:
+        """What it found, as Ultralytics' predictor says it: ``4 persons, 1 bus`` (most first)."""
+        return counted_names(self.names)
 
     def to_json(self) -> dict:
         return {
@@ -143,6 +164,9 @@ class OrientedBoxes:
     def __len__(self) -> int:
         return len(self.scores)
 
+    def found(self) -> str:
+        return counted_names(self.names)
+
     @property
     def corners(self) -> np.ndarray:
         from ultralytics.utils import ops
@@ -195,6 +219,10 @@ class Classification:
     def top1(self) -> int:
         return int(self.class_ids[0])
 
+    def found(self) -> str:
+        """The top classes with their probabilities: ``tabby 0.93, tiger cat 0.05``."""
+        return ", ".join(f"{n} {float(s):.2f}" for n, s in list(zip(self.names, self.scores))[:5])
+
     def to_json(self) -> dict:
         return {
             "kind": self.kind,
@@ -229,6 +257,10 @@ class DepthMap:
     timings: Timings = field(default_factory=Timings)
     kind = "depth"
 
+    def found(self) -> str:
+        d = self.depth[np.isfinite(self.depth)]
+        return f"relative depth {float(d.min()):.3g} to {float(d.max()):.3g}" if d.size else "no finite depth"
+
     def to_json(self) -> dict:
         d = self.depth
         finite = bool(np.isfinite(d).all())
@@ -252,6 +284,14 @@ class SemanticMap:
     source: str | None = None
     timings: Timings = field(default_factory=Timings)
     kind = "semantic"
+
+    def found(self) -> str:
+        """The classes covering most of the image: ``road 52%, sky 30%, car 13%``."""
+        ids, counts = np.unique(self.class_map, return_counts=True)
+        order = np.argsort(-counts)[:4]
+        total = float(self.class_map.size) or 1.0
+        return ", ".join(f"{self.class_names.get(int(ids[i]), str(int(ids[i])))} {100 * counts[i] / total:.0f}%"
+                         for i in order) + (f" (+{len(ids) - 4} more)" if len(ids) > 4 else "")
 
     def to_json(self) -> dict:
         ids, counts = np.unique(self.class_map, return_counts=True)

@@ -52,13 +52,13 @@ def _click_message(exc) -> str:
     return message
 
 
-def _flag_type(self, ctx):
-    """Help shows no type for an on/off flag (typer 0.29 writes ``<bool>``): it takes no value."""
-    return None if getattr(self, "is_flag", False) else _display_type(self, ctx)
+def _no_type(self, ctx):
+    """Help shows no type column (``<str>``, ``<path>``: the help line says what an option takes), so that at 80
+    columns an option's name and its one line of help fit side by side."""
+    return None
 
 
-_display_type = TyperOption.display_type_rich
-TyperOption.display_type_rich = _flag_type
+TyperOption.display_type_rich = _no_type
 
 
 app = typer.Typer(

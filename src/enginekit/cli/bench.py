@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from enginekit.backends import registry
-from enginekit.cli.common import (RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
+from enginekit.cli.common import (ImgszOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
                                   quiet_third_party)
 
 
@@ -26,6 +26,7 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str, typer.Argument(help="Model name: yolo12n, depth, depth-anything-v2-base, ...; a comma list times each (and, with --e2e, their pipeline).")],
         batch: Annotated[Optional[str], typer.Option("--batch", "-b", help="Batch sizes, e.g. 1,8,16 (default: the N of --input, else 1).")] = None,
         input: Annotated[Optional[str], typer.Option("--input", "-i", help="Image size HxW, CxHxW or NxCxHxW (default: the family's, e.g. 640x640).")] = None,
+        imgsz: ImgszOpt = None,
         precision: Annotated[str, typer.Option("--precision", help="fp32 or fp16: the graph ONNX Runtime runs and engines are built from (torch rows name their own).")] = "fp32",
         backend: Annotated[str, typer.Option("--backend", help=_backend_help())] = registry.BENCH_DEFAULT,
         warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs before timing.")] = 10,
@@ -51,28 +52,21 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Time a model on PyTorch, ONNX Runtime and TensorRT, fed the same seeded inputs.
 
-        Warm-up, then timed runs: p50/p90/p95/p99 and mean latency per batch, and throughput.
-
-        Every row says whether host-to-device copies are in its time and whether it replays a CUDA graph.
-
-        --e2e adds per-frame rows (decode + preprocess + infer + postprocess, each stage's mean, p50/p95/p99,
-        frames per second) on the artifacts each backend's network rows timed, and e2e/net: their p50 over the
-        network-only p50 at batch 1.
-
-        A backend that cannot run here is a row marked skipped, with the reason; exit 3 only when nothing ran.
+        Warm-up, then timed runs: p50/p90/p95/p99 and mean latency per batch, and throughput. Every row says whether host-to-device copies are in its time and whether it replays a CUDA graph. --e2e adds per-frame rows (decode, preprocess, infer, postprocess) on the same artifacts. A backend that cannot run here is a row marked skipped; exit 3 only when nothing ran. docs/runtime.md says more.
 
         Examples:
 
           enginekit bench yolo12n --random-init --batch 1,8
 
-          enginekit bench yolo12n --precision fp16 --batch 1,8,16 --backend torch,onnxruntime,tensorrt --json > out.json
+          enginekit bench best.pt --precision fp16 --batch 1,8,16 --json > out.json
 
-          enginekit bench depth --random-init --input 518x518 --backend torch --plot depth.png
+          enginekit bench depth --random-init --imgsz 518 --plot depth.png
 
-          enginekit bench yolo12n,depth --random-init --backend onnxruntime-cpu --e2e
+          enginekit bench yolo12n,depth --random-init --e2e
         """
         from enginekit import bench
 
+        input = _one_size(input, imgsz)
         models = _models(model, plot_path, weights)
         _check_plot_path(plot_path)
         image_path, image_hw = _image(e2e, image)
@@ -103,6 +97,19 @@ def register(app: typer.Typer) -> None:
 
             first = reports[0].rows[0].reason if reports[0].rows else "no backend"
             raise CapabilityError(f"no backend could run here (first reason: {first})")
+
+
+def _one_size(input: Optional[str], imgsz: Optional[str]) -> Optional[str]:
+    """``--imgsz N`` or ``HxW`` is ``--input HxW``; both given is refused."""
+    if imgsz is None:
+        return input
+    if input is not None:
+        from enginekit.errors import UsageError
+
+        raise UsageError(f"--imgsz {imgsz} and --input {input} both give the input size: give one")
+    from enginekit.requests import image_size
+
+    return "x".join(map(str, image_size(imgsz, "--imgsz")))
 
 
 def _settings(model, batch, input, precision, backend, warmup, iters, include_copies, threads, weights,

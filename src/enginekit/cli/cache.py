@@ -26,15 +26,16 @@ def register(app: typer.Typer) -> None:
         kind: Annotated[Optional[str], typer.Option("--kind", help="Only this kind (engine, onnx-export, ...).")] = None,
         as_json: JsonOpt = False,
         verify: Annotated[bool, typer.Option("--verify", help="Check every file's sha256 (reads every byte; by default sizes only).")] = False,
-        remote_list: Annotated[bool, typer.Option("--remote", help="List the store's entries instead (set the store with ENGINEKIT_REMOTE or --store).")] = False,
-        store: Annotated[Optional[str], typer.Option("--store", help="With --remote: the store's URL (default $ENGINEKIT_REMOTE).")] = None,
+        remote_list: Annotated[bool, typer.Option("--remote", help="List the team store's entries instead: --remote URL, or --remote alone for $ENGINEKIT_REMOTE.")] = False,
+        url: Annotated[Optional[str], typer.Argument(metavar="[URL]", help="With --remote: the store (s3://BUCKET/PREFIX or file:///PATH).", show_default=False)] = None,
+        store: Annotated[Optional[str], typer.Option("--store", hidden=True, help="Old spelling of --remote URL.")] = None,
     ) -> None:
         """List entries, most recently used first, with validity and parity. Listing is no use: it
         changes no entry's last-used time.
 
         Example: [bold]enginekit cache ls --kind engine[/]
         """
-        _store_needs_remote(remote_list, store)
+        store = _store_url(remote_list, url, store)
         if remote_list:
             if verify:
                 raise UsageError("--verify checks the local entries' files; the store's are checked (sha256) when "
@@ -90,8 +91,9 @@ def register(app: typer.Typer) -> None:
     def gc_cmd(
         max_size: Annotated[Optional[str], typer.Option("--max-size", help="Keep the cache under this size, e.g. 20G.")] = None,
         max_age: Annotated[Optional[str], typer.Option("--max-age", help="Remove entries unused (in the store: published) for this long, e.g. 30d.")] = None,
-        remote_gc: Annotated[bool, typer.Option("--remote", help="Clean the store instead: entries by publication time, then the objects no entry names.")] = False,
-        store: Annotated[Optional[str], typer.Option("--store", help="With --remote: the store's URL (default $ENGINEKIT_REMOTE).")] = None,
+        remote_gc: Annotated[bool, typer.Option("--remote", help="Clean the team store instead (--remote URL, or alone for $ENGINEKIT_REMOTE): entries by publication time, then the objects no entry names.")] = False,
+        url: Annotated[Optional[str], typer.Argument(metavar="[URL]", help="With --remote: the store (s3://BUCKET/PREFIX or file:///PATH).", show_default=False)] = None,
+        store: Annotated[Optional[str], typer.Option("--store", hidden=True, help="Old spelling of --remote URL.")] = None,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
     ) -> None:
         """Remove least recently used entries; never one in use by a running build."""
@@ -101,7 +103,7 @@ def register(app: typer.Typer) -> None:
         # "" is a value given (and refused by the parsers), not an option left out
         size = parse_size(max_size) if max_size is not None else None
         age = parse_age(max_age) if max_age is not None else None
-        _store_needs_remote(remote_gc, store)
+        store = _store_url(remote_gc, url, store)
         if remote_gc:
             return _gc_remote(size, age, dry_run, store)
         removed = Cache(remote=None).gc(size, age, dry_run=dry_run)
@@ -170,10 +172,22 @@ def register(app: typer.Typer) -> None:
             emit(str(entry.file(main) if main else entry.path))
 
 
-def _store_needs_remote(remote: bool, store: Optional[str]) -> None:
-    if store is not None and not remote:
-        raise UsageError(f"--store {store} names the store for --remote, which was not given: add --remote (without "
-                         "it the local cache is listed or cleaned)")
+def _store_url(remote: bool, url: Optional[str], store: Optional[str]) -> Optional[str]:
+    """The store ``cache ls/gc --remote [URL]`` acts on (None: $ENGINEKIT_REMOTE), as ``--remote URL`` means on every
+    verb. ``--store URL`` (the old spelling) still works, with a notice; a URL without ``--remote`` is refused (without
+    it the local cache is listed or cleaned)."""
+    given = url if url is not None else store
+    if given is not None and not remote:
+        raise UsageError(f"{'--store ' if url is None else ''}{given}: a store URL goes with --remote (--remote {given}); "
+                         "without it the local cache is listed or cleaned")
+    if store is not None:
+        if url is not None:
+            raise UsageError(f"--store {store} and {url}: name the store once (--remote URL)")
+        from enginekit.cli.render import console
+
+        console.print(f"[yellow]notice:[/] --store is now written --remote {store} (the old spelling goes in a later "
+                      "release)", highlight=False)
+    return given
 
 
 def _remote_of(store: Optional[str]):

@@ -136,69 +136,61 @@ def quiet_third_party() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-WeightsOpt = Annotated[
-    Optional[Path],
-    typer.Option(
-        "--weights", "-w",
-        help="Local weights: an Ultralytics .pt, or for Depth-Anything-V2 an original-repo .pth, a "
-             "transformers .safetensors/.pth or model folder. Ultralytics .pt files are pickles: they are "
-             "read with PyTorch's weights-only unpickler and an allowlist of the classes Ultralytics "
-             "checkpoints are made of, and a file naming anything else is refused (see --trust-checkpoint).",
-    ),
-]
-TrustOpt = Annotated[
-    bool,
-    typer.Option(
-        "--trust-checkpoint",
-        help="Load an Ultralytics .pt that names classes outside the allowlist with Ultralytics' own "
-             "loader, which runs code from the file: only for a checkpoint you trust "
-             "(also ENGINEKIT_TRUST_CHECKPOINTS=1).",
-    ),
-]
-RandomInitOpt = Annotated[
-    bool, typer.Option("--random-init", help="Build the architecture with seeded random weights (no download).")
-]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of --random-init and of random test inputs.")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Rebuild even when the cache has the result.")]
+# Help panels by concern, shared by every verb (``--help`` at 80 columns: one short line per option; the details
+# live in docs/, which says where)
+PANEL_MODEL = "Model and weights"
+PANEL_INPUT = "Input"
+PANEL_BUILD = "Precision and build"
+PANEL_CALIB = "Calibration (INT8)"
+PANEL_GATES = "Gates"
+PANEL_IMAGES = "Images and labels"
+PANEL_REPORTS = "Reports"
+PANEL_STORE = "Team store"
+PANEL_RUN = "Running"
+PANEL_STREAM = "Stream"
+
+ImgszOpt = Annotated[Optional[str], typer.Option(
+    "--imgsz", rich_help_panel=PANEL_INPUT, help="Input size N or HxW (Ultralytics' imgsz), batch 1.")]
+WeightsOpt = Annotated[Optional[Path], typer.Option(
+    "--weights", "-w", rich_help_panel=PANEL_MODEL,
+    help="Local weights: .pt, .pth, .safetensors or a model folder (docs/models.md).")]
+TrustOpt = Annotated[bool, typer.Option(
+    "--trust-checkpoint", rich_help_panel=PANEL_MODEL,
+    help="Load a .pt outside the allowlist (runs its code: docs/models.md).")]
+RandomInitOpt = Annotated[bool, typer.Option(
+    "--random-init", rich_help_panel=PANEL_MODEL, help="Seeded random weights (no download).")]
+SeedOpt = Annotated[int, typer.Option("--seed", rich_help_panel=PANEL_MODEL, help="Seed of --random-init and test inputs.")]
+ForceOpt = Annotated[bool, typer.Option("--force", rich_help_panel=PANEL_RUN, help="Rebuild even on a cache hit.")]
 NmsOpt = Annotated[bool, typer.Option(
-    "--nms", help="Detectors: NMS in the graph, as Ultralytics' nms=True (per class, conf 0.25, IoU 0.7, 300 kept boxes).")]
+    "--nms", rich_help_panel=PANEL_MODEL, help="NMS in the graph, as Ultralytics' nms=True (detectors).")]
 RemoteOpt = Annotated[Optional[str], typer.Option(
-    "--remote", help="The team store under the local cache: s3://BUCKET/PREFIX (endpoint, region and credentials "
-                     "from the standard AWS settings) or file:///PATH; default $ENGINEKIT_REMOTE, 'none' for no store.")]
+    "--remote", rich_help_panel=PANEL_STORE,
+    help="Team store s3://BUCKET/PREFIX or file:///PATH ('none': off).")]
 RemoteReadOnlyOpt = Annotated[bool, typer.Option(
-    "--remote-read-only", help="Read from the store, never write to it (also ENGINEKIT_REMOTE_MODE=read).")]
+    "--remote-read-only", rich_help_panel=PANEL_STORE, help="Read the store, never write it.")]
 
 # What a model enginekit cannot know by itself declares (torchvision:, timm:, file.py:factory, programs):
-# the same names in a recipe's model: section and as keywords of enginekit.load.
-_DECLARE = "Model declaration"
+# the same names in a recipe's model: section and as keywords of enginekit.load (docs/models.md).
+_DECLARE = "Model declaration (torchvision:, timm:, file.py:factory)"
 TaskOpt = Annotated[Optional[str], typer.Option(
-    "--task", rich_help_panel=_DECLARE,
-    help="What the model's first output serves: semantic (per-pixel class logits), classify (class logits or "
-         "probabilities), depth, or raw (parity only). torchvision's and timm's common heads come declared.")]
+    "--task", rich_help_panel=_DECLARE, help="semantic, classify, depth or raw (parity only).")]
 OutputsOpt = Annotated[Optional[str], typer.Option(
-    "--outputs", rich_help_panel=_DECLARE,
-    help="Output names in order, each NAME[:MEANING] (logits, probabilities, depth, values), e.g. out:logits,aux:logits; "
-         "dict outputs by key (a subset keeps those), tuples by position. Default: as the model returns them.")]
+    "--outputs", rich_help_panel=_DECLARE, help="NAME[:MEANING],... e.g. out:logits,aux:logits.")]
 SizeOpt = Annotated[Optional[str], typer.Option(
-    "--size", rich_help_panel=_DECLARE, help="The model's input H x W when no --input/--profile says (e.g. 512x512).")]
+    "--size", rich_help_panel=_DECLARE, help="Input HxW when no --input/--profile says.")]
 DynamicOpt = Annotated[Optional[str], typer.Option(
-    "--dynamic", rich_help_panel=_DECLARE,
-    help="Input axes kept symbolic in the graph besides batch (always): hw (height and width) or none. "
-         "Default: none for a model no table row declares.")]
+    "--dynamic", rich_help_panel=_DECLARE, help="Symbolic axes besides batch: hw or none.")]
 MeanOpt = Annotated[Optional[str], typer.Option(
-    "--mean", rich_help_panel=_DECLARE, help="Per-channel mean of 0..1 pixels subtracted, e.g. 0.485,0.456,0.406.")]
+    "--mean", rich_help_panel=_DECLARE, help="Per-channel mean of 0..1 pixels, e.g. 0.485,0.456,0.406.")]
 StdOpt = Annotated[Optional[str], typer.Option(
-    "--std", rich_help_panel=_DECLARE, help="Per-channel standard deviation divided by, e.g. 0.229,0.224,0.225.")]
+    "--std", rich_help_panel=_DECLARE, help="Per-channel std, e.g. 0.229,0.224,0.225.")]
 ResizeOpt = Annotated[Optional[str], typer.Option(
-    "--resize", rich_help_panel=_DECLARE,
-    help="How a photograph becomes H x W: stretch, letterbox (grey 114 bars) or crop (shorter side, centre crop).")]
-BgrOpt = Annotated[bool, typer.Option("--bgr", rich_help_panel=_DECLARE, help="The model takes BGR channels (default RGB).")]
+    "--resize", rich_help_panel=_DECLARE, help="stretch, letterbox (grey 114) or crop.")]
+BgrOpt = Annotated[bool, typer.Option("--bgr", rich_help_panel=_DECLARE, help="The model takes BGR (default RGB).")]
 ClassesOpt = Annotated[Optional[int], typer.Option(
-    "--classes", rich_help_panel=_DECLARE, help="torchvision/timm: build the model with this many classes.")]
-MODEL_HELP = ("Model: yolo12n, depth, ...; torchvision:NAME, timm:NAME; path/to/file.py:factory or "
-              "package.module:factory (imports that code and calls the factory: it runs, as `python file.py` "
-              "would); a torch.export .pt2 or TorchScript program (runs code from the file: needs "
-              "--trust-checkpoint).")
+    "--classes", rich_help_panel=_DECLARE, help="torchvision/timm: this many classes.")]
+MODEL_HELP = ("yolo12n, depth, best.pt, torchvision:NAME, timm:NAME, file.py:factory, module:factory or a "
+              ".pt2/TorchScript program (docs/models.md).")
 
 
 def declared_of(options: dict) -> dict:

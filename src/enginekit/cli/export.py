@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, MODEL_HELP, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt, declared_of, NmsOpt, ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
+from enginekit.cli.common import (PANEL_BUILD, PANEL_GATES, PANEL_IMAGES, PANEL_INPUT, PANEL_REPORTS, ImgszOpt, BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, MODEL_HELP, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt, declared_of, NmsOpt, ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
                                   quiet_third_party)
 
 
@@ -16,20 +16,22 @@ def register(app: typer.Typer) -> None:
     @handles_errors
     def export_cmd(
         model: Annotated[str, typer.Argument(help=MODEL_HELP)],
-        input: Annotated[Optional[str], typer.Option("--input", "-i", help="Example input NxCxHxW (default: the family's, e.g. 1x3x640x640).")] = None,
-        fp16: Annotated[bool, typer.Option("--fp16", help="Also convert to FP16 (ModelOpt AutoCast, FP32 I/O) and write that graph.")] = False,
-        output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the ONNX (default: ./<model>[.fp16].onnx).")] = None,
+        input: Annotated[Optional[str], typer.Option("--input", "-i", rich_help_panel=PANEL_INPUT, help="Input NxCxHxW (default: the family's, 1x3x640x640).")] = None,
+        imgsz: ImgszOpt = None,
+        fp16: Annotated[bool, typer.Option("--fp16", rich_help_panel=PANEL_BUILD, help="Write the FP16 graph (ModelOpt AutoCast, FP32 I/O).")] = False,
+        output: Annotated[Optional[Path], typer.Option("--output", "-o", rich_help_panel=PANEL_REPORTS, help="The ONNX file (default: ./MODEL[.fp16].onnx).")] = None,
         weights: WeightsOpt = None,
         trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
         nms: NmsOpt = False,
-        opset: Annotated[int, typer.Option("--opset", help="ONNX opset.")] = 18,
-        simplifier: Annotated[str, typer.Option("--simplifier", help="onnxsim or onnxslim.")] = "onnxsim",
-        images: Annotated[Optional[Path], typer.Option("--images", help="Folder of photographs for the parity check (default: embedded).")] = None,
-        rel_l2: Annotated[Optional[float], typer.Option("--rel-l2", help="Override the rel L2 tolerance of the final graph.")] = None,
-        report: Annotated[Optional[Path], typer.Option("--report", help="Write the parity report as JSON here.")] = None,
+        opset: Annotated[int, typer.Option("--opset", rich_help_panel=PANEL_BUILD, help="ONNX opset.")] = 18,
+        simplifier: Annotated[str, typer.Option("--simplifier", rich_help_panel=PANEL_BUILD, help="onnxsim or onnxslim.")] = "onnxsim",
+        images: Annotated[Optional[Path], typer.Option("--images", rich_help_panel=PANEL_IMAGES, help="Photographs for the parity check (default: embedded).")] = None,
+        rel_l2: Annotated[Optional[float], typer.Option("--rel-l2", rich_help_panel=PANEL_GATES, help="The final graph's rel L2 limit.")] = None,
+        report: Annotated[Optional[Path], typer.Option("--report", rich_help_panel=PANEL_REPORTS, help="The parity report as JSON.")] = None,
         force: ForceOpt = False,
+        recheck: Annotated[bool, typer.Option("--recheck", rich_help_panel=PANEL_GATES, help="Check parity again, though a verdict is stored.")] = False,
         task: TaskOpt = None,
         outputs: OutputsOpt = None,
         size: SizeOpt = None,
@@ -42,31 +44,28 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Export a model to a simplified ONNX graph and check it against PyTorch.
 
-        Dynamic batch always; dynamic H/W for Depth-Anything-V2 (sides multiples of 14).
-        Exits 1 if ONNX Runtime's output strays beyond tolerance from the PyTorch model's.
+        Dynamic batch always, dynamic H/W where the family takes any size (YOLO, Depth-Anything-V2). A second identical export is a cache hit. Exit 1 if the graph strays beyond tolerance from PyTorch (nothing written). docs/export-build.md says more.
 
         Examples:
 
           enginekit export yolo12n --random-init
 
-          enginekit export yolo12n --fp16 --weights runs/best.pt
+          enginekit export best.pt --fp16
 
-          enginekit export yolov8n --nms --weights runs/best.pt
+          enginekit export yolov8n -w best.pt --nms --imgsz 320
 
-          enginekit export depth --input 1x3x518x518 --weights depth_anything_v2_vits.pth
+          enginekit export depth --imgsz 518 -w depth_anything_v2_vits.pth
 
-          enginekit export torchvision:deeplabv3_resnet50 --weights deeplab.safetensors
-
-          enginekit export net.py:make --task semantic --outputs logits:logits --size 256x256 --dynamic hw
+          enginekit export net.py:make --task semantic --size 256x256
         """
         from enginekit import api
         from enginekit.fsutil import atomic_write_text, check_output_path, json_text
         from enginekit.requests import ExportRequest
 
         check_output_path(report, "--report")
-        request = ExportRequest(model=model, input=input, fp16=fp16, output=output, weights=weights,
+        request = ExportRequest(model=model, input=input, imgsz=imgsz, fp16=fp16, output=output, weights=weights,
                                 random_init=random_init, seed=seed, opset=opset, simplifier=simplifier, images=images,
-                                rel_l2=rel_l2, force=force, nms=nms, declared=declared_of(locals()))
+                                rel_l2=rel_l2, force=force, recheck=recheck, nms=nms, declared=declared_of(locals()))
         quiet_third_party()
         result = api.export(request)
         from enginekit.cli.render import parity_table

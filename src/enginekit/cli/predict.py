@@ -8,49 +8,51 @@ from typing import Annotated, Optional
 import typer
 
 from enginekit.backends import AUTO, choices
-from enginekit.cli.common import RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import PANEL_BUILD, PANEL_GATES, PANEL_MODEL, PANEL_REPORTS, PANEL_STREAM, ImgszOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
     @app.command("predict")
     @handles_errors
     def predict_cmd(
-        models: Annotated[str, typer.Argument(help="Model name(s), comma-separated (yolo12n,depth), a cache key, an engine plan or an ONNX file.")],
-        sources: Annotated[list[str], typer.Argument(help="An image, a folder of images, a video file, or a camera index (0); several: several cameras, one frame of each per step, batched.")],
-        save: Annotated[Optional[Path], typer.Option("--save", help="Write overlays and results.json here (default: write nothing).")] = None,
-        backend: Annotated[str, typer.Option("--backend", help=f"{', '.join(choices())}.")] = AUTO,
-        precision: Annotated[str, typer.Option("--precision", help="fp32, fp16, int8 or fp8 (int8/fp8: tensorrt).")] = "fp32",
-        weights: Annotated[Optional[list[Path]], typer.Option("--weights", "-w", help="Weights, once per model, in the order of MODELS.")] = None,
+        models: Annotated[str, typer.Argument(help="Model(s), comma list (yolo12n,depth): names, best.pt, keys, ONNX or engine files.")],
+        sources: Annotated[list[str], typer.Argument(help="Image, folder, video or camera index (0); several: one frame of each per step.")],
+        weights: Annotated[Optional[list[Path]], typer.Option("--weights", "-w", rich_help_panel=PANEL_MODEL, help="Weights, once per model, in the order of MODELS.")] = None,
         random_init: RandomInitOpt = False,
         trust_checkpoint: TrustOpt = False,
         seed: SeedOpt = 0,
-        conf: Annotated[float, typer.Option("--conf", help="Detection confidence threshold.")] = 0.25,
-        iou: Annotated[float, typer.Option("--iou", help="NMS IoU threshold.")] = 0.7,
-        max_frames: Annotated[Optional[int], typer.Option("--max-frames", help="Stop after this many frames (of each source).")] = None,
-        device: Annotated[Optional[str], typer.Option("--device", help="cpu or cuda:N (default: the backend's).")] = None,
-        gpu_letterbox: Annotated[bool, typer.Option("--gpu-letterbox", help="On a GPU, resize YOLO frames there (torch bilinear) instead of letterboxing them with OpenCV on the CPU as YOLO(pt).predict does: less CPU work per large frame, but pixels up to a grey level apart and scores about 1e-3 from the .pt's.")] = False,
-        drop: Annotated[str, typer.Option("--drop", help="When frames come faster than the models take them: none (decoding waits; every frame is processed), oldest (the oldest waiting frame makes room: least latency, for live cameras), newest (the new frame is dropped).")] = "none",
-        every: Annotated[Optional[list[str]], typer.Option("--every", help="A model's cadence, MODEL=N: it runs on every N-th step (depth=3); repeatable.")] = None,
-        frames_per_step: Annotated[int, typer.Option("--frames-per-step", help="K consecutive frames of each source form one step, batched (stereo pairs: 2).")] = 1,
-        batch: Annotated[Optional[int], typer.Option("--batch", help="Frames per inference call (default: the whole step).")] = None,
-        queue: Annotated[int, typer.Option("--queue", help="Frames waiting per source between decoding and the models.")] = 2,
-        in_flight: Annotated[int, typer.Option("--in-flight", help="Steps the models work on at once: 1 = least latency, 2 = stages overlap.")] = 2,
-        pace: Annotated[Optional[float], typer.Option("--pace", help="Deliver a video's or folder's frames at this many per second, as a camera would (default: as fast as they decode).")] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print what each model found, per frame, as JSON on stdout (as results.json's frames), with the summary: frames/s, each stage's and the whole step's p50/p95/p99, drops (summary.stream).")] = False,
+        imgsz: ImgszOpt = None,
+        backend: Annotated[str, typer.Option("--backend", rich_help_panel=PANEL_BUILD, help=f"{', '.join(choices())}.")] = AUTO,
+        precision: Annotated[str, typer.Option("--precision", rich_help_panel=PANEL_BUILD, help="fp32, fp16, int8 or fp8 (int8/fp8: tensorrt).")] = "fp32",
+        device: Annotated[Optional[str], typer.Option("--device", rich_help_panel=PANEL_BUILD, help="cpu or cuda:N (default: the backend's).")] = None,
+        gpu_letterbox: Annotated[bool, typer.Option("--gpu-letterbox", rich_help_panel=PANEL_BUILD, help="Letterbox YOLO frames on the GPU (docs/runtime.md).")] = False,
+        conf: Annotated[float, typer.Option("--conf", rich_help_panel=PANEL_GATES, help="Detection confidence threshold.")] = 0.25,
+        iou: Annotated[float, typer.Option("--iou", rich_help_panel=PANEL_GATES, help="NMS IoU threshold.")] = 0.7,
+        save: Annotated[Optional[Path], typer.Option("--save", rich_help_panel=PANEL_REPORTS, help="Folder for overlays and results.json.")] = None,
+        as_json: Annotated[bool, typer.Option("--json", rich_help_panel=PANEL_REPORTS, help="results.json's document on stdout (docs/runtime.md).")] = False,
+        verbose: Annotated[bool, typer.Option("--verbose", "-v", rich_help_panel=PANEL_REPORTS, help="Photographs too: each stage's p50/p95/p99.")] = False,
+        max_frames: Annotated[Optional[int], typer.Option("--max-frames", rich_help_panel=PANEL_STREAM, help="Stop after this many frames of each source.")] = None,
+        drop: Annotated[str, typer.Option("--drop", rich_help_panel=PANEL_STREAM, help="Too many frames: none (wait), oldest or newest dropped.")] = "none",
+        every: Annotated[Optional[list[str]], typer.Option("--every", rich_help_panel=PANEL_STREAM, help="A model's cadence MODEL=N (depth=3); repeatable.")] = None,
+        frames_per_step: Annotated[int, typer.Option("--frames-per-step", rich_help_panel=PANEL_STREAM, help="Frames of each source per step (stereo: 2).")] = 1,
+        batch: Annotated[Optional[int], typer.Option("--batch", rich_help_panel=PANEL_STREAM, help="Frames per inference call (default: the step).")] = None,
+        queue: Annotated[int, typer.Option("--queue", rich_help_panel=PANEL_STREAM, help="Frames waiting per source.")] = 2,
+        in_flight: Annotated[int, typer.Option("--in-flight", rich_help_panel=PANEL_STREAM, help="Steps at once: 1 least latency, 2 overlap.")] = 2,
+        pace: Annotated[Optional[float], typer.Option("--pace", rich_help_panel=PANEL_STREAM, help="Frames/s a file is read at, as a camera.")] = None,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
     ) -> None:
-        """Run one or several models on each frame and write what they see.
+        """Run one or several models on each frame and say what they found.
 
-        Frames stream through the models: decoding runs in its own thread, each model's preprocessing, inference and postprocessing overlap (in threads on the CPU, on CUDA streams on a GPU), frames stay in order. Several models run on every frame, concurrently; --every gives one a cadence. Bad input (unreadable image, video that does not open, absent camera) is one error line, exit 2, and nothing is written.
+        Per photograph: what each model found and how long it took, as Ultralytics' predictor says it. Videos and cameras stream: decoding, each model's stages and the models overlap, frames stay in order, and the stream's figures are shown. Bad input is one error line, exit 2, nothing written. docs/runtime.md says more.
 
         Examples:
 
-          enginekit predict yolo12n bus.jpg --weights best.pt --save out/
+          enginekit predict best.pt bus.jpg --save out/
 
-          enginekit predict yolo12n,depth video.mp4 --random-init --every depth=3 --json
+          enginekit predict yolo12n,depth video.mp4 --random-init --every depth=3
 
-          enginekit predict yolo12n 0 1 --random-init --drop oldest     # two cameras, one batch per step
+          enginekit predict yolo12n 0 1 --random-init --drop oldest
         """
         from enginekit.fsutil import check_output_path
         from enginekit.runtime.stream import StreamOptions, parse_every
@@ -67,24 +69,31 @@ def register(app: typer.Typer) -> None:
 
         summary = run_predict(models, sources, save=save, backend=backend, precision=precision,
                               weights=weights or [], random_init=random_init, seed=seed, conf=conf, iou=iou,
-                              max_frames=max_frames, device=device, stream=options, gpu_letterbox=gpu_letterbox)
-        _render(summary, save, as_json, sources)
+                              max_frames=max_frames, device=device, stream=options, gpu_letterbox=gpu_letterbox,
+                              imgsz=imgsz)
+        _render(summary, save, as_json, verbose)
 
 
-def _render(summary: dict, save: Path | None, as_json: bool = False, sources: list[str] = ()) -> None:
-    """The stream's figures on stderr; on stdout the folder written, if any, or with ``--json`` every
-    frame's results, the summary (the stream's figures under ``stream``) and the folder (as ``save``)."""
+def _render(summary: dict, save: Path | None, as_json: bool = False, verbose: bool = False) -> None:
+    """On stderr, per photograph what each model found and how long it took (as Ultralytics' predictor says it),
+    and for a stream (or ``--verbose``) the stream's figures; on stdout the folder written, if any, or with
+    ``--json`` results.json's document."""
+    from rich.markup import escape
+
     from enginekit.cli.render import console, emit
 
-    console.print(stream_table(summary["stream"], title=f"{summary['frames']} frame(s), {summary['fps']} frames/s"))
+    if summary.get("photographs"):
+        for frame in summary.get("records", []):
+            for model, item in frame["results"].items():
+                ms = sum(item["timings"].get(k, 0.0) for k in ("preprocess_ms", "infer_ms", "postprocess_ms"))
+                console.print(f"{escape(str(frame['source']))}: {escape(model)} {escape(item['found'])}, {ms:.1f}ms",
+                              highlight=False)
+    if verbose or not summary.get("photographs"):
+        console.print(stream_table(summary["stream"], title=f"{summary['frames']} frame(s), {summary['fps']} frames/s"))
     if as_json:
         from enginekit.fsutil import json_text
 
-        frames = summary.get("records", [])
-        stats = {k: v for k, v in summary.items() if k != "records"}
-        source = list(sources) if len(sources) > 1 else (sources[0] if sources else "")
-        emit(json_text({"source": source, "save": str(save) if save is not None else None, "summary": stats,
-                        "frames": frames}, indent=2))
+        emit(json_text(summary["document"], indent=2))
     elif save is not None:
         emit(str(save))
 

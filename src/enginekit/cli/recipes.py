@@ -56,10 +56,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Print the CI job matrix: one job per (recipe, precision, target set), as one line of JSON.
 
-        Each job has recipe, name, precision and targets; run it with
-        enginekit build RECIPE --precision P --target-cc TARGETS, then enginekit verify RECIPE --precision P.
+        Each job has recipe, name, precision and targets: `build RECIPE --precision P --target-cc TARGETS`, then `verify RECIPE --precision P` (docs/verify-ci.md).
 
-        Example: [bold]echo "matrix=$(enginekit matrix recipes/ --format github)" >> $GITHUB_OUTPUT[/]
+        Example: [bold]enginekit matrix recipes/ --format github[/]
         """
         from enginekit.flows.recipes import matrix_jobs
         from enginekit.cli.render import emit
@@ -177,13 +176,16 @@ def build_recipe_cmd(target: str, params: dict) -> None:
     """``enginekit build RECIPE.yaml``: every (precision, target set) of the recipe, one engine
     path per line on stdout; flags given on the command line override the file."""
     from enginekit.flows.recipes import iter_build_recipe
-    from enginekit.fsutil import atomic_copy
+    from enginekit.flows.build import write_engine_file
     from enginekit.recipes import load_recipe
     from enginekit.cli.render import console, emit
 
     quiet_third_party()
     overrides = given_flags(params)
     output: Optional[Path] = overrides.pop("output", None)
+    ultralytics = overrides.pop("ultralytics_metadata", False)
+    if ultralytics and output is None:
+        raise UsageError("--ultralytics-metadata with a recipe needs --output (the file YOLO() reads)")
     recipe = load_recipe(target)
     cells = recipe.cells(overrides)
     if output is not None and len(cells) > 1:
@@ -198,5 +200,5 @@ def build_recipe_cmd(target: str, params: dict) -> None:
             console.print(f"[yellow]warning:[/] {recipe.name} {cell.precision}: the graph of this engine failed "
                           "its parity check (see parity.json; `enginekit verify` gates on it)")
         if output is not None:
-            atomic_copy(outcome.engine, output)
+            write_engine_file(outcome, output, ultralytics=ultralytics)
         emit(str(output or outcome.engine))

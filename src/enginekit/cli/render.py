@@ -63,6 +63,7 @@ class RichReporter(reporting.Reporter):
 
         self.console = target or console
         self._spinners: list = []
+        self._nested: list[int] = []  # per open stage: how many stages it held
         self._bars: dict[int, tuple] = {}
         self._active: list = []  # stages and progresses running now, outermost first
         self._lock = threading.Lock()
@@ -111,17 +112,24 @@ class RichReporter(reporting.Reporter):
     def stage_started(self, stage: reporting.Stage) -> None:
         status = self.console.status(f"[bold]{stage.label}[/]…", spinner="dots")
         status.start()
+        if self._nested:
+            self._nested[-1] += 1  # the stage running now holds this one: its time includes this one's
         self._spinners.append(status)
+        self._nested.append(0)
         self._begin(stage)
 
     def stage_done(self, stage: reporting.Stage) -> None:
         self._end(stage)
+        depth = max(len(self._spinners) - 1, 0)  # stages still open around this one
         if self._spinners:
             self._spinners.pop().stop()
+        held = self._nested.pop() if self._nested else 0
         if not stage.failed:
             tag = STATUS_TAGS.get(stage.status, stage.status)
             detail = f"  {stage.detail}" if stage.detail else ""
-            self.console.print(f"  [green]✓[/] {stage.label:<28} {stage.seconds:6.2f}s  {tag}{detail}")
+            total = " in all" if held else ""  # its own line comes after those of the stages it held
+            label = f"{'  ' * depth}{stage.label}"
+            self.console.print(f"  [green]✓[/] {label:<28} {stage.seconds:6.2f}s{total}  {tag}{detail}")
 
     def note(self, text: str, level: int = 0) -> None:
         self.console.print("  " * (level + 1) + text, markup=False)
@@ -146,12 +154,14 @@ class RichReporter(reporting.Reporter):
 
     def progress_advanced(self, progress: reporting.Progress) -> None:
         bar, task = self._bars[id(progress)]
-        bar.update(task, completed=progress.done, detail=progress.detail)
+        bar.update(task, completed=progress.done, total=progress.total, detail=progress.detail)
 
     def progress_done(self, progress: reporting.Progress) -> None:
         self._end(progress)
         bar, _ = self._bars.pop(id(progress))
         bar.stop()
+        if self._log and progress.done:  # the bar leaves no line in a log: its count does
+            self.console.print(f"    {progress.label} {progress.done}/{progress.total}", markup=False, highlight=False)
 
 
 def _heartbeat_seconds() -> float:
@@ -255,8 +265,8 @@ def verify_table(report) -> None:
             lines.append(f"  {escape(a.name)} task: {escape(task)}")
         for c in a.checks:
             if not c.passed:
-                lines.append(f"  {escape(a.name)} [bold red]FAIL[/] {escape(c.name)} = {c.value:.4g} "
-                             f"(limit {c.op} {c.limit:g})")
+                lines.append(f"  {escape(a.name)} [bold red]FAIL[/] {escape(c.name)}" + (
+                    "" if c.condition else f" = {c.value:.4g} (limit {c.op} {c.limit:g})"))
     console.print(table)
     for line in lines:
         console.print(line, highlight=False)

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         every: Annotated[Optional[list[str]], typer.Option("--every", help="A model's cadence in the pipeline, MODEL=N (depth=3).")] = None,
         backend: Annotated[Optional[list[str]], typer.Option("--backend", help="Search space: runtime backends, comma list (default: those that run here; on a GPU tensorrt, onnxruntime-cuda, torch; on a CPU onnxruntime-cpu).")] = None,
         precision: Annotated[Optional[list[str]], typer.Option("--precision", help="Search space: precisions, comma list (default: fp16,fp32 on a GPU, fp32 on a CPU).")] = None,
-        input: Annotated[Optional[list[str]], typer.Option("--input", "-i", help="Search space: network input sizes, comma list: 320 or HxW for every model, MODEL=SIZE for one (yolo12n=320,depth=224); default: the family's.")] = None,
+        input: Annotated[Optional[list[str]], typer.Option("--input", "-i", "--imgsz", help="Search space: network input sizes, comma list: 320 or HxW for every model, MODEL=SIZE for one (yolo12n=320,depth=224); default: the family's.")] = None,
         batch: Annotated[Optional[list[str]], typer.Option("--batch", "-b", help="Search space: frames per inference call, comma list, at most --frames-per-step (default: --frames-per-step).")] = None,
         budget: Annotated[Optional[float], typer.Option("--budget", help="Minutes to spend: no candidate starts once it would end past them.")] = None,
         source: Annotated[Optional[str], typer.Option("--source", help="Frames to time on: a video, a folder or a camera (default: a 1280x720 video made from the embedded photographs).")] = None,
@@ -47,9 +47,9 @@ def register(app: typer.Typer) -> None:
 
           enginekit tune yolo12n --random-init --p99 25ms --fps 60
 
-          enginekit tune yolo12n,depth --random-init --p99 25ms --fps 60 --every depth=3 --write-recipe tuned/
+          enginekit tune yolo12n,depth --random-init --p99 25ms --every depth=3
 
-          enginekit tune yolo12n --weights best.pt --backend onnxruntime-cpu --input 160,320 --p50 40 --json
+          enginekit tune best.pt --imgsz 320,640 --p50 40 --write-recipe tuned/
         """
         from enginekit.runtime.stream import parse_every
 

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt,
+from enginekit.cli.common import (PANEL_BUILD, PANEL_CALIB, PANEL_GATES, PANEL_IMAGES, PANEL_INPUT, PANEL_MODEL, PANEL_REPORTS, ImgszOpt, BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt,
                                   declared_of, NmsOpt, failure_summary, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt,
                                   SeedOpt, TrustOpt, WeightsOpt,
                                   handles_errors, quiet_third_party)
@@ -17,37 +17,39 @@ def register(app: typer.Typer) -> None:
     @app.command("verify")
     @handles_errors
     def verify_cmd(
-        target: Annotated[Optional[str], typer.Argument(help="Nothing (every cached engine), a cache key, a model name, or an ONNX file.")] = None,
-        precision: Annotated[Optional[str], typer.Option("--precision", help="With a model name: fp32, fp16, int8 or fp8, or a list (fp16,int8): one engine each.")] = None,
-        profile: Annotated[Optional[list[str]], typer.Option("--profile", "-p", help="With a model name: the engine's profiles.")] = None,
-        images: Annotated[Optional[Path], typer.Option("--images", help="Folder of photographs (default: embedded).")] = None,
-        image_count: Annotated[Optional[int], typer.Option("--image-count", help="Photographs the gates run on (default 4; with --data and no --images, 16 of the labelled split, spread evenly).")] = None,
-        data: Annotated[Optional[Path], typer.Option("--data", help="Labels: an Ultralytics dataset YAML (its val split) or a folder of images with YOLO labels (semantic models: or class-index mask PNGs in masks/<split>/); the FP32 PyTorch model and every graph (and the engine where it runs) are scored against them (Ultralytics' validator metrics; mIoU for semantic models), and each drop against the FP32 model is gated (--tol gt.map50_95_drop=0.01, gt.miou_drop=0.01).")] = None,
-        data_limit: Annotated[Optional[int], typer.Option("--data-limit", help="With --data: score this many images of the split, spread evenly (default: all).")] = None,
-        data_split: Annotated[Optional[str], typer.Option("--data-split", help="With --data: the dataset's split to score (val, test, train; default val).")] = None,
-        report: Annotated[Optional[Path], typer.Option("--report", help="Folder for report.json, summary.md, junit.xml and PNGs.")] = None,
-        junit: Annotated[Optional[Path], typer.Option("--junit", help="JUnit XML path (one test case per artifact x check).")] = None,
-        tol: Annotated[Optional[list[str]], typer.Option("--tol", help="Override a tolerance: rel_l2=1e-3, fp16.map50=0.9 (repeatable).")] = None,
-        reference: Annotated[Optional[Path], typer.Option("--reference", help="With an ONNX file: its PyTorch checkpoint.")] = None,
-        model: Annotated[Optional[str], typer.Option("--model", help="With an ONNX file that does not name its model (or a hand-exported one: torchvision:NAME, file.py:factory...).")] = None,
-        require_engine: Annotated[bool, typer.Option("--require-engine", help="Fail (exit 3) if the engine cannot run here (GPU CI).")] = False,
-        task_required: Annotated[bool, typer.Option("--task-required/--task-optional", help="--task-optional: where the reference has nothing to compare (random-weight detectors find nothing on the photographs, and an output part that is the same for every input cannot fail its parity), say so instead of failing.")] = True,
-        allow_unverifiable: Annotated[bool, typer.Option("--allow-unverifiable", help="No target (every cached engine): list an engine built from an ONNX file, with no PyTorch model to compare against, as not checked instead of failing.")] = False,
-        backend: Annotated[str, typer.Option("--backend", help="With a model name: as build's (auto, tensorrt, tensorrt-rtx).")] = "auto",
-        target_cc: Annotated[Optional[str], typer.Option("--target-cc", help="With a model name: as build's.")] = None,
-        workspace: Annotated[Optional[str], typer.Option("--workspace", help="With a model name: as build's.")] = None,
-        opt_level: Annotated[Optional[int], typer.Option("--opt-level", help="With a model name: as build's.")] = None,
-        calib_data: Annotated[Optional[Path], typer.Option("--calib-data", help="With a model name, INT8: as build's.")] = None,
-        calib_count: Annotated[int, typer.Option("--calib-count", help="With a model name, INT8: as build's.")] = 8,
-        calib_method: Annotated[Optional[str], typer.Option("--calib-method", help="With a model name, INT8: as build's.")] = None,
-        calib_cache: Annotated[Optional[Path], typer.Option("--calib-cache", help="With a model name, INT8: as build's.")] = None,
-        exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="With a model name, INT8: as build's (repeatable).")] = None,
-        repair: Annotated[bool, typer.Option("--repair", help="With a model name: the engine build --repair made (its --tol too).")] = False,
+        target: Annotated[Optional[str], typer.Argument(help="Nothing (every cached engine), a cache key, a model, an ONNX or engine file.", show_default=False)] = None,
+        reference: Annotated[Optional[Path], typer.Option("--reference", rich_help_panel=PANEL_MODEL, help="ONNX/engine file: its PyTorch checkpoint.")] = None,
+        model: Annotated[Optional[str], typer.Option("--model", rich_help_panel=PANEL_MODEL, help="ONNX file: the model it is, if it does not say.")] = None,
         weights: WeightsOpt = None,
         trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
         nms: NmsOpt = False,
+        profile: Annotated[Optional[list[str]], typer.Option("--profile", "-p", rich_help_panel=PANEL_INPUT, help="Engine profile NxCxHxW or min:opt:max (as build's).")] = None,
+        imgsz: ImgszOpt = None,
+        precision: Annotated[Optional[str], typer.Option("--precision", rich_help_panel=PANEL_BUILD, help="fp32, fp16, int8, fp8 or a list (fp16,int8).")] = None,
+        backend: Annotated[str, typer.Option("--backend", rich_help_panel=PANEL_BUILD, help="auto, tensorrt or tensorrt-rtx (as build's).")] = "auto",
+        target_cc: Annotated[Optional[str], typer.Option("--target-cc", rich_help_panel=PANEL_BUILD, help="TensorRT-RTX targets (as build's).")] = None,
+        workspace: Annotated[Optional[str], typer.Option("--workspace", rich_help_panel=PANEL_BUILD, help="Builder workspace (as build's).")] = None,
+        opt_level: Annotated[Optional[int], typer.Option("--opt-level", rich_help_panel=PANEL_BUILD, help="Builder level 0..5 (as build's).")] = None,
+        repair: Annotated[bool, typer.Option("--repair", rich_help_panel=PANEL_BUILD, help="The engine build --repair made.")] = False,
+        calib_data: Annotated[Optional[Path], typer.Option("--calib-data", rich_help_panel=PANEL_CALIB, help="Images, dataset, video or .npy (as build's).")] = None,
+        calib_count: Annotated[int, typer.Option("--calib-count", rich_help_panel=PANEL_CALIB, help="Calibration inputs.")] = 8,
+        calib_method: Annotated[Optional[str], typer.Option("--calib-method", rich_help_panel=PANEL_CALIB, help="max, entropy, percentile... (as build's).")] = None,
+        calib_cache: Annotated[Optional[Path], typer.Option("--calib-cache", rich_help_panel=PANEL_CALIB, help="Calibration cache to read or write.")] = None,
+        exclude: Annotated[Optional[list[str]], typer.Option("--exclude", rich_help_panel=PANEL_CALIB, help="Node regex kept out of INT8 (repeatable).")] = None,
+        images: Annotated[Optional[Path], typer.Option("--images", rich_help_panel=PANEL_IMAGES, help="Folder of photographs to check on (default: embedded).")] = None,
+        image_count: Annotated[Optional[int], typer.Option("--image-count", rich_help_panel=PANEL_IMAGES, help="How many (default 4; 16 with --data).")] = None,
+        data: Annotated[Optional[Path], typer.Option("--data", rich_help_panel=PANEL_IMAGES, help="Labels: dataset YAML or folder; mAP/mIoU, as yolo val.")] = None,
+        data_limit: Annotated[Optional[int], typer.Option("--data-limit", rich_help_panel=PANEL_IMAGES, help="--data: score this many images (default all).")] = None,
+        data_split: Annotated[Optional[str], typer.Option("--data-split", rich_help_panel=PANEL_IMAGES, help="--data: the split (default val).")] = None,
+        tol: Annotated[Optional[list[str]], typer.Option("--tol", rich_help_panel=PANEL_GATES, help="A limit: rel_l2=1e-3, fp16.map50=0.9 (repeatable).")] = None,
+        task_required: Annotated[bool, typer.Option("--task-required/--task-optional", rich_help_panel=PANEL_GATES, help="Optional: nothing to compare is said, not failed.")] = True,
+        require_engine: Annotated[bool, typer.Option("--require-engine", rich_help_panel=PANEL_GATES, help="Fail (exit 3) if the engine cannot run here.")] = False,
+        allow_unverifiable: Annotated[bool, typer.Option("--allow-unverifiable", rich_help_panel=PANEL_GATES, help="List engines with no model to check; pass.")] = False,
+        recheck: Annotated[bool, typer.Option("--recheck", rich_help_panel=PANEL_GATES, help="Check again, though verdicts on the same content are stored.")] = False,
+        report: Annotated[Optional[Path], typer.Option("--report", rich_help_panel=PANEL_REPORTS, help="Folder: report.json, summary.md, junit.xml, PNGs.")] = None,
+        junit: Annotated[Optional[Path], typer.Option("--junit", rich_help_panel=PANEL_REPORTS, help="JUnit XML file (a test case per check).")] = None,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
         task: TaskOpt = None,
@@ -60,11 +62,9 @@ def register(app: typer.Typer) -> None:
         bgr: BgrOpt = False,
         classes: ClassesOpt = None,
     ) -> None:
-        """Check engines and every ONNX artifact they came from against the PyTorch model.
+        """Check engines and the ONNX graphs they came from against the PyTorch model.
 
-        Per output: max/median/p99 abs and rel error, cosine, PSNR; per task: detections (precision,
-        recall, mAP50 against the reference) or depth (AbsRel, delta<1.25). Exit 0 pass, 1 a gate
-        failed, 2 bad input, 3 --require-engine and no engine could run.
+        Per output part: errors, cosine, PSNR; per task: detections, masks, keypoints or depth against the reference's; with --data: mAP or mIoU against labels, as yolo val. A build flag finds (or builds) the engine `build` would. Exit 0 pass, 1 a gate failed, 2 bad input, 3 a capability missing. docs/verify-ci.md says more.
 
         Examples:
 
@@ -72,14 +72,9 @@ def register(app: typer.Typer) -> None:
 
           enginekit verify yolo12n --random-init --precision fp16
 
-          enginekit verify KEY --images data/val --report out/ --junit out/verify.xml
+          enginekit verify best.pt --data data.yaml --precision fp16,int8
 
-          enginekit verify model.onnx --weights model.pt
-
-          enginekit verify yolov8s --weights best.pt --data data.yaml --precision fp16,int8
-
-        Every build flag that changes the engine is accepted, so `verify MODEL` with the flags of a
-        `build` finds (or builds) that same engine.
+          enginekit verify model.onnx --reference best.pt --report out/
         """
         from enginekit import api
         from enginekit.errors import ParityError, UsageError
@@ -90,7 +85,7 @@ def register(app: typer.Typer) -> None:
             from enginekit.flows.recipes import verify_recipe
 
             flags = given_flags(locals())
-            for key in ("report", "junit", "reference", "model", "allow_unverifiable"):
+            for key in ("report", "junit", "reference", "model"):
                 flags.pop(key, None)
             outcomes = verify_recipe(target, flags, report_dir=report, junit=junit)
         else:
@@ -100,6 +95,7 @@ def register(app: typer.Typer) -> None:
             ignored = [flag for flag, given in (
                 ("--precision", precision is not None and kind in ("all", "key")),
                 ("--profile", bool(profile) and kind != "model"),
+                ("--imgsz", imgsz is not None and kind != "model"),
                 ("--backend", backend != "auto" and kind != "model"),
                 ("--target-cc", target_cc is not None and kind != "model"),
                 ("--workspace", workspace is not None and kind != "model"),
@@ -117,10 +113,10 @@ def register(app: typer.Typer) -> None:
             ) if given]
             if ignored:
                 what = {"all": "every cached engine (no target)", "key": f"a cache entry ({target})",
-                        "onnx": f"an ONNX file ({target})"}[kind]
+                        "onnx": f"an ONNX file ({target})", "engine": f"an engine file ({target})"}[kind]
                 raise UsageError(f"{', '.join(ignored)} appl{'ies' if len(ignored) == 1 else 'y'} to verify of a model "
                                  f"name; {what} is checked as it was made: drop {'it' if len(ignored) == 1 else 'them'}")
-            build_options = {"profiles": profile or [], "weights": weights, "random_init": random_init, "seed": seed,
+            build_options = {"profiles": profile or [], "imgsz": imgsz, "weights": weights, "random_init": random_init, "seed": seed,
                              "declared": declared_of(locals())}
             if kind == "model":
                 build_options.update(backend=backend, target_cc=target_cc, workspace=workspace, opt_level=opt_level,
@@ -131,10 +127,16 @@ def register(app: typer.Typer) -> None:
                                     data=data, data_limit=data_limit, data_split=data_split,
                                     report_dir=report, junit=junit, tolerances=tol or [], reference=reference,
                                     model=model, require_engine=require_engine, task_required=task_required,
-                                    allow_unverifiable=allow_unverifiable, build_options=build_options)
+                                    allow_unverifiable=allow_unverifiable, recheck=recheck, build_options=build_options)
             outcomes = [api.verify(request)]
         for outcome in outcomes:
             _render(outcome)
+            excused = sum(1 for r in outcome.reports if r.excused)
+            if excused and outcome.passed:
+                from enginekit.cli.render import console
+
+                console.print(f"{outcome.checked} engine(s) checked; {excused} listed as not checked "
+                              "(built from an ONNX file, no PyTorch model to compare against: --allow-unverifiable)")
         if not all(o.passed for o in outcomes):
             failed = [str(c) for o in outcomes for r in o.reports if not r.excused for c in r.failures()]
             if not failed:

@@ -75,9 +75,18 @@ class Check:
     op: str  # "<=" | ">="
     limit: float
     passed: bool
+    #: a condition, not a figure against a limit ("nothing to compare", "runs on ONNX Runtime"): said as it is
+    condition: bool = False
 
     def __str__(self) -> str:
+        if self.condition:
+            return f"{self.artifact}: {self.name}"
         return f"{self.artifact}: {self.name} = {self.value:.4g} (limit {self.op} {self.limit:g})"
+
+    @classmethod
+    def unmet(cls, artifact: str, what: str) -> "Check":
+        """A failed condition: ``what`` did not hold (no figure, no limit)."""
+        return cls(artifact, what, 0.0, ">=", 1.0, False, condition=True)
 
 
 def _check(artifact: str, name: str, value: float, op: str, limit: float) -> Check:
@@ -136,6 +145,12 @@ class Gates:
 
     def options(self, precision: str) -> dict[str, float]:
         return {k: self.tolerances.get(precision, k, v) for k, v in self.adapter.task_options.items()}
+
+    def state(self, precision: str, metadata: dict[str, str] | None = None) -> dict:
+        """Every limit these gates hold for ``precision`` (a stored verdict's key: other limits, another verdict)."""
+        return {"parity": {p.name: self.parity(precision, p.name).to_json() for p in self.adapter.output_parts(metadata)},
+                "task": {k: list(v) for k, v in self.task(precision).items()}, "options": self.options(precision),
+                "task_required": self.task_required, "min_detections": self.sample_minimum(precision)}
 
     def sample_minimum(self, precision: str) -> int:
         """The fewest reference detections a task verdict of ``precision`` rests on; 0: no minimum.
@@ -237,7 +252,26 @@ class Comparison:
         return "pass" if self.checked else "not-checked"
 
     def failures(self) -> list[str]:
-        return [f"{c.name} = {c.value:.4g} (limit {c.op} {c.limit:g})" for c in self.checks if not c.passed]
+        return [c.name if c.condition else f"{c.name} = {c.value:.4g} (limit {c.op} {c.limit:g})"
+                for c in self.checks if not c.passed]
+
+    def state(self) -> dict:
+        """Everything it found, as JSON data (a stored verdict: ``from_state`` gives it back)."""
+        from dataclasses import asdict
+
+        return {"name": self.name, "precision": self.precision, "parts": [asdict(p) for p in self.parts],
+                "limits": {k: asdict(t) for k, t in self.limits.items()}, "cases": self.cases, "worst": self.worst,
+                "structure": self.structure, "task": self.task,
+                "task_gates": {k: list(v) for k, v in self.task_gates.items()},
+                "checks": [asdict(c) for c in self.checks], "notes": self.notes, "constant": self.constant}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Comparison":
+        return cls(state["name"], state["precision"], [OutputPart(**p) for p in state["parts"]],
+                   {k: Tolerance(**t) for k, t in state["limits"].items()}, list(state["cases"]),
+                   dict(state["worst"]), dict(state["structure"]), dict(state["task"]),
+                   {k: tuple(v) for k, v in state["task_gates"].items()}, [Check(**c) for c in state["checks"]],
+                   list(state["notes"]), dict(state["constant"]))
 
     @property
     def worst_rel_l2(self) -> float:
@@ -321,11 +355,11 @@ def compare(run: Runner, cases: Iterable[Case], *, adapter: Family, gates: Gates
                 photo_ref.setdefault(out_name, []).append(ref)
                 photo_got.setdefault(out_name, []).append(got[out_name])
     if not result.cases:
-        result.checks.append(Check(name, "parity: inputs compared", 0.0, ">=", 1.0, False))
+        result.checks.append(Check.unmet(name, "parity: no inputs compared"))
         return result
     if photos_only and not photo_ref:
-        result.checks.append(Check(name, f"parity: photographs compared ({precision} is judged on in-distribution "
-                                         "inputs; pass --images DIR)", 0.0, ">=", 1.0, False))
+        result.checks.append(Check.unmet(name, f"parity: no photographs compared ({precision} is judged on in-distribution "
+                                         "inputs; pass --images DIR)"))
     for part in parts:
         tol = result.limits[part.name]
         if part.name in result.worst:
@@ -392,7 +426,7 @@ def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_
     name = result.name
     if not photo_ref:
         if require_task:
-            result.checks.append(Check(name, "task: photographs compared", 0.0, ">=", 1.0, False))
+            result.checks.append(Check.unmet(name, "task: no photographs compared"))
         else:
             result.notes.append("task metrics not computed: no photographs among the inputs")
         return
@@ -402,7 +436,7 @@ def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_
     if result.task.get("compared", 1.0) <= 0:
         what = adapter.nothing_to_compare(result.task)
         if require_task:
-            result.checks.append(Check(name, f"task: nothing to compare ({what})", 0.0, ">=", 1.0, False))
+            result.checks.append(Check.unmet(name, f"task: nothing to compare ({what})"))
         else:
             result.notes.append(f"task metrics not gated: nothing to compare ({what})")
         return

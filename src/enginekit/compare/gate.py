@@ -41,6 +41,20 @@ class ArtifactReport:
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
 
+    def state(self) -> dict:
+        """What it found, as JSON data (a stored verdict: ``from_state`` gives it back)."""
+        from dataclasses import asdict
+
+        data = asdict(self)
+        data["checks"] = [asdict(c) for c in self.checks]
+        return data
+
+    @classmethod
+    def from_state(cls, state: dict) -> "ArtifactReport":
+        data = dict(state)
+        data["checks"] = [Check(**c) for c in data.get("checks", [])]
+        return cls(**data)
+
     @property
     def checked(self) -> bool:
         """It ran, and every output part was compared with a reference that depends on its input."""
@@ -111,7 +125,7 @@ def onnx_runner(path: Path) -> Runner:
 def unrunnable(name: str, kind: str, precision: str, reason: str) -> ArtifactReport:
     """A candidate that exists but cannot run here: nothing compared, so its gate fails."""
     report = ArtifactReport(name, kind, precision, ran=False, reason=reason)
-    report.checks.append(Check(name, "runs on ONNX Runtime", 0.0, ">=", 1.0, False))
+    report.checks.append(Check.unmet(name, "does not run on ONNX Runtime"))
     return report
 
 

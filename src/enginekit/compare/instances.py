@@ -147,7 +147,8 @@ def greedy_pairs(sim: np.ndarray, ref: Instances, cand: Instances, thr: float = 
 SAME_BOX_IOU = 0.9
 
 
-def paired_rows(ref_out: np.ndarray, cand_out: np.ndarray, *, xywh: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def paired_rows(ref_out: np.ndarray, cand_out: np.ndarray, *, xywh: bool = False,
+                same_box_iou: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Kept-box outputs (B, max_det, 6+) with the rows the two share side by side.
 
     An NMS graph's rows are its kept boxes by descending score, zero-padded: two near-equal
@@ -159,7 +160,10 @@ def paired_rows(ref_out: np.ndarray, cand_out: np.ndarray, *, xywh: bool = False
     boxes (a rounding moves an IoU across NMS's threshold: that pair overlaps about as much as the threshold,
     0.7, and differs in score by what separates two boxes, not by rounding).
     ``xywh``: the rows' boxes are centre and size (rotated boxes' upright extent pairs them; RT-DETR's
-    top-k rows, in query order, which near-equal scores reorder the same way)."""
+    top-k rows, in query order, which near-equal scores reorder the same way).
+    ``same_box_iou``: where no suppression ran (RT-DETR's top-k), every pair is one box: 0.5, so a box that
+    moved is measured by parity."""
+    same = SAME_BOX_IOU if same_box_iou is None else same_box_iou
     ref_aligned, cand_aligned = np.zeros_like(ref_out), np.zeros_like(cand_out)
 
     def instances(o: np.ndarray) -> tuple[np.ndarray, Instances]:
@@ -171,7 +175,7 @@ def paired_rows(ref_out: np.ndarray, cand_out: np.ndarray, *, xywh: bool = False
     for b, (ref, cand) in enumerate(zip(ref_out, cand_out)):
         (r_rows, r), (c_rows, c) = instances(ref), instances(cand)
         iou = box_iou(r, c)
-        pairs = sorted(((ci, ri) for ci, ri in greedy_pairs(iou, r, c) if iou[ri, ci] >= SAME_BOX_IOU),
+        pairs = sorted(((ci, ri) for ci, ri in greedy_pairs(iou, r, c) if iou[ri, ci] >= same),
                        key=lambda p: p[1])
         for k, (ci, ri) in enumerate(pairs):
             ref_aligned[b, k], cand_aligned[b, k] = ref[r_rows[ri]], cand[c_rows[ci]]

@@ -57,6 +57,20 @@ class ParityResult:
     def task(self) -> dict[str, float]:
         return self.comparison.task if self.comparison else {}
 
+    def state(self) -> dict:
+        """The verdict as JSON data, to store (``from_state`` gives it back, the comparison whole)."""
+        from dataclasses import asdict
+
+        return {"artifact": self.artifact, "precision": self.precision, "tolerance": asdict(self.tolerance),
+                "comparison": self.comparison.state() if self.comparison is not None else None}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "ParityResult":
+        comparison = Comparison.from_state(state["comparison"]) if state.get("comparison") else None
+        result = cls(state["artifact"], state["precision"], Tolerance(**state["tolerance"]), comparison)
+        result.cases = comparison.cases if comparison is not None else []
+        return result
+
     def to_json(self) -> dict:
         c = self.comparison
         return {
@@ -94,11 +108,18 @@ def parity_inputs(adapter, shape: Shape, images: ImageSet | None, *, photos: int
 
 
 class ReferenceCache:
-    """PyTorch outputs per input case, computed once per process."""
+    """PyTorch outputs per input case, computed once per process. ``loaded``: the model, or a function that loads
+    it (on first use: a stored verdict needs no model)."""
 
     def __init__(self, adapter, loaded):
-        self.adapter, self.loaded = adapter, loaded
+        self.adapter, self._loaded = adapter, loaded
         self._outputs: dict[str, dict[str, np.ndarray]] = {}
+
+    @property
+    def loaded(self):
+        if callable(self._loaded) and not hasattr(self._loaded, "module"):
+            self._loaded = self._loaded()
+        return self._loaded
 
     def get(self, case: Case) -> dict[str, np.ndarray]:
         if case.label not in self._outputs:

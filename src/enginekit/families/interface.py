@@ -76,6 +76,12 @@ class Registration(ABC):
         return None
 
     @classmethod
+    def model_in_file(cls, path: Path) -> str | None:
+        """The model name a weights file of this family's library records (an Ultralytics ``best.pt``: its
+        architecture), so that the file alone names its model; None: not such a file."""
+        return None
+
+    @classmethod
     def adopt_metadata(cls, metadata: dict[str, str]) -> dict[str, str] | None:
         """A graph this family's own library exported (its metadata, not enginekit's) as enginekit's metadata
         (``model``, ``family``, ``task``, ``names``...); None where the graph is not its library's."""

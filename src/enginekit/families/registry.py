@@ -69,6 +69,9 @@ def resolve(name: str, declared: dict | None = None) -> "ModelAdapter":
     declares of the model (``--task``, ``--outputs``...), for a family that takes it (``declarable``)."""
     classes = registered()
     given = name.strip()
+    recorded = model_in_file(given)  # best.pt names its model
+    if recorded is not None:
+        given = recorded
     lowered = given.lower()
     aliases = {alias: target for cls in classes for alias, target in cls.aliases.items()}
     canonical = aliases.get(lowered, lowered)
@@ -105,6 +108,21 @@ def recorded_declaration(metadata: dict) -> dict:
     except ValueError as cause:
         raise UsageError(f"the graph's model declaration is not JSON: {text[:80]!r}") from cause
     return value if isinstance(value, dict) else {}
+
+
+def model_in_file(path) -> str | None:
+    """The model a weights file names by itself (an Ultralytics checkpoint: the architecture it records), asked of
+    every family (``model_in_file``); None: no family's file, or not a file."""
+    from pathlib import Path
+
+    path = Path(str(path)).expanduser()
+    if path.suffix.lower() not in (".pt", ".pth") or not path.is_file():
+        return None
+    for cls in registered():
+        found = cls.model_in_file(path)
+        if found is not None:
+            return found
+    return None
 
 
 def graph_metadata(metadata: dict[str, str]) -> dict[str, str]:

@@ -42,8 +42,8 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
     from dataclasses import replace
 
     from enginekit.calibration import CalibrationData
-    from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
-    from enginekit.images import load_images
+    from enginekit.compare.parity import ParityResult, ReferenceCache, check_onnx, parity_inputs
+    from enginekit.images import images_of, load_images
     from enginekit.fsutil import check_output_path
     from enginekit.pipeline import Stages, copy_out
     from enginekit.shapes import parse_shape
@@ -54,7 +54,7 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
     shape = parse_shape(r.input, what="--input") if r.input else adapter.default_input
     adapter.constraint.check(shape, what="--input")
     images = Path(r.images) if r.images else None
-    photos = load_images(images, limit=4)
+    photo_paths = images_of(images, limit=4)  # which photographs: decoded only where a verdict is made
     suffix = (".nms" if r.nms else "") + (".fp16.onnx" if r.fp16 else ".onnx")
     stem = model.checkpoint.stem if model.checkpoint is not None else adapter.output_stem  # best.pt -> best.onnx
     dest = Path(r.output) if r.output else Path.cwd() / f"{stem}{suffix}"
@@ -65,18 +65,34 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
                             reference_data=CalibrationData(images, count=2))
     simplified, final = chain[1], chain[-1]
 
-    refs = ReferenceCache(adapter, pipe.loaded)
-    cases = parity_inputs(adapter, shape, photos, seed=r.seed)
+    refs = ReferenceCache(adapter, lambda: pipe.loaded)  # the model loads only if a verdict is made
+    made: dict = {}
+
+    def cases():
+        if "cases" not in made:
+            made["cases"] = parity_inputs(adapter, shape, load_images(images, limit=4), seed=r.seed)
+        return made["cases"]
+
     results = []
     checks = [(simplified, "fp32")] + ([(final, "fp16")] if r.fp16 else [])
     for artifact, precision in checks:
-        with reporting.stage(f"parity {precision}") as s:
-            tol = adapter.tolerance(precision)
-            if r.rel_l2 is not None and artifact is final:
-                tol = replace(tol, rel_l2=r.rel_l2)
-            result = check_onnx(refs, artifact.path, cases, precision, tol)
+        tol = adapter.tolerance(precision)
+        if r.rel_l2 is not None and artifact is final:
+            tol = replace(tol, rel_l2=r.rel_l2)
+        parts = verdict_parts(pipe, artifact, precision, tol, shape, photo_paths, r.seed)
+
+        def produce(tmp, artifact=artifact, precision=precision, tol=tol) -> dict:
+            result = check_onnx(refs, artifact.path, cases(), precision, tol)
             result.artifact = f"{adapter.variant}.{artifact.stage}"
+            return {"result": result.state(), "passed": result.passed}
+
+        with reporting.stage(f"parity {precision}") as s:
+            entry, status = pipe.cache.get_or_create("parity", parts, produce, force=r.force or r.recheck,
+                                                     subject=pipe.subject)
+            result = ParityResult.from_state(entry.manifest["result"])
             s.status = result.status
+            if status == "hit":
+                s.detail = f"stored verdict {entry.key[:12]} (--recheck checks again)"
         results.append(result)
 
     share = None
@@ -86,3 +102,34 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
     if outcome.passed:
         outcome.output = copy_out(final, dest)
     return outcome
+
+
+#: part of every stored parity verdict's key: bump when the comparison's figures or gates change meaning
+VERDICT_VERSION = 1
+
+
+def verdict_parts(pipe, artifact, precision: str, tolerance, shape, photos: list[Path], seed: int) -> dict:
+    """What a parity verdict judged, as its key: the graph's content, the model it is compared with (its weights'
+    identity, NMS, declaration), the inputs (the photographs' content, the shape, the seed), the limits, and the
+    code that computes and compares (enginekit, ONNX Runtime, the model's framework). Never a path or a time."""
+    from enginekit import __version__
+    from enginekit.cache import sha256_file
+    from enginekit.compare.comparison import Gates
+    from enginekit.pipeline import model_versions, onnxruntime_version
+    from enginekit.shapes import format_shape
+
+    adapter = pipe.adapter
+    gates = Gates(adapter)
+    parts = {"stage": "parity", "version": VERDICT_VERSION, "graph": artifact.sha256, "precision": precision,
+             "model": adapter.variant, "weights": pipe.request.weights_identity,
+             "inputs": {"photos": [sha256_file(p) for p in photos], "shape": format_shape(shape), "seed": seed},
+             "tolerance": tolerance.to_json(),
+             "limits": {p.name: gates.parity(precision, p.name).to_json() for p in adapter.output_parts({})},
+             "task_gates": {k: list(v) for k, v in gates.task(precision).items()},
+             "versions": {"enginekit": __version__, "onnxruntime": onnxruntime_version(), **model_versions(adapter)}}
+    if adapter.nms is not None:
+        parts["nms"] = adapter.nms.to_json()
+    identity = adapter.identity()
+    if identity:
+        parts["identity"] = identity
+    return parts

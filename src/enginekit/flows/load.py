@@ -23,7 +23,7 @@ from enginekit.runtime.loader import LoadPlan, open_plan, plan_load
 def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None, random_init: bool = False,
          seed: int = 0, device: str | None = None, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
          input_size=None, cuda_graph: bool | None = None, fuse_attention: bool | None = None, cache=None,
-         quiet: bool = True, gpu_letterbox: bool = False, **build_options):
+         quiet: bool = True, gpu_letterbox: bool = False, imgsz=None, **build_options):
     """A predictor over ``target``: ``predictor(images)`` -> results in the original image's pixels.
 
     ``target``: a model name (exported or built through the cache as its backend needs, with ``weights``
@@ -37,6 +37,14 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     """
     from enginekit.families.torch_models.spec import FLAGS, declaration
 
+    check_load_options(build_options)
+    if imgsz is not None:  # Ultralytics' word for it: 320 or "384x640"
+        if input_size is not None:
+            raise UsageError(f"imgsz={imgsz!r} and input_size={input_size!r} both give the input size: give one")
+        from enginekit.requests import image_size
+
+        h, w = image_size(str(imgsz), "imgsz")
+        input_size = h if h == w else (h, w)
     backend, input_size, build_options = _recipe_runtime(target, backend, input_size, build_options)
     declared = declaration(**{k: build_options.pop(k) for k in (*FLAGS, "bgr") if k in build_options})
     p = plan_load(target, precision, backend, weights=weights, random_init=random_init, seed=seed, device=device,
@@ -52,6 +60,30 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
         raise UsageError(f"enginekit makes no {p.missing} artifact for the {p.backend.name} backend")
     return open_plan(p, conf=conf, iou=iou, max_det=max_det, input_size=input_size, cuda_graph=cuda_graph,
                      fuse_attention=fuse_attention, cache=cache, gpu_letterbox=gpu_letterbox)
+
+
+def load_option_names() -> set[str]:
+    """Every keyword ``load`` takes: its own, an engine build's (``BuildRequest``), a model declaration's."""
+    import inspect
+
+    from enginekit.families.torch_models.spec import FLAGS
+    from enginekit.requests import BuildRequest
+
+    own = set(inspect.signature(load).parameters) - {"build_options"}
+    return own | set(BuildRequest.model_fields) | set(FLAGS) | {"bgr"}
+
+
+def check_load_options(build_options: dict) -> None:
+    """A keyword ``load`` does not take is one ``UsageError`` naming the closest it does (it was ignored)."""
+    from enginekit.requests import BuildRequest, unknown_name
+
+    known = set(BuildRequest.model_fields) - {"target"}
+    from enginekit.families.torch_models.spec import FLAGS
+
+    known |= set(FLAGS) | {"bgr"}
+    for name in build_options:
+        if name not in known:
+            raise UsageError(unknown_name(name, load_option_names()))
 
 
 def _recipe_runtime(target, backend: str, input_size, build_options: dict):

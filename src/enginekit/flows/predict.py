@@ -59,7 +59,7 @@ def _frame_sink(kind: str, tmp: Path, stem: str, model: str, fps: float, prefixe
 
 def run_predict(models: str, source, *, save: Path | None, backend: str, precision: str, weights: list[Path],
                 random_init: bool, seed: int, conf: float, iou: float, max_frames: int | None, device: str | None,
-                stream=None, gpu_letterbox: bool = False):
+                stream=None, gpu_letterbox: bool = False, imgsz=None):
     """Every frame of ``source`` (one source, or a list: several cameras, one frame of each per step) through
     the models, on the streaming pipeline (``enginekit.runtime.stream``; ``stream``: its StreamOptions).
     Returns the summary: frames, frames/s, per-model stage means, and the stream's figures."""
@@ -86,7 +86,7 @@ def run_predict(models: str, source, *, save: Path | None, backend: str, precisi
     for i, name in enumerate(names):
         w = weights[i] if i < len(weights) else None
         p = load(name, precision=precision, backend=backend, weights=w, random_init=random_init and w is None,
-                 seed=seed, device=device, conf=conf, iou=iou, gpu_letterbox=gpu_letterbox)
+                 seed=seed, device=device, conf=conf, iou=iou, gpu_letterbox=gpu_letterbox, imgsz=imgsz)
         reporting.note(f"{p.model}: {p.backend} on {p.device}, {p.precision} ({p.reason})")
         predictors.append(p)
     stems = _stems(opened)
@@ -113,7 +113,7 @@ def run_predict(models: str, source, *, save: Path | None, backend: str, precisi
                             result = step.results.get(p.model)
                             if result is not None:
                                 result[k].source = frame.name
-                                item = result[k].to_json()
+                                item = {"found": result[k].found(), **result[k].to_json()}
                                 if tmp is not None:
                                     last[(frame.source, p.model)] = sinks[(frame.source, p.model)][0](
                                         frame.index, frame.name, draw(frame.image, result[k]))
@@ -130,13 +130,16 @@ def run_predict(models: str, source, *, save: Path | None, backend: str, precisi
                 close()
         stats = runner.stats()
         summary = _summary(predictors, records, stats)
-        summary["records"] = records  # per frame: what each model found (predict --json)
+        summary["photographs"] = all(s.kind in ("image", "folder") for s in opened)  # not a video or a camera
+        # one document, one schema: results.json and predict --json (docs/runtime.md)
+        summary["document"] = {"source": [str(s) for s in sources] if len(sources) > 1 else str(sources[0]),
+                               "save": str(save) if save is not None else None,
+                               "models": [p.describe() for p in predictors],
+                               "summary": {k: v for k, v in summary.items() if k not in ("document", "photographs")},
+                               "frames": records}
+        summary["records"] = records  # per frame: what each model found
         if tmp is not None:
-            (tmp / "results.json").write_text(json_text({"source": [str(s) for s in sources] if len(sources) > 1
-                                                         else str(sources[0]),
-                                                         "models": [p.describe() for p in predictors],
-                                                         "summary": {k: v for k, v in summary.items() if k != "records"},
-                                                         "frames": records}, indent=2))
+            (tmp / "results.json").write_text(json_text(summary["document"], indent=2))
             save.mkdir(parents=True, exist_ok=True)
             for f in tmp.iterdir():
                 shutil.move(str(f), save / f.name)

@@ -26,10 +26,18 @@ class VerifyOutcome:
 
     @property
     def passed(self) -> bool:
-        """Every engine checked passed, and at least one was (engines the user allowed to go unchecked
-        are listed, and count for nothing either way)."""
+        """Every engine checked passed, and at least one was; engines the user allowed to go unchecked
+        (``--allow-unverifiable``) are listed and count for nothing either way: where they are all there is, the
+        run passes, saying it checked none (``checked``)."""
         checked = [r for r in self.reports if not getattr(r, "excused", False)]
-        return bool(checked) and all(r.passed for r in checked)
+        if not checked:
+            return bool(self.reports)
+        return all(r.passed for r in checked)
+
+    @property
+    def checked(self) -> int:
+        """Engines that were checked (not those the user allowed to go unchecked)."""
+        return sum(1 for r in self.reports if not getattr(r, "excused", False))
 
     @property
     def engine_ran(self) -> bool:
@@ -73,7 +81,7 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
         found = entries_to_verify(r, cache)
         reports = [verify_corrupt(e) if isinstance(e, (CorruptEntry, UnverifiableEntry)) else
                    verify_entry(e, data, overrides, cache, r.report_dir, given=given, task_required=r.task_required,
-                                labels=labels)
+                                labels=labels, recheck=r.recheck)
                    for e, given in found]
         from enginekit.flows.store import publish_verdicts
 
@@ -177,7 +185,7 @@ def corrupt_artifact(name: str, kind: str, precision: str, what: str):
     from enginekit.compare.gate import ArtifactReport, Check
 
     report = ArtifactReport(name, kind, precision, ran=False, reason=what)
-    report.checks.append(Check(name, f"{what}: rebuild it (enginekit build)", 0.0, ">=", 1.0, False))
+    report.checks.append(Check.unmet(name, f"{what}: rebuild it (enginekit build)"))
     return report
 
 
@@ -194,7 +202,7 @@ def verify_corrupt(entry):
         from enginekit.compare.gate import ArtifactReport, Check
 
         art = ArtifactReport("engine", "engine", "?", ran=False, reason=entry.describe())
-        art.checks.append(Check("engine", entry.describe(), 0.0, ">=", 1.0, False))
+        art.checks.append(Check.unmet("engine", entry.describe()))
         report.artifacts.append(art)
     else:
         report.artifacts.append(corrupt_artifact("engine", "engine", "?", entry.describe()))
@@ -222,7 +230,35 @@ def model_of(entry, given):
     return request, [a.to_json() for a in artifacts]
 
 
-def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_required: bool = True, labels=None):
+#: part of every stored verdict's key: bump when a comparison's figures or gates change meaning
+VERDICT_VERSION = 1
+
+
+def stored_check(cache, name: str, precision: str, graph: str, path: Path, refs, gates, pipe, metadata: dict, *,
+                 recheck: bool = False):
+    """(the graph's ArtifactReport, the stored verdict's key or None) for ``graph`` (its content) against ``refs``:
+    a verdict is kept by what it judged (the graph, the references' key, every limit, the code that ran and
+    compared), so a second verify of the same content runs nothing (``recheck``: it does)."""
+    from enginekit import __version__
+    from enginekit.compare.gate import ArtifactReport, check_candidate
+    from enginekit.pipeline import onnxruntime_version
+
+    parts = {"stage": "verdict", "version": VERDICT_VERSION, "name": name, "precision": precision, "graph": graph,
+             "references": refs.key, "gates": gates.state(precision, metadata),
+             "versions": {"enginekit": __version__, "onnxruntime": onnxruntime_version()}}
+
+    def produce(tmp: Path) -> dict:
+        with onnx_candidate(path) as runner:
+            art = check_candidate(name, "onnx", precision, runner.infer_feed, refs, gates, pipe.adapter, metadata,
+                                  accepts_hw=onnx_accepts_hw(path))
+        return {"report": art.state()}
+
+    entry, status = cache.get_or_create("verdict", parts, produce, force=recheck, subject=pipe.subject)
+    return ArtifactReport.from_state(entry.manifest["report"]), (entry.key if status == "hit" else None)
+
+
+def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_required: bool = True, labels=None,
+                 recheck: bool = False):
     from enginekit.compare.gate import Gates, VerifyReport, check_candidate, skipped, unrunnable
     from enginekit.pipeline import Stages
     from enginekit.precisions import of_stage
@@ -255,9 +291,10 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
             metadata = onnx_metadata(path)
         with reporting.stage(f"verify {name}") as s:
             try:
-                with onnx_candidate(path) as runner:
-                    art = check_candidate(name, "onnx", stage_precision, runner.infer_feed, refs, gates, pipe.adapter,
-                                          metadata, accepts_hw=onnx_accepts_hw(path))
+                art, stored = stored_check(cache, name, stage_precision, link.get("sha256") or link["key"], path, refs,
+                                           gates, pipe, metadata, recheck=recheck)
+                if stored:
+                    s.detail = f"stored verdict {stored[:12]}"
             except Exception as exc:  # noqa: BLE001 - ORT refuses FP8 Q/DQ graphs: say so, and fail
                 first = (str(exc).splitlines() or [""])[0][:160]
                 if type(exc).__module__.startswith("onnxruntime"):
@@ -486,10 +523,10 @@ def onnx_model_request(path: Path, metadata: dict, model, reference, spec):
 
     weights = Path(reference) if reference is not None else (spec.weights if spec is not None else None)
     name = model or metadata.get("model")
-    if not name and weights is not None and weights.is_file():  # an Ultralytics checkpoint records its architecture
-        from enginekit.families.ultralytics.identity import checkpoint_variant, is_checkpoint
+    if not name and weights is not None:  # an Ultralytics checkpoint records its architecture
+        from enginekit.families.registry import model_in_file
 
-        name = checkpoint_variant(weights) if is_checkpoint(weights) else None
+        name = model_in_file(weights)
     if not name:
         raise UsageError(f"{path.name} does not say which model it is: pass --model NAME (yolo12n, depth, ...)")
     random_init = bool(spec is not None and spec.random_init)

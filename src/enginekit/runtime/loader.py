@@ -76,10 +76,11 @@ def ultralytics_engine_target(path: Path) -> Target | None:
         raise UsageError(f"{path.name}: {exc}") from exc
     if not meta.get("model"):
         raise UsageError(f"{path.name}: its header does not say which model it is")
+    from enginekit.trt.backends import plan_family, resolve_backend
+
     with open(path, "rb") as f:
         f.seek(offset)
-        flavour = "tensorrt-rtx" if f.read(4) == b"vtrt" else "tensorrt"
-    from enginekit.trt.backends import resolve_backend
+        flavour = plan_family(f.read(4))
 
     try:
         installed = resolve_backend(flavour)

@@ -30,6 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
+from enginekit import reporting
 from enginekit.errors import UsageError
 from enginekit.fsutil import atomic_write_text, read_text
 from enginekit.precisions import names as precision_names
@@ -475,9 +476,11 @@ def _run_modelopt(src: Path, feed: np.ndarray, input_name: str, method: str, exc
         shutil.copyfile(src, work)
         reader = CalibrationDataProvider(str(work), {input_name: feed})
         # ORT's histogram calibrator prints its bin counts to stdout, ModelOpt's progress bars go
-        # to stderr: neither belongs in enginekit's output.
-        with calibrator_factory(source.calibrator), quantize_shortcuts(shortcuts, output=result), \
+        # to stderr: neither belongs in enginekit's output; enginekit's own count of the inputs it ran does
+        with reporting.progress(f"calibrate ({method})", len(feed)) as counted, \
+                calibrator_factory(source.calibrator), quantize_shortcuts(shortcuts, output=result), \
                 contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            reader = _Counted(reader, counted)
             quantize(
                 str(work),
                 quantize_mode="int8",
@@ -490,6 +493,29 @@ def _run_modelopt(src: Path, feed: np.ndarray, input_name: str, method: str, exc
                 log_level="ERROR",
             )
         return onnx.load(str(result))
+
+
+def _Counted(reader, progress):
+    """``reader`` (a calibration data reader) counting what the calibrator reads into ``progress`` (``calibrate
+    12/64``); a second pass over the inputs (a histogram method) counts on, the total grown to match."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Counted(CalibrationDataReader):
+        def get_next(self):
+            item = reader.get_next()
+            if item is not None:
+                if progress.done >= progress.total:
+                    progress.total += progress.total
+                progress.advance()
+            return item
+
+        def rewind(self):
+            return reader.rewind()
+
+        def __getattr__(self, name):  # everything else the calibrator asks of its reader
+            return getattr(reader, name)
+
+    return Counted()
 
 
 def _finish(quantized, original, method: str, exclude: Sequence[str], probe: tuple[int, ...], out: Path) -> None:

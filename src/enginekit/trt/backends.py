@@ -327,3 +327,8 @@ def require_fp8(
             f"target(s) {', '.join(lacking)} lack it: {fix}"
         )
 
+
+
+def plan_family(magic: bytes) -> str:
+    """The backend family (``--backend``) that wrote a plan, by its first four bytes (TensorRT-RTX's are ``vtrt``)."""
+    return "tensorrt-rtx" if magic == b"vtrt" else "tensorrt"

@@ -144,9 +144,17 @@ def draw_picture(adapter, image_chw: np.ndarray, reference: dict[str, np.ndarray
     return draw(adapter, image_chw, reference, candidate, metadata, stem) if draw else None
 
 
+#: part of every stored picture's key: bump when a picture's drawing changes
+PICTURE_VERSION = 1
+
+
 def draw_pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -> None:
-    """One picture per checked ONNX artifact of an engine entry, on the first photograph."""
+    """One picture per checked ONNX artifact of an engine entry, on the first photograph. A picture is kept
+    in the cache by what it shows (the graph's content, the references), so a second report draws none."""
+    from enginekit import __version__
     from enginekit.compare.gate import onnx_runner
+    from enginekit.fsutil import atomic_copy
+    from enginekit.verification.references import onnx_accepts_hw
 
     if adapter.picture_kind is None or not any(c.kind == "photo" for c in refs.cases):
         return
@@ -157,12 +165,20 @@ def draw_pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -
             continue
         link = by_name[art.name]
         graph = cache.lookup(link["kind"], link["key"]).entry.file("model.onnx")
-        from enginekit.verification.references import onnx_accepts_hw
 
-        # the photograph as the graph's runtime letterboxes it (its own rectangle where the graph takes that)
-        photo = next(c for c in refs.cases_for(onnx_accepts_hw(graph)) if c.kind == "photo")
-        got = onnx_runner(graph)(photo.feed)
-        path = draw_picture(adapter, photo.feed[adapter.input_name][0], photo.outputs, got, metadata,
-                            folder / f"{report.subject}-{report.precision}-{art.name}")
-        if path is not None:
+        def produce(tmp: Path, graph=graph) -> dict:
+            # the photograph as the graph's runtime letterboxes it (its own rectangle where the graph takes that)
+            photo = next(c for c in refs.cases_for(onnx_accepts_hw(graph)) if c.kind == "photo")
+            got = onnx_runner(graph)(photo.feed)
+            path = draw_picture(adapter, photo.feed[adapter.input_name][0], photo.outputs, got, metadata,
+                                tmp / "picture")
+            return {"picture": path.name if path is not None else None}
+
+        parts = {"stage": "picture", "version": PICTURE_VERSION, "enginekit": __version__,
+                 "graph": link.get("sha256") or link["key"], "references": refs.key}
+        stored, _ = cache.get_or_create("picture", parts, produce, subject=report.subject)
+        name = stored.manifest.get("picture")
+        if name:
+            path = folder / f"{report.subject}-{report.precision}-{art.name}{name[len('picture'):]}"  # -<kind>.png
+            atomic_copy(stored.file(name), path)
             art.pictures.append(str(path))

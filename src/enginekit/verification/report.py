@@ -59,7 +59,8 @@ def write_markdown(reports: list[VerifyReport], path: Path, ladder: list | None 
                   f"references: `{r.references_key[:12]}` ({r.references_status})", "",
                   "| artifact | ran | checks | failed |", "| --- | --- | --- | --- |"]
         for a in r.artifacts:
-            failed = "; ".join(f"{c.name} {c.value:.4g} (limit {c.op} {c.limit:g})" for c in a.checks if not c.passed)
+            failed = "; ".join(c.name if c.condition else f"{c.name} {c.value:.4g} (limit {c.op} {c.limit:g})"
+                               for c in a.checks if not c.passed)
             lines.append(f"| {a.name} | {'yes' if a.ran else 'no: ' + a.reason} | {len(a.checks)} | {failed or '-'} |")
         lines += [""] + part_lines(r) + task_lines(r)
         pictures = [p for a in r.artifacts for p in a.pictures]

@@ -178,6 +178,13 @@ class UltralyticsAdapter(ModelAdapter):
         return path
 
     @classmethod
+    def model_in_file(cls, path: Path) -> str | None:
+        """An Ultralytics checkpoint's architecture (``identity.checkpoint_variant``)."""
+        from enginekit.families.ultralytics.identity import checkpoint_variant, is_checkpoint
+
+        return checkpoint_variant(path) if is_checkpoint(path) else None
+
+    @classmethod
     def adopt_metadata(cls, metadata: dict[str, str]) -> dict[str, str] | None:
         """An ONNX file Ultralytics exported, by the metadata it writes (``identity.adopt_ultralytics_metadata``)."""
         from enginekit.families.ultralytics.identity import adopt_ultralytics_metadata

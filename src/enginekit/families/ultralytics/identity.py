@@ -174,10 +174,10 @@ def adopt_ultralytics_metadata(meta: dict) -> dict[str, str] | None:
     imgsz = _literal(meta.get("imgsz", ""))
     try:
         h, w = (int(v) for v in (imgsz if isinstance(imgsz, (list, tuple)) else (imgsz, imgsz)))
-        if h <= 0 or w <= 0 or h % stride or w % stride:
-            raise ValueError
     except (ValueError, TypeError):
-        raise UsageError(f"{where}: imgsz {meta.get('imgsz')!r} is not an input size in strides of {stride}") from None
+        h = w = 0
+    if h <= 0 or w <= 0 or h % stride or w % stride:
+        raise UsageError(f"{where}: imgsz {meta.get('imgsz')!r} is not an input size in strides of {stride}")
     found = _DESCRIPTION.match(str(meta.get("description", "")))
     name = found["name"].lower() if found else None
     if name is None or not _resolvable(name):

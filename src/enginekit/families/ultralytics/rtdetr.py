@@ -210,7 +210,8 @@ class RtdetrAdapter(InstanceEvaluation, StretchedInput, UltralyticsAdapter):
     def parity_outputs(self, reference, candidate, metadata):
         """The top-300 rows both graphs hold, side by side: near-equal scores (a graph's rounding)
         reorder rows, and any row after them, as NMS graphs' kept boxes (the same pairing)."""
-        ref, cand = paired_rows(reference["output0"], candidate["output0"], xywh=True)
+        ref, cand = paired_rows(reference["output0"], candidate["output0"], xywh=True,
+                                same_box_iou=0.5)
         return {**reference, "output0": ref}, {**candidate, "output0": cand}
 
     def decode(self, outputs, metadata, conf, *, hw=None, max_det=MAX_DET):

@@ -131,8 +131,9 @@ def images_of(source: Path | None = None, *, limit: int | None = None) -> list[P
     return paths[:limit] if limit is not None else paths
 
 
-def load_images(source: Path | None = None, *, limit: int | None = None) -> ImageSet:
-    """Images from a folder (broken files skipped and reported) or the embedded default."""
+def load_images(source: Path | None = None, *, limit: int | None = None, leave_out=()) -> ImageSet:
+    """Images from a folder (broken files skipped and reported) or the embedded default; ``leave_out``:
+    files not to take (the images a graph was calibrated on, where it is judged apart from them)."""
     if source is None:
         paths = embedded_image_paths()
         if not paths:
@@ -140,7 +141,10 @@ def load_images(source: Path | None = None, *, limit: int | None = None) -> Imag
     else:
         paths = list_images(source)
     result = ImageSet([], [])
+    left_out = {Path(p).resolve() for p in leave_out}
     for p in paths:
+        if left_out and p.resolve() in left_out:
+            continue
         if limit is not None and len(result.images) >= limit:
             break
         img, problem = read_bgr(p)

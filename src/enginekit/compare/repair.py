@@ -107,6 +107,36 @@ def per_node_error(fp32_path: Path, reduced_path: Path, feed: dict[str, np.ndarr
     return added
 
 
+def used_share(checks) -> float:
+    """How much of what the gates allow a graph uses, summed over its checks (each 1.0 at its limit): a parity
+    check ``value <= limit`` uses value / limit, a ``value >= limit`` check (cosine, recall) uses
+    (1 - value) / (1 - limit). Smooth where single detections flip a task check, so it ranks small changes."""
+    total = 0.0
+    for c in checks:
+        if c.condition or not np.isfinite(c.value):
+            continue
+        if c.op == "<=" and c.limit > 0:
+            total += c.value / c.limit
+        elif c.op == ">=" and c.limit < 1:
+            total += max(1.0 - c.value, 0.0) / (1.0 - c.limit)
+    return total
+
+
+def measured_effect(quantized, source, names: list[str], score, *, on_node=None) -> dict[str, float]:
+    """Each node's measured effect on the gates: ``score(model)`` (lower is better: ``used_share`` of its
+    checks) of the quantized graph, minus that of the graph with that one node's Q/DQ inputs removed
+    (``strip_qdq``): what keeping that node alone in high precision takes away. Weights and activations
+    alike, any node the quantizer gave Q/DQ inputs (Conv, Add, Concat, Resize, MaxPool...): the cause of a
+    loss is found where it reaches the gated outputs, not where a node's own output moves most."""
+    base = score(quantized)
+    effect = {}
+    for i, name in enumerate(names):
+        effect[name] = base - score(strip_qdq(quantized, source, [name]))
+        if on_node is not None:
+            on_node(i + 1)
+    return effect
+
+
 def repair(try_nodes, check, names: list[str], ranking: dict[str, float] | None, *, max_trials: int = 16) -> RepairResult:
     """The fewest of ``names`` (taken from the output backwards) that make the gate pass.
 
@@ -209,15 +239,15 @@ def search(trial, names: list[str], ranking: dict[str, float] | None, *, max_tri
     """A small set of ``names`` that makes the gate pass, wherever the nodes are in the graph.
 
     ``trial(nodes) -> (artifact, passed, rel_l2)`` makes and checks the graph with ``nodes`` in
-    high precision. Candidates are ordered by sensitivity (``ranking``: the error each node adds;
-    without it, from the output backwards); the first k of that order are grown 1, 2, 4, ...
+    high precision. Candidates are ordered by ``ranking`` (``measured_effect``: what keeping each alone
+    takes off the gates' figures; without it, from the output backwards), and only those that help are grown; the first k of that order are grown 1, 2, 4, ...
     until the gate passes, the smallest passing k is bisected, and then each chosen node is
     dropped in turn where the gate still passes without it (one pass of delta debugging), so
     the set found holds only nodes it needs. ``budget``: most nodes allowed (None: all).
     """
     if ranking:
         order = sorted(names, key=lambda n: (-ranking.get(n, 0.0), -names.index(n)))
-        how = "sensitivity (error each node adds), grown then bisected, then pruned"
+        how = "measured effect on the gates (one node at a time), grown then bisected, then pruned"
     else:
         order = list(reversed(names))
         how = "reverse topological order, grown then bisected, then pruned"
@@ -236,6 +266,8 @@ def search(trial, names: list[str], ranking: dict[str, float] | None, *, max_tri
         art, err, _ = made[()]
         return RepairResult([], 1, err, err, art, how, history)
     limit = len(order) if budget is None else min(budget, len(order))
+    if ranking:  # nodes whose measured effect is none or harmful come only in the all-nodes trial
+        limit = min(limit, sum(1 for n in names if ranking.get(n, 0.0) > 0))
     lo, hi, k = 0, None, 1
     while k <= limit and len(history) < max_trials:
         if run(order[:k]):

@@ -9,11 +9,15 @@ is the pipeline's ``Stages.repaired`` stage.
 from __future__ import annotations
 
 from enginekit import reporting
+from enginekit.errors import UsageError
 
 
-# Photographs each repair trial is judged on (the calibration folder's first, else the embedded ones): enough
-# detections for the share gates (22 for the 5% rule, compare.comparison.binomial_minimum) on most detectors.
+# Photographs each repair trial is judged on (the calibration folder's images it did not calibrate on, else the
+# embedded ones): enough detections for the share gates (22 for the 5% rule, compare.comparison.binomial_minimum)
+# on most detectors.
 REPAIR_PHOTOS = 16
+# Of those, the ones each node's effect is measured on (one ONNX Runtime session per quantized node).
+RANK_PHOTOS = 4
 
 
 def _enough_evidence(gates, precision: str, task: dict, folder) -> None:
@@ -25,7 +29,7 @@ def _enough_evidence(gates, precision: str, task: dict, folder) -> None:
     found = task.get("reference_detections", task.get("compared"))
     if not minimum or found is None or found >= minimum:
         return
-    where = f"the first {REPAIR_PHOTOS} images of {folder}" if folder else "the embedded photographs"
+    where = f"{REPAIR_PHOTOS} images of {folder}" if folder else "the embedded photographs"
     raise ParityError(f"repair cannot judge the task gates: {found:g} reference detections on {where}, fewer than "
                       f"the {minimum} the share gates need; calibrate on a folder of images of what the model sees "
                       "(--calib-data DIR), which repair is judged on too")
@@ -58,13 +62,12 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
     from enginekit.compare import repair as rp
     from enginekit.compare.gate import Gates
     from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
-    from enginekit.images import load_images
 
     source = chain[-2]
     gates = Gates(pipe.adapter, overrides)
     folder = Path(data.source) if getattr(data, "source", None) is not None and Path(data.source).is_dir() else None
     # what the search is (its memory's key): the pipeline keys it, the flow only describes it
-    search = {"search": "sensitivity/2" if precision == "int8" else "reverse-topological/2",
+    search = {"search": "measured-effect/3" if precision == "int8" else "reverse-topological/2",
               "source": source.sha256, "precision": precision,
               "gates": {"parity": {p.name: gates.parity(precision, p.name).to_json()
                                    for p in pipe.adapter.output_parts({})},
@@ -73,8 +76,8 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
               "method": calib_method if precision == "int8" else None, "exclude": sorted(exclude)}
 
     refs = ReferenceCache(pipe.adapter, pipe.loaded)
-    cases = parity_inputs(pipe.adapter, shape, load_images(folder, limit=REPAIR_PHOTOS), photos=REPAIR_PHOTOS,
-                          rect=False)  # trials: full size
+    photos, judged = judged_on(folder, data)
+    cases = parity_inputs(pipe.adapter, shape, photos, photos=REPAIR_PHOTOS, rect=False)  # trials: full size
 
     def check(artifact):
         result = check_onnx(refs, artifact.path, cases, precision, gates=gates)
@@ -101,14 +104,30 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
         return chain[-1], {"nodes": [], "moved": 0, "candidates": len(names), "rel_l2_before": worst,
                            "rel_l2_after": worst, "trials": 1, "task_before": first.task, "task_after": first.task,
                            "passed": True, "failures_before": [], "failures_after": []}
-    with reporting.stage(f"repair {precision}: rank {len(names)} nodes") as s:
-        feed = cases[0].feed
-        ranking = rp.per_node_error(source.path, chain[-1].path, feed, names)
-        s.detail = "by the error each adds" if ranking else "from the output backwards"
-
     tmp = Path(tempfile.mkdtemp(prefix="enginekit-repair-"))
     quantized = onnx.load(str(chain[-1].path)) if precision == "int8" else None
     original = onnx.load(str(source.path)) if precision == "int8" else None
+    causes: list[dict] = []
+    if precision == "int8":  # each quantized node's own effect on the gates, measured: the cause first
+        rank_cases = [c for c in cases if c.kind == "photo"][:RANK_PHOTOS] or cases[:RANK_PHOTOS]
+        base = rp.used_share(first.comparison.checks)
+
+        def score(model) -> float:
+            path = tmp / "rank.onnx"
+            onnx.save(model, str(path))
+            return rp.used_share(check_onnx(refs, path, rank_cases, precision, gates=gates).comparison.checks)
+
+        with reporting.progress(f"repair int8: measure {len(names)} quantized nodes", total=len(names)) as bar:
+            ranking = rp.measured_effect(quantized, original, names, score, on_node=lambda k: bar.advance())
+        causes = effect_table(ranking, score(quantized), base)
+        if causes:
+            reporting.note("repair int8: the loss comes from " + ", ".join(
+                f"{c['node']} ({100 * c['effect'] / max(c['of'], 1e-12):.0f}%)" for c in causes[:5])
+                + f" (share of the gates' figures on {len(rank_cases)} photograph(s) each removes alone)")
+    else:
+        with reporting.stage(f"repair {precision}: rank {len(names)} nodes") as s:
+            ranking = rp.per_node_error(source.path, chain[-1].path, cases[0].feed, names)
+            s.detail = "by the error each adds" if ranking else "from the output backwards"
     seconds: list[float] = []
 
     # each trial says which it is: a repair takes minutes, and its stage lines look alike
@@ -161,7 +180,8 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
               "rel_l2_after": after, "passed": ok, "task_before": first.task, "task_after": last.task,
               "failures_before": first.failures(), "failures_after": last.failures(),
               "trial_seconds": round(sum(seconds) / len(seconds), 3) if seconds else None,
-              "trial": "Q/DQ removed around the nodes (ONNX edit)" if precision == "int8" else "AutoCast"}
+              "trial": "Q/DQ removed around the nodes (ONNX edit)" if precision == "int8" else "AutoCast",
+              "judged_on": judged, "causes": causes}
     if ok:
         pipe.remember_repair(search, result.nodes, record)
     else:
@@ -169,3 +189,31 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
                           + "; ".join(last.failures()[:3]))
     return final, record
 
+
+
+def judged_on(folder, data):
+    """The photographs repair's trials are judged on: the calibration folder's images the graph was not
+    calibrated on (as verify judges it), else the embedded photographs; never the calibration images
+    themselves unless the folder holds no others (said, as a warning)."""
+    from enginekit.images import load_images
+
+    if folder is None:
+        return load_images(None, limit=REPAIR_PHOTOS), "the embedded photographs"
+    calibrated = list(getattr(data, "image_paths", []) or [])
+    try:
+        photos = load_images(folder, limit=REPAIR_PHOTOS, leave_out=calibrated)
+        return photos, f"{len(photos.images)} image(s) of {folder} it was not calibrated on"
+    except UsageError:
+        reporting.warning(f"repair: every image of {folder} was calibrated on; its trials are judged on them "
+                          "(a verify on other images may disagree): give a folder with more images than "
+                          "--calib-count")
+        photos = load_images(folder, limit=REPAIR_PHOTOS)
+        return photos, f"{len(photos.images)} image(s) of {folder} it was calibrated on"
+
+
+def effect_table(ranking: dict[str, float], quantized: float, full: float, top: int = 10) -> list[dict]:
+    """The nodes whose quantization costs the gates most, as measured: per node, the share of what the
+    gates allow (summed over checks) that keeping it alone in high precision takes away, on the ranking
+    photographs (``quantized``: the INT8 graph's own figure there; ``full``: on every trial photograph)."""
+    ranked = sorted(ranking.items(), key=lambda kv: -kv[1])[:top]
+    return [{"node": name, "effect": round(value, 5), "of": round(quantized, 5)} for name, value in ranked if value > 0]

@@ -83,7 +83,7 @@ def test_bad_section_is_one_error_line(tmp_path):
     done = bench("--section", "help,nonsense", tmp_path=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["error: unknown section 'nonsense': choose from "
-                                                "help, cold, export, ort, build, int8, verify"]
+                                                "help, cold, export, ort, build, int8, verify, hits"]
 
 
 def test_unknown_model_is_one_error_line(tmp_path):

@@ -113,6 +113,22 @@ def test_a_folder_store_serves_the_same(tmp_path):
     assert not list((tmp_path / "shared").rglob(".incoming-*"))
 
 
+def test_a_garbage_manifest_in_the_store_is_replaced_by_the_next_push(tmp_path):
+    """A manifest a crashed writer or a hand edit left unreadable is not "already there": the next publisher of
+    that entry replaces it, and a pull then finds the entry (it was a miss, warned, on every machine)."""
+    from enginekit.store.tier import manifest_name
+
+    (tmp_path / "shared").mkdir()
+    url = f"file://{tmp_path / 'shared'}"
+    built, _ = Cache(tmp_path / "a", remote=remote(url)).get_or_create("onnx-export", PARTS, Producer(b"g" * 99))
+    name = manifest_name("onnx-export", built.key)
+    (tmp_path / "shared" / name).write_text("{not json")
+    assert remote(url).publish(built.path, json.loads((built.path / "manifest.json").read_text()))
+    assert json.loads((tmp_path / "shared" / name).read_text())["key"] == built.key
+    pulled, status = Cache(tmp_path / "b", remote=remote(url, "read")).get_or_create("onnx-export", PARTS, Producer(b""))
+    assert status == "pulled" and tree(pulled) == tree(built)
+
+
 def test_read_only_clients_never_write(store, s3, tmp_path):
     ro = remote(store, "read")
     entry, status = Cache(tmp_path / "a", remote=ro).get_or_create("onnx-export", PARTS, Producer(b"ro" * 100))

@@ -75,8 +75,10 @@ def test_the_checkpoint_alone_names_its_model(ultralytics_files, run_cli, tmp_pa
 
     meta = get_metadata(load_model(tmp_path / "best.onnx"))
     assert meta["model"] == "yolov8n" and meta["weights"].startswith("sha256:")
-    for refused in (["export", "best.pt", "--random-init"], ["export", "best.pt", "-w", "best.pt"]):
+    shutil.copy(tmp_path / "best.pt", tmp_path / "other.pt")  # another file's weights contradict it
+    for refused in (["export", "best.pt", "--random-init"], ["export", "best.pt", "-w", "other.pt"]):
         assert_one_line_error(run_cli(*refused), 2, "best.pt is an Ultralytics checkpoint")
+    assert run_cli("export", "best.pt", "-w", "best.pt", "--input", "1x3x320x320").code == 0  # the same file: said twice
 
     import enginekit
 
@@ -257,3 +259,17 @@ def test_yolo26n_seg_random_init_passes_fp32_and_fp16_parity(cache, tmp_path):
     assert result.passed, result.failures()
     assert (tmp_path / "seg.fp16.onnx").is_file()
     assert {r.precision for r in result.parity} == {"fp32", "fp16"}
+
+
+def test_a_graph_enginekit_made_from_an_ultralytics_onnx_keeps_its_precision(ultralytics_files):
+    """The FP16/INT8 graphs built from an Ultralytics ONNX carry its metadata plus enginekit's ``precision``: read
+    as the model it records *and* at that precision (a verify of the INT8 graph was judged at FP32's limits)."""
+    import onnx
+
+    from enginekit.families.registry import graph_metadata
+    from enginekit.onnx.graph import get_metadata
+
+    theirs = get_metadata(onnx.load(str(ultralytics_files / "best.static.onnx"), load_external_data=False))
+    assert "precision" not in graph_metadata(theirs)  # Ultralytics' own FP32 file records none
+    built = graph_metadata({**theirs, "precision": "int8", "int8_method": "max"})
+    assert built["model"] == "yolov8n" and built["precision"] == "int8" and built["int8_method"] == "max"

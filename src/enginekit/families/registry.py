@@ -125,13 +125,19 @@ def model_in_file(path) -> str | None:
     return None
 
 
-def graph_metadata(metadata: dict[str, str]) -> dict[str, str]:
+def graph_metadata(metadata: dict[str, str], source: str | None = None) -> dict[str, str]:
     """A graph's metadata as enginekit reads it: its own as it is; another tool's (an Ultralytics export) as the
-    family whose library wrote it translates it (``adopt_metadata``); else as it is."""
+    family whose library wrote it translates it (``adopt_metadata``); else as it is. ``source``: the file's name,
+    which a refusal of its metadata starts with."""
     if not metadata or metadata.get("model"):
         return metadata
     for cls in registered():
-        adopted = cls.adopt_metadata(metadata)
+        try:
+            adopted = cls.adopt_metadata(metadata)
+        except UsageError as exc:
+            if source is None:
+                raise
+            raise UsageError(f"{source}: {exc}") from exc
         if adopted is not None:
             return adopted
     return metadata

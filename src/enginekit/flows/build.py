@@ -181,7 +181,7 @@ def adapter_from_onnx(path: Path):
 
     from enginekit.families.registry import graph_metadata
 
-    meta = graph_metadata(get_metadata(load_model(path)))
+    meta = graph_metadata(get_metadata(load_model(path)), path.name)
     name = meta.get("model")
     if name:
         from enginekit.families.registry import resolve_recorded
@@ -199,7 +199,7 @@ def source_model(path: Path) -> dict | None:
 
     from enginekit.families.registry import graph_metadata
 
-    meta = graph_metadata(get_metadata(load_model(path)))
+    meta = graph_metadata(get_metadata(load_model(path)), path.name)
     if not meta.get("model"):
         return None
     return {"name": meta["model"], "weights": meta.get("weights")}
@@ -249,7 +249,7 @@ def write_engine_file(outcome: BuildOutcome, dest: Path, *, ultralytics: bool = 
     from enginekit.onnx.graph import get_metadata, load_model
 
     graphs = [a for a in outcome.artifacts if str(getattr(a, "path", "")).endswith(".onnx")]
-    meta = graph_metadata(get_metadata(load_model(graphs[-1].path))) if graphs else {}
+    meta = graph_metadata(get_metadata(load_model(graphs[-1].path)), graphs[-1].path.name) if graphs else {}
     name = meta.get("model")
     adapter = resolve_recorded(name, meta) if name else None
     if adapter is None or not adapter.family.startswith(("yolo", "rtdetr")):

@@ -250,14 +250,26 @@ class Remote:
         True when this call published it, False when it was there already."""
         kind, key = manifest["kind"], manifest["key"]
         name = manifest_name(kind, key)
+        replace = False
         if self.store.head(name) is not None:
-            return False
+            if self._manifest_readable(name, key):
+                return False
+            replace = True  # a garbage manifest (a crashed writer, a hand edit): this complete one replaces it
         for file, record in sorted(manifest["files"].items()):
             blob = blob_name(record["sha256"])
             there = self.store.head(blob)
             if there is None or there.size != record["size"]:
                 self.store.put_file(blob, folder / file)
-        return self.store.put(name, (folder / MANIFEST).read_bytes(), if_absent=True)
+        return self.store.put(name, (folder / MANIFEST).read_bytes(), if_absent=not replace)
+
+    def _manifest_readable(self, name: str, key: str) -> bool:
+        """Whether the store's manifest ``name`` is one (JSON naming ``key``): what a pull can use."""
+        try:
+            data = self.store.get(name)
+            record = json.loads(data) if data else None
+        except (ValueError, UnicodeDecodeError, RecursionError, CorruptObject):
+            return False
+        return isinstance(record, dict) and record.get("key") == key
 
     def write_index(self, manifest: dict, verdict: dict | None = None) -> dict | None:
         """The engine's index record (after its manifest): identity, hardware, verdict, provenance."""

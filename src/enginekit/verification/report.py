@@ -104,6 +104,12 @@ def _limit_text(limits: dict) -> str:
     return ", ".join(STATISTICS[name].describe_limit(limit) for name, limit in limits.items() if limit is not None)
 
 
+def _fig(worst: dict, name: str, spec: str) -> str:
+    """One figure of a row; "-" where there is none (a stored verdict keeps an infinite PSNR or a NaN as null)."""
+    value = worst.get(name)
+    return "-" if value is None else format(value, spec)
+
+
 def part_lines(report: VerifyReport) -> list[str]:
     """Markdown table: one row per artifact x output part, worst figures over all inputs."""
     figures = " | ".join(STATISTICS[n].label for n in ("max_abs", "p99_abs", "median_abs", "rel_l2", "cosine", "psnr"))
@@ -115,9 +121,9 @@ def part_lines(report: VerifyReport) -> list[str]:
             failed = [c.name[len(f"parity {part}"):].lstrip(": ") for c in a.checks if not c.passed and of_part(c.name, part)]
             gate = ("FAIL " + ", ".join(failed) if failed
                     else "not checked (the reference is the same for every input)" if "constant" in info else "pass")
-            lines.append(f"| {a.name} | {part}: {info['of']} | {w['max_abs']:.3g} | {w['p99_abs']:.3g} | "
-                         f"{w['median_abs']:.3g} | {w['rel_l2']:.3g} | {w['cosine']:.6f} | {w['psnr']:.1f} | "
-                         f"{_limit_text(info['limits'])} | {gate} |")
+            lines.append(f"| {a.name} | {part}: {info['of']} | {_fig(w, 'max_abs', '.3g')} | {_fig(w, 'p99_abs', '.3g')} | "
+                         f"{_fig(w, 'median_abs', '.3g')} | {_fig(w, 'rel_l2', '.3g')} | {_fig(w, 'cosine', '.6f')} | "
+                         f"{_fig(w, 'psnr', '.1f')} | {_limit_text(info['limits'])} | {gate} |")
     return lines if len(lines) > 2 else []
 
 

@@ -203,6 +203,9 @@ def adopt_ultralytics_metadata(meta: dict) -> dict[str, str] | None:
         out["precision"] = "fp16"
     elif args.get("int8") or args.get("quantize"):
         out["precision"] = "int8"
+    for key, value in meta.items():  # what enginekit's stages wrote into the graph since (its precision, INT8 settings)
+        if key in ("precision", "enginekit_version") or key.startswith(("int8_", "fp8_", "fp32_")):
+            out[key] = value
     return out
 
 

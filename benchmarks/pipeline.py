@@ -91,6 +91,7 @@ class Ran:
     returncode: int
     last_line: str  # the last line the command printed to stderr (its error line, when it failed)
     cpu: float = 0.0  # user + system seconds of the command and everything it waited for
+    stderr: str = ""  # all it printed there
 
 
 def children_cpu() -> float:
@@ -104,7 +105,8 @@ def run(cmd: list[str], env: dict | None = None) -> Ran:
     done = subprocess.run(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
     lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-    return Ran(time.perf_counter() - start, done.returncode, lines[-1] if lines else "", children_cpu() - cpu)
+    return Ran(time.perf_counter() - start, done.returncode, lines[-1] if lines else "", children_cpu() - cpu,
+               done.stderr)
 
 
 def checked(cmd: list[str], env: dict | None = None) -> Ran:
@@ -395,7 +397,8 @@ def bench_verify(s: Settings) -> None:
 
 LOAD_TIMED = """
 import sys, time
-import enginekit, enginekit.api, numpy, onnxruntime  # the imports load() needs, before the clock starts
+# the imports load() needs, before the clock starts: Ultralytics' LetterBox (the runtime's preprocessing) imports torch
+import enginekit, enginekit.api, numpy, onnxruntime, ultralytics.data.augment
 start = time.perf_counter()
 model = enginekit.load(sys.argv[1], random_init=True, backend="onnxruntime-cpu", quiet=True)
 print(f"{time.perf_counter() - start:.4f}")
@@ -411,7 +414,7 @@ def bench_hits(s: Settings) -> None:
         export = [*ENGINEKIT, "export", model, "--random-init", "--input", shape, "-o", str(Path(tmp) / "m.onnx")]
         for label in ("cold", "warm"):
             ran = checked(export, env)
-            stored = "stored verdict" in ran.last_line or label == "cold"
+            stored = "stored verdict" in ran.stderr or label == "cold"
             record("hits", f"{model} export {shape}, {label}", ran.seconds, "s",
                    f"{cpu_note([ran.cpu])}{'' if stored else '; NO STORED VERDICT'}")
         for label in ("cold", "warm"):

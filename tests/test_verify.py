@@ -79,6 +79,25 @@ def test_second_verify_reuses_references(cache, tmp_path):
     assert (ref_dir / "inputs.json").is_file() and (ref_dir / "outputs.json").is_file()  # polygraphy formats
 
 
+def test_a_stored_verdict_is_the_verdict_it_stored(cache, tmp_path):
+    """A second verify of the same content runs no comparison: each graph's report comes from the stored verdict,
+    figures that JSON cannot hold (an infinite PSNR of identical outputs, NaN) included, and the reports render."""
+    import math
+
+    first = verify(cache, "yolo12n", "fp32", tmp_path / "a")
+    second = verify(cache, "yolo12n", "fp32", tmp_path / "b")
+    a, b = first.reports[0].artifacts, second.reports[0].artifacts
+    assert [x.name for x in a] == [x.name for x in b] and second.passed == first.passed
+    for x, y in zip(a, b):
+        assert x.task == y.task and [c.name for c in x.checks] == [c.name for c in y.checks]
+        for part in x.parts:
+            for stat, value in x.parts[part]["worst"].items():
+                other = y.parts[part]["worst"][stat]
+                assert (math.isnan(value) and math.isnan(other)) or value == other, (part, stat, value, other)
+    summary = (tmp_path / "b" / "report" / "summary.md").read_text()
+    assert "onnx-simplify" in summary and "None" not in summary
+
+
 def test_require_engine_without_gpu_exits_3(run_cli, tmp_path):
     r = run_cli("verify", "yolo12n", "--random-init", "--profile", "1x3x256x256", "--require-engine",
                 env={"ENGINEKIT_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""})  # GPUs hidden

@@ -6,6 +6,8 @@ is just a function from a feed to outputs.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -47,11 +49,11 @@ class ArtifactReport:
 
         data = asdict(self)
         data["checks"] = [asdict(c) for c in self.checks]
-        return data
+        return _floats_out(data)
 
     @classmethod
     def from_state(cls, state: dict) -> "ArtifactReport":
-        data = dict(state)
+        data = _floats_in(dict(state))
         data["checks"] = [Check(**c) for c in data.get("checks", [])]
         return cls(**data)
 
@@ -131,3 +133,27 @@ def unrunnable(name: str, kind: str, precision: str, reason: str) -> ArtifactRep
 
 def skipped(name: str, kind: str, precision: str, reason: str) -> ArtifactReport:
     return ArtifactReport(name, kind, precision, ran=False, reason=reason)
+
+
+_NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
+def _floats_out(value):
+    """JSON has no NaN or infinity (a PSNR of identical outputs, a figure of nothing): kept as their names."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _floats_out(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_floats_out(v) for v in value]
+    return value
+
+
+def _floats_in(value):
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    if isinstance(value, dict):
+        return {k: _floats_in(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_floats_in(v) for v in value]
+    return value

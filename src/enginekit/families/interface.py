@@ -190,6 +190,10 @@ class Export(ABC):
         gets at network size ``hw``; None: every frame goes to ``hw`` (``preprocess``)."""
         return None
 
+    def letterboxes_rect(self) -> bool:
+        """Whether ``rect_hw`` gives rectangles (the family's own answer, without computing one)."""
+        return type(self).rect_hw is not Export.rect_hw
+
     def preprocess_rect(self, image_rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
         """HxWx3 uint8 RGB -> 1x3xhxw float32 at the frame's rectangle (``rect_hw``) for network size ``hw``."""
         raise NotImplementedError(f"{type(self).__name__} letterboxes every frame to the network's size")

@@ -231,7 +231,7 @@ def model_of(entry, given):
 
 
 #: part of every stored verdict's key: bump when a comparison's figures or gates change meaning
-VERDICT_VERSION = 1
+VERDICT_VERSION = 2
 
 
 def stored_check(cache, name: str, precision: str, graph: str, path: Path, refs, gates, pipe, metadata: dict, *,

@@ -148,10 +148,10 @@ def classes_of(name: str):
     return DETECTORS[name]
 
 
-def enginekit(*args, cache: Path) -> tuple[int, str]:
+def enginekit(*args, cache: Path) -> tuple[int, str, str]:
     env = dict(os.environ, ENGINEKIT_CACHE=str(cache), YOLO_OFFLINE="1")
     proc = subprocess.run([sys.executable, "-m", "enginekit", *args], env=env, capture_output=True, text=True)
-    return proc.returncode, proc.stderr
+    return proc.returncode, proc.stderr, proc.stdout
 
 
 def row(name: str, method: str, repaired: bool, report: Path, code: int) -> dict:
@@ -173,6 +173,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("int8-repair"))
     ap.add_argument("--detectors", default="shapes3,close2,shapes6")
     ap.add_argument("--methods", default="max,entropy")
+    ap.add_argument("--imgsz", default="640", help="network size (640: the shapes at the pixel size they were trained at)")
     args = ap.parse_args()
     out = args.out.resolve()
     rows = []
@@ -186,25 +187,32 @@ def main() -> None:
         calib_images = calib / "images" / "val"
         check_images = root / "check" / "images" / "val"
         for method in args.methods.split(","):
-            common = ["yolov8n", "-w", str(weights), "--imgsz", "320", "--precision", "int8",
+            common = ["yolov8n", "-w", str(weights), "--imgsz", args.imgsz, "--precision", "int8",
                       "--calib-data", str(calib_images), "--calib-count", "16", "--calib-method", method]
             report = root / f"{method}"
-            code, err = enginekit("verify", *common, "--images", str(check_images), "--image-count", "24",
-                                  "--data", str(check), "--report", str(report), cache=out / "cache")
+            code, err, _ = enginekit("verify", *common, "--images", str(check_images), "--image-count", "24",
+                                     "--data", str(check), "--report", str(report), cache=out / "cache")
             rows.append(row(name, method, False, report, code))
             print(json.dumps(rows[-1]), flush=True)
             if code == 1:
-                code_b, err_b = enginekit("build", *common, "--repair", cache=out / "cache")
-                manifest = None
+                code_b, err_b, out_b = enginekit("build", *common, "--repair", cache=out / "cache")
+                repair = {}
                 if code_b == 0:
                     for line in err_b.splitlines():
                         if "repair int8: the loss comes from" in line:
                             print("  " + line.strip(), flush=True)
+                    manifest = json.loads((Path(out_b.strip().splitlines()[-1]).parent / "manifest.json").read_text())
+                    record = manifest.get("repair") or {}
+                    repair = {"kept": len(record.get("nodes", [])), "candidates": record.get("candidates"),
+                              "trials": record.get("trials"), "nodes": record.get("nodes"),
+                              "judged_on": record.get("judged_on"), "causes": (record.get("causes") or [])[:5],
+                              "failures_before": record.get("failures_before")}
                 report = root / f"{method}-repair"
-                code, err = enginekit("verify", *common, "--repair", "--images", str(check_images), "--image-count",
-                                      "24", "--data", str(check), "--report", str(report), cache=out / "cache")
+                code, err, _ = enginekit("verify", *common, "--repair", "--images", str(check_images), "--image-count",
+                                         "24", "--data", str(check), "--report", str(report), cache=out / "cache")
                 r = row(name, method, True, report, code)
                 r["build"] = code_b
+                r.update(repair)
                 r["build_tail"] = err_b.strip().splitlines()[-2:] if code_b else None
                 rows.append(r)
                 print(json.dumps(r), flush=True)

@@ -134,12 +134,7 @@ def images_of(source: Path | None = None, *, limit: int | None = None) -> list[P
 def load_images(source: Path | None = None, *, limit: int | None = None, leave_out=()) -> ImageSet:
     """Images from a folder (broken files skipped and reported) or the embedded default; ``leave_out``:
     files not to take (the images a graph was calibrated on, where it is judged apart from them)."""
-    if source is None:
-        paths = embedded_image_paths()
-        if not paths:
-            raise UsageError("no embedded photographs found: install ultralytics or scikit-image, or pass an image folder")
-    else:
-        paths = list_images(source)
+    paths = images_of(source)
     result = ImageSet([], [])
     left_out = {Path(p).resolve() for p in leave_out}
     for p in paths:

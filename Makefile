@@ -5,6 +5,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.enginekit-setup
 # ONNX Runtime built for CUDA 13 (see setup); constraints.txt keeps ModelOpt's pin for the resolver
 ORT_GPU := onnxruntime-gpu==1.31.1
+# A real Triton server for the deploy tests (nvidia-pytriton's tritonserver binary, Python backend) and the
+# HTTP client. Both without their declared dependencies: pytriton pins NumPy below 2 for its own Python
+# package, which enginekit does not import (only its server binary runs), and tritonclient caps ml-dtypes
+# below the ONNX stack's pin; the client's own imports are listed beside it.
+TRITON := nvidia-pytriton==0.7.0 tritonclient==2.73.0 geventhttpclient==2.6.1 gevent==26.9.0 greenlet==3.3.2 \
+	python-rapidjson==1.25 zope.event==6.2 zope.interface==8.7 brotli==1.2.1
 OUT    ?= out
 export YOLO_OFFLINE ?= 1
 export YOLO_CONFIG_DIR ?= $(CURDIR)/$(VENV)/ultralytics-config
@@ -22,6 +28,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt -e ".[all,tensorrt-rtx,test]"
 	$(BIN)/pip install -q --no-deps $(ORT_GPU)
+	$(BIN)/pip install -q --no-deps $(TRITON)
 	$(BIN)/python -m enginekit.checks.setup
 	touch $@
 

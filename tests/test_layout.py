@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "enginekit"
 LEVELS: list[tuple[str, ...]] = [
     ("cli", "__main__", "checks"),
     ("api",),
-    ("flows", "runtime", "bench", "doctor"),
+    ("flows", "runtime", "bench", "doctor", "serving"),
     ("verification",),
     ("recipes",),
     ("requests",),
@@ -186,6 +186,9 @@ NAME_ELSEWHERE: dict[str, set[str]] = {
     # the distribution whose version keys a user's module or saved program (the adapter's framework)
     "families/torch_models/family.py": {"torch"},
     "families/torch_models/sources.py": {"torch"},
+    # Triton's platforms (tensorrt_plan): what the server runs a network with, not enginekit's backends
+    "serving": {"tensorrt"},
+    "flows/deploy.py": {"tensorrt"},
 }
 
 

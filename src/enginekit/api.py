@@ -18,9 +18,10 @@ from enginekit.flows import run
 from enginekit.flows.build import BuildOutcome
 from enginekit.flows.export import ExportResult
 from enginekit.flows.verify import VerifyOutcome
-from enginekit.requests import BuildRequest, ExportRequest, TuneRequest, VerifyRequest, coerce
+from enginekit.requests import BuildRequest, DeployRequest, ExportRequest, TuneRequest, VerifyRequest, coerce
 
-__all__ = ["export", "build", "verify", "tune", "ExportRequest", "BuildRequest", "VerifyRequest", "TuneRequest",
+__all__ = ["export", "build", "verify", "tune", "deploy", "ExportRequest", "BuildRequest", "VerifyRequest", "TuneRequest",
+           "DeployRequest",
            "ExportResult", "BuildOutcome", "VerifyOutcome"]
 
 
@@ -66,6 +67,14 @@ def tune(models: TuneRequest | str | list | None = None, /, *, cache=None, quiet
     from enginekit.flows.tune import run_tune
 
     return run(run_tune, coerce(TuneRequest, models, options, "models"), cache, quiet=quiet)
+
+
+def deploy(target: DeployRequest | str | None = None, /, *, cache=None, quiet: bool = False, **options: Any):
+    """A Triton model repository for ``target`` in ``repo`` (``enginekit.flows.deploy``): ``NAME-net`` (the
+    cache's checked network) and ``NAME`` (images in, what ``predict`` finds out). Options: ``DeployRequest``'s."""
+    from enginekit.flows.deploy import run_deploy
+
+    return run(run_deploy, coerce(DeployRequest, target, options, "target"), cache, quiet=quiet)
 
 
 def load(target, precision: str = "fp32", backend: str = "auto", *, remote: str | None = None,
@@ -129,6 +138,7 @@ _signature(export, ExportRequest, "model")
 _signature(build, BuildRequest, "target")
 _signature(verify, VerifyRequest, "target")
 _signature(tune, TuneRequest, "models")
+_signature(deploy, DeployRequest, "target")
 
 
 def _load_signature() -> None:

@@ -96,6 +96,7 @@ def _register() -> None:
         module.register(app)
     __import__("enginekit.cli.predict", fromlist=["register"]).register(app)  # runtime verb (issue 9)
     __import__("enginekit.cli.tune", fromlist=["register"]).register(app)  # settings for a frame budget (issue 18)
+    __import__("enginekit.cli.deploy", fromlist=["register"]).register(app)  # a Triton model repository
 
 
 _register()

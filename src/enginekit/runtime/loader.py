@@ -377,3 +377,50 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     return open_plan(p, conf=conf, iou=iou, max_det=max_det, input_size=input_size, cuda_graph=cuda_graph,
                      fuse_attention=fuse_attention, cache=cache, gpu_letterbox=gpu_letterbox)
 
+
+
+# -- a predictor whose network runs elsewhere (a Triton model) ------------------------------------------
+def predictor_record(plan: LoadPlan, predictor, *, conf: float, iou: float, max_det: int = 300, input_size=None,
+                     max_batch: int | None = None, profiles: list | None = None) -> dict:
+    """What ``predictor_from_record`` needs to rebuild the pre- and postprocessing of ``predictor`` (opened
+    from ``plan``) around a network it does not hold, as JSON: the model and its graph's metadata (with the
+    class names ``open_plan`` adds), the session's I/O, the options."""
+    import numpy as np
+
+    t = plan.target
+    metadata = {k: str(v) for k, v in t.metadata.items()}
+    if "names" not in metadata and (names := plan.adapter.default_class_names()):
+        metadata["names"] = str(names)
+    info = predictor.info
+    return {"model": t.model, "metadata": metadata, "family": predictor.family, "variant": predictor.model,
+            "precision": predictor.precision,
+            "info": {"backend": "triton", "device": "cpu", "input_name": info.input_name,
+                     "output_names": list(info.output_names), "input_shape": list(info.input_shape),
+                     "input_dtype": str(np.dtype(info.input_dtype or np.float32)), "max_batch": max_batch,
+                     "profiles": list(profiles if profiles is not None else info.profiles)},
+            "options": {"conf": conf, "iou": iou, "max_det": max_det,
+                        "input_size": list(input_size) if isinstance(input_size, (tuple, list)) else input_size}}
+
+
+def predictor_from_record(record: dict, make_session):
+    """A Predictor over ``make_session(info)`` (a session-like object: ``info`` and ``__call__``) with the
+    pre- and postprocessing ``record`` (``predictor_record``) describes."""
+    import numpy as np
+
+    from enginekit.backends.base import SessionInfo
+    from enginekit.families.registry import recorded_declaration, resolve
+    from enginekit.runtime.predictor import Predictor, processor_for
+
+    info = dict(record["info"])
+    info["output_names"] = tuple(info["output_names"])
+    info["input_shape"] = tuple(info["input_shape"])
+    info["input_dtype"] = np.dtype(info["input_dtype"])
+    info = SessionInfo(**info)
+    metadata = dict(record["metadata"])
+    adapter = resolve(record["model"], recorded_declaration(metadata))
+    options = dict(record["options"])
+    if isinstance(options.get("input_size"), list):
+        options["input_size"] = tuple(options["input_size"])
+    processor = processor_for(adapter)(adapter, metadata, info, **options)
+    return Predictor(make_session(info), processor, model=record["variant"], family=record["family"],
+                     reason="served by Triton", precision=record["precision"], source=record.get("net", ""))

@@ -2,11 +2,16 @@
 
     python benchmarks/runtime_gpu.py [--fp16-onnx yolo12n.fp16.onnx] [--depth-fp16-onnx d.fp16.onnx]
                                      [--trained best.pt] [--iters 200] [--json out.json] [--only a,b]
+    python benchmarks/runtime_gpu.py --only yolo --repeat 3 --trained best.pt --trained-onnx best.onnx \
+        --trained-fp16-onnx best.fp16.onnx --frame frame.png     # the ratio against Ultralytics, median of 3
 
 Sections (each one independent: a failure is printed and the rest still run):
   env        GPU, versions, which ONNX Runtime providers load, whether TensorRT runs here
   agree      ORT CUDA vs PyTorch CUDA on the same inputs (yolo12n, Depth-Anything-V2-small, trained detector)
   yolo       yolo12n per frame from a decoded 1080x810 photograph in host memory: enginekit vs Ultralytics
+             (with --trained-onnx: the trained detector, its graphs and .pt, on --frame); with --repeat N the
+             section runs N times in this process and each run's ratio (enginekit's best p50 / Ultralytics'
+             best p50) is printed with their median
   net        network alone vs end to end with the frame already in GPU memory
   fp16       why an FP16 graph can be slower than FP32 on ORT CUDA (layout, casts, CUDA graph)
   depth      Depth-Anything-V2-small per frame
@@ -79,12 +84,15 @@ def note(text: str) -> None:
     print(f"  note: {text}", flush=True)
 
 
+FRAME: list[Path] = []  # --frame: the frame section yolo times (default: bus.jpg)
+
+
 def photo() -> tuple[np.ndarray, Path]:
     import cv2
 
     from enginekit.images import embedded_image_paths
 
-    path = next(p for p in embedded_image_paths() if p.name == "bus.jpg")
+    path = FRAME[0] if FRAME else next(p for p in embedded_image_paths() if p.name == "bus.jpg")
     return cv2.imread(str(path)), path
 
 
@@ -233,6 +241,8 @@ def section_yolo(ctx) -> None:
 
     import enginekit
 
+    if ctx.get("trained_onnx"):
+        return _section_yolo_trained(ctx)
     _models(ctx)
     frame, _ = photo()
     iters = ctx["iters"]
@@ -279,6 +289,56 @@ def section_yolo(ctx) -> None:
         except Exception as exc:  # noqa: BLE001
             note(f"{label}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     del torch
+
+
+def _section_yolo_trained(ctx) -> None:
+    """The trained detector on --frame: each enginekit backend and each way Ultralytics runs it, same process,
+    same frame; the ratio of the best p50s."""
+    from ultralytics import YOLO
+
+    import enginekit
+
+    frame, path = photo()
+    iters = ctx["iters"]
+    pt, fp32, fp16 = ctx["trained"], ctx["trained_onnx"], ctx.get("trained_fp16_onnx")
+    variants = [("enginekit ORT CUDA fp32 + ORT CUDA graph", dict(target=fp32, backend="onnxruntime-cuda",
+                                                                  cuda_graph=True)),
+                ("enginekit torch fp32 (CUDA graph)", dict(target=ctx["trained_model"], weights=pt, backend="torch")),
+                ("enginekit torch fp16 (CUDA graph)", dict(target=ctx["trained_model"], weights=pt, backend="torch",
+                                                           precision="fp16"))]
+    if fp16:
+        variants.insert(1, ("enginekit ORT CUDA fp16 + ORT CUDA graph", dict(target=fp16, backend="onnxruntime-cuda",
+                                                                             cuda_graph=True)))
+    best = {}
+    for label, kw in variants:
+        try:
+            target = kw.pop("target")
+            p = enginekit.load(target, **kw)
+            stats = timed(lambda: p(frame), iters)
+            row("yolo", f"trained {label}: host frame e2e", stats, found=p(frame).found())
+            best.setdefault("enginekit", []).append((stats["p50"], label))
+        except Exception as exc:  # noqa: BLE001
+            note(f"{label}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+    for label, model, kw in [("Ultralytics ONNX (ORT CUDA) predict", fp32, dict(rect=False)),
+                             ("Ultralytics PyTorch fp32 predict", pt, {}),
+                             ("Ultralytics PyTorch fp16 predict", pt, dict(half=True))]:
+        try:
+            m = YOLO(model, task="detect")
+            stats = timed(lambda: m.predict(frame, device=0, verbose=False, **kw), iters)
+            found = len(m.predict(frame, device=0, verbose=False, **kw)[0].boxes)
+            row("yolo", f"trained {label}: host frame e2e", stats, found=f"{found} boxes")
+            best.setdefault("ultralytics", []).append((stats["p50"], label))
+        except Exception as exc:  # noqa: BLE001
+            note(f"{label}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+    if best.get("enginekit") and best.get("ultralytics"):
+        e, u = min(best["enginekit"]), min(best["ultralytics"])
+        ratio = round(e[0] / u[0], 3)
+        RATIOS.append({"ratio": ratio, "enginekit": e, "ultralytics": u})
+        note(f"ratio (frame {frame.shape[1]}x{frame.shape[0]}): enginekit best {e[1]} {e[0]:.2f} ms / Ultralytics "
+             f"best {u[1]} {u[0]:.2f} ms = {ratio} (goal <= 0.5)")
+
+
+RATIOS: list[dict] = []
 
 
 def section_net(ctx) -> None:
@@ -552,10 +612,17 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--json")
     ap.add_argument("--only", default=",".join(SECTIONS))
+    ap.add_argument("--trained-onnx", help="the trained detector's FP32 graph (section yolo then times it)")
+    ap.add_argument("--trained-fp16-onnx", help="its FP16 graph")
+    ap.add_argument("--frame", help="the frame section yolo times (default: bus.jpg)")
+    ap.add_argument("--repeat", type=int, default=1, help="run the sections this many times in this process")
     args = ap.parse_args()
+    if args.frame:
+        FRAME.append(Path(args.frame))
     ctx = {"iters": args.iters, "fp16_onnx": args.fp16_onnx, "depth_fp16_onnx": args.depth_fp16_onnx,
-           "trained": args.trained, "trained_model": args.trained_model, "trained_images": args.trained_images, "tmp": tempfile.mkdtemp(prefix="enginekit-bench-")}
-    for name in args.only.split(","):
+           "trained": args.trained, "trained_model": args.trained_model, "trained_images": args.trained_images, "tmp": tempfile.mkdtemp(prefix="enginekit-bench-"),
+           "trained_onnx": args.trained_onnx, "trained_fp16_onnx": args.trained_fp16_onnx}
+    for name in [n for _ in range(max(1, args.repeat)) for n in args.only.split(",")]:
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
         try:
@@ -569,8 +636,15 @@ def main() -> int:
     for r in ROWS:
         print(f"| {r['section']} | {r['what']} | {r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} | {r['fps']:.0f} |")
     print("\n" + "\n".join(f"- {n}" for n in NOTES))
+    if RATIOS:
+        import statistics
+
+        values = [r["ratio"] for r in RATIOS]
+        print(f"\nratio enginekit best / Ultralytics best per run: {values}; median {statistics.median(values):.3f} "
+              f"(goal <= 0.5: {'met' if statistics.median(values) <= 0.5 else 'NOT met'})")
     if args.json:
-        Path(args.json).write_text(json.dumps({"card": ctx.get("card"), "rows": ROWS, "notes": NOTES}, indent=2))
+        Path(args.json).write_text(json.dumps({"card": ctx.get("card"), "rows": ROWS, "notes": NOTES,
+                                               "ratios": RATIOS}, indent=2))
     return 0
 
 

@@ -135,6 +135,22 @@ def test_cost_order_and_pruning_respect_the_device():
     assert gpu[0].costs_no_more(gpu[1]) and not gpu[1].costs_no_more(gpu[0])
 
 
+def test_a_gpu_machine_times_gpu_backends_unless_others_are_named(monkeypatch):
+    from enginekit import backends, gpu
+    from enginekit.backends.base import Verdict
+    from enginekit.flows.tune import default_backends
+
+    for b in backends.auto_order():  # every backend would run: only the machine decides
+        monkeypatch.setattr(b, "check", classmethod(lambda cls, *a, **k: Verdict(True, "runs")))
+    monkeypatch.setattr(gpu, "gpu_info", lambda: object())
+    on_gpu = default_backends(None)
+    kinds = {backends.get(n).runs_on for n in on_gpu}
+    assert on_gpu and "cpu" not in kinds, on_gpu  # ONNX Runtime CPU is not timed where a GPU is
+    assert default_backends("cpu") == [b.name for b in backends.auto_order() if b.runs_on == "cpu"]
+    monkeypatch.setattr(gpu, "gpu_info", lambda: None)
+    assert default_backends(None) == default_backends("cpu")
+
+
 # -- the request ----------------------------------------------------------------------------------------------
 def test_request_reads_targets_and_refuses_what_cannot_run():
     from enginekit.requests import TuneRequest

@@ -326,8 +326,9 @@ def search_all(per_model: list[list[Candidate]], measure_one, measure_many, targ
 
 # -- the search space --------------------------------------------------------------------------------------
 def default_backends(device: Optional[str]) -> list[str]:
-    """The registered backends ``auto`` would try that run here (on a GPU: TensorRT, ONNX Runtime CUDA,
-    PyTorch; on a CPU: ONNX Runtime)."""
+    """The registered backends ``auto`` would try that run here: on a machine with a GPU those that run on it
+    (TensorRT, ONNX Runtime CUDA, PyTorch), not the CPU's, which would only be timed to lose (``--backend``
+    names them); on a CPU: ONNX Runtime."""
     from enginekit import backends
     from enginekit.gpu import gpu_info
 
@@ -338,6 +339,8 @@ def default_backends(device: Optional[str]) -> list[str]:
             continue
         if b.runs_on == "any" and gpu is None:
             continue  # PyTorch on a CPU: the reference itself, slow, and not what is deployed
+        if b.runs_on == "cpu" and gpu is not None:
+            continue  # a GPU is here: the CPU's backends are tens of times slower (asked for by --backend)
         if b.check(device="cuda:0" if b.runs_on != "cpu" else "cpu", gpu=gpu).ok:
             found.append(b.name)
     return found

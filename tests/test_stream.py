@@ -392,3 +392,29 @@ def test_bench_stream_rows_each_model_alone_and_the_pair(run_cli):
         runs = {m: v["runs"] for m, v in row["stats"]["models"].items()}
         # 5 frames; alone a model runs on every step, in the pair yolov8n on every second one
         assert runs == ({"yolo12n": 5, "yolov8n": 3} if len(models) == 2 else {models[0]: 5}), runs
+
+
+def test_stereo_segmenter_one_batch_of_two_per_step(run_cli, tmp_path):
+    """The VR service's shape on the CPU: a declared segmenter, two videos (left and right eye), one inference
+    call of a batch of 2 per step, a class map per eye at the eye's own size."""
+    import cv2
+
+    rng = np.random.default_rng(0)
+    for name in ("left", "right"):
+        writer = cv2.VideoWriter(str(tmp_path / f"{name}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 30, (128, 96))
+        for _ in range(6):
+            writer.write(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8))
+        writer.release()
+    r = run_cli("predict", "torchvision:lraspp_mobilenet_v3_large", "--random-init", "--classes", "3", "--size",
+                "64x64", "left.mp4", "right.mp4", "--json")
+    assert r.code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    stream = doc["summary"]["stream"]
+    assert stream["frames"] == 12 and stream["steps"] == 6  # both eyes in every step
+    (model,) = stream["models"].values()
+    assert model["runs"] == 6  # one inference call per step: the two eyes batched
+    sources = {f["source"].split(":")[0] for f in doc["frames"]}
+    assert sources == {"left", "right"}
+    for frame in doc["frames"]:
+        (result,) = frame["results"].values()
+        assert result["kind"] == "semantic" and result["image_shape"] == [96, 128]

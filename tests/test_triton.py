@@ -174,6 +174,24 @@ def test_deploy_refusals(run_cli, tmp_path):
     assert not (tmp_path / "r2").exists()
 
 
+def test_a_declared_torch_model_serves_its_task(run_cli, tmp_path):
+    """--classes/--size reach the export as they do for export itself; the front model answers the task's
+    tensors (a class map), read from what the model returns."""
+    repo = tmp_path / "m"
+    r = run_cli("deploy", "triton", "torchvision:lraspp_mobilenet_v3_large", "--random-init", "--classes", "3",
+                "--size", "64x64", "--name", "seg", "--repo", str(repo))
+    assert r.code == 0, r.stderr
+    front = (repo / "seg" / "config.pbtxt").read_text()
+    assert 'name: "CLASS_MAP"' in front and 'name: "BOXES"' not in front
+    record = json.loads((repo / "seg" / "1" / "enginekit.json").read_text())
+    assert json.loads(record["metadata"]["declaration"])["classes"] == 3
+
+
+def test_predict_takes_a_declaration_for_one_model(run_cli):
+    r = run_cli("predict", "yolo12n,depth", str(_photo("bus.jpg")), "--random-init", "--classes", "4")
+    assert_one_line_error(r, 2, "--classes declare one model")
+
+
 def test_tensorrt_platform_needs_tensorrt_proper(run_cli, tmp_path):
     import importlib.util
 

@@ -788,6 +788,15 @@ class DeployRequest(Options):
     profiles: list[str] = []  # tensorrt: the engine's profiles (MIN:OPT:MAX); default: batch 1 to max_batch
     python_env: Optional[Path] = None  # the environment the Python models run in (default: this one)
     allow_unverified: bool = False
+    #: what a model enginekit cannot know by itself declares (``--task``, ``--classes``...), as export's
+    declared: dict = {}
+
+    @field_validator("declared", mode="before")
+    @classmethod
+    def _declared(cls, value: Any) -> dict:
+        from enginekit.families.torch_models.spec import ModelSpec
+
+        return ModelSpec.of(value).given()
 
     @field_validator("platform")
     @classmethod

@@ -193,6 +193,34 @@ MODEL_HELP = ("yolo12n, depth, best.pt, torchvision:NAME, timm:NAME, file.py:fac
               ".pt2/TorchScript program (docs/models.md).")
 
 
+#: the model declaration's options, (parameter, annotation, default), in the order help lists them
+DECLARATION_OPTIONS = (("task", TaskOpt, None), ("outputs", OutputsOpt, None), ("size", SizeOpt, None),
+                       ("dynamic", DynamicOpt, None), ("mean", MeanOpt, None), ("std", StdOpt, None),
+                       ("resize", ResizeOpt, None), ("bgr", BgrOpt, False), ("classes", ClassesOpt, None))
+
+
+def declares_a_model(fn: Callable) -> Callable:
+    """A command that takes the model declaration (``--task`` ... ``--classes``, DECLARATION_OPTIONS) without
+    listing its options: they are added to its signature here, and ``fn`` gets ``declared`` (validated; {} if
+    none) in their place. Put it under ``@handles_errors``."""
+    import inspect
+
+    sig = inspect.signature(fn, eval_str=True)  # the command's own annotations as objects (Annotated options)
+    kept = [p for p in sig.parameters.values() if p.name != "declared"]
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+             for name, annotation, default in DECLARATION_OPTIONS]
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        given = {name: kwargs.pop(name, default) for name, _, default in DECLARATION_OPTIONS}
+        return fn(*args, declared=declared_of(given), **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=kept + added)
+    wrapper.__annotations__ = {**{p.name: p.annotation for p in kept},
+                               **{name: annotation for name, annotation, _ in DECLARATION_OPTIONS}}
+    return wrapper
+
+
 def declared_of(options: dict) -> dict:
     """The model declaration among a verb's options (``--task``, ``--outputs``...), validated; {} if none."""
     from enginekit.families.torch_models.spec import FLAGS, declaration

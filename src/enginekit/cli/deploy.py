@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (PANEL_BUILD, PANEL_GATES, PANEL_INPUT, PANEL_MODEL, PANEL_RUN, ImgszOpt,
-                                  RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, handles_errors,
+from enginekit.cli.common import (PANEL_BUILD, PANEL_GATES, PANEL_MODEL, PANEL_RUN, ImgszOpt, RandomInitOpt,
+                                  RemoteOpt, RemoteReadOnlyOpt, SeedOpt, declares_a_model, handles_errors,
                                   quiet_third_party)
 
 PANEL_SERVING = "Serving"
@@ -21,6 +21,7 @@ def register(app: typer.Typer) -> None:
 
     @deploy_app.command("triton")
     @handles_errors
+    @declares_a_model
     def triton_cmd(
         target: Annotated[str, typer.Argument(help="A model name or recipe (exported through the cache), or an ONNX file enginekit wrote.")],
         repo: Annotated[Path, typer.Option("--repo", help="The model repository folder (made if missing; other models in it are kept).")],
@@ -42,6 +43,7 @@ def register(app: typer.Typer) -> None:
         allow_unverified: Annotated[bool, typer.Option("--allow-unverified", rich_help_panel=PANEL_RUN, help="Write a network nothing verified (its README says so).")] = False,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
+        declared: dict = None,
     ) -> None:
         """Write a Triton model repository: NAME-net (the network, batched by the server) and NAME (images in,
         what enginekit predict finds out), with a README on starting the server and asking it.
@@ -64,7 +66,7 @@ def register(app: typer.Typer) -> None:
                                 max_batch=max_batch, preferred=preferred, queue_delay_us=queue_delay_us,
                                 instances=instances, imgsz=imgsz, conf=conf, iou=iou, weights=weights,
                                 random_init=random_init, seed=seed, profiles=profile or [], python_env=python_env,
-                                allow_unverified=allow_unverified)
+                                allow_unverified=allow_unverified, declared=declared)
         quiet_third_party()
         from enginekit import api
         from enginekit.cli.render import console, emit

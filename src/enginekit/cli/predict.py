@@ -8,12 +8,13 @@ from typing import Annotated, Optional
 import typer
 
 from enginekit.backends import AUTO, choices
-from enginekit.cli.common import PANEL_BUILD, PANEL_GATES, PANEL_MODEL, PANEL_REPORTS, PANEL_STREAM, ImgszOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import PANEL_BUILD, PANEL_GATES, PANEL_MODEL, PANEL_REPORTS, PANEL_STREAM, ImgszOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, declares_a_model, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
     @app.command("predict")
     @handles_errors
+    @declares_a_model
     def predict_cmd(
         models: Annotated[str, typer.Argument(help="Model(s), comma list (yolo12n,depth): names, best.pt, keys, ONNX or engine files.")],
         sources: Annotated[list[str], typer.Argument(help="Image, folder, video or camera index (0); several: one frame of each per step.")],
@@ -41,6 +42,7 @@ def register(app: typer.Typer) -> None:
         pace: Annotated[Optional[float], typer.Option("--pace", rich_help_panel=PANEL_STREAM, help="Frames/s a file is read at, as a camera.")] = None,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
+        declared: dict = None,
     ) -> None:
         """Run one or several models on each frame and say what they found.
 
@@ -70,7 +72,7 @@ def register(app: typer.Typer) -> None:
         summary = run_predict(models, sources, save=save, backend=backend, precision=precision,
                               weights=weights or [], random_init=random_init, seed=seed, conf=conf, iou=iou,
                               max_frames=max_frames, device=device, stream=options, gpu_letterbox=gpu_letterbox,
-                              imgsz=imgsz)
+                              imgsz=imgsz, declared=declared)
         _render(summary, save, as_json, verbose)
 
 

@@ -67,7 +67,8 @@ def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
 
     host = backends.verifier(ONNX).name  # the graph opened on the host: its I/O and processing read from it
     p = plan_load(request.target, graph_precision, host, weights=request.weights,
-                  random_init=request.random_init, seed=request.seed, conf=request.conf, iou=request.iou, cache=cache)
+                  random_init=request.random_init, seed=request.seed, conf=request.conf, iou=request.iou, cache=cache,
+                  declared=dict(request.declared) or None)
     verified = ""
     if p.missing is not None:
         shape = _input_shape(p.adapter, input_size)
@@ -95,7 +96,7 @@ def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
     record = predictor_record(p, predictor, conf=request.conf, iou=request.iou, input_size=input_size,
                               max_batch=serving.max_batch or None, profiles=profiles)
     record["net"] = f"{name}-net"
-    kind = triton.result_kind(type(predictor.processor))
+    kind = triton.result_kind(predictor)
     from enginekit.cache import sha256_file
 
     texts = {f"{name}-net/config.pbtxt": triton.net_config(f"{name}-net", request.platform, inputs, outputs,
@@ -184,7 +185,8 @@ def _engine(request: DeployRequest, p, net_input, cache):
         profiles = [f"1x{shape}:{request.max_batch}x{shape}:{request.max_batch}x{shape}"]
     t = p.target
     build = BuildRequest(target=request.target, precision=request.precision, profiles=profiles, backend="tensorrt",
-                         weights=request.weights, random_init=request.random_init, seed=request.seed)
+                         weights=request.weights, random_init=request.random_init, seed=request.seed,
+                         declared=dict(request.declared))
     outcome = run(run_build, build, cache, quiet=True)
     verdict = run(run_verify, VerifyRequest(target=outcome.entry.key), cache, quiet=True)
     report = verdict.reports[0] if getattr(verdict, "reports", None) else None

@@ -59,9 +59,11 @@ def _frame_sink(kind: str, tmp: Path, stem: str, model: str, fps: float, prefixe
 
 def run_predict(models: str, source, *, save: Path | None, backend: str, precision: str, weights: list[Path],
                 random_init: bool, seed: int, conf: float, iou: float, max_frames: int | None, device: str | None,
-                stream=None, gpu_letterbox: bool = False, imgsz=None):
+                stream=None, gpu_letterbox: bool = False, imgsz=None, declared: dict | None = None):
     """Every frame of ``source`` (one source, or a list: several cameras, one frame of each per step) through
     the models, on the streaming pipeline (``enginekit.runtime.stream``; ``stream``: its StreamOptions).
+    ``declared``: what a torch model enginekit cannot know by itself declares (``--task``, ``--classes``...; one
+    model).
     Returns the summary: frames, frames/s, per-model stage means, and the stream's figures."""
     from enginekit.flows.load import load
     from enginekit.runtime.sources import draw, open_source
@@ -78,6 +80,9 @@ def run_predict(models: str, source, *, save: Path | None, backend: str, precisi
         raise UsageError(f"{len(weights)} --weights for {len(names)} model(s): give one per model, in order")
     options = stream or StreamOptions()
     _check_every(options.every, names)
+    if declared and len(names) > 1:
+        raise UsageError(f"{', '.join(f'--{k}' for k in declared)} declare one model; {models} names {len(names)}: "
+                         "predict a graph exported with the declaration instead")
     sources = [source] if isinstance(source, (str, Path)) else list(source)
     if not sources:
         raise UsageError("no source given")
@@ -86,7 +91,8 @@ def run_predict(models: str, source, *, save: Path | None, backend: str, precisi
     for i, name in enumerate(names):
         w = weights[i] if i < len(weights) else None
         p = load(name, precision=precision, backend=backend, weights=w, random_init=random_init and w is None,
-                 seed=seed, device=device, conf=conf, iou=iou, gpu_letterbox=gpu_letterbox, imgsz=imgsz)
+                 seed=seed, device=device, conf=conf, iou=iou, gpu_letterbox=gpu_letterbox, imgsz=imgsz,
+                 **(declared or {}))
         reporting.note(f"{p.model}: {p.backend} on {p.device}, {p.precision} ({p.reason})")
         predictors.append(p)
     stems = _stems(opened)

@@ -93,16 +93,11 @@ def result_tensors(result) -> dict[str, np.ndarray]:
     return out
 
 
-def result_kind(processor_cls) -> str:
-    """The ``kind`` of the results a processor class returns (its ``postprocess``'s annotation)."""
-    import typing
+def result_kind(predictor) -> str:
+    """The ``kind`` of the results ``predictor`` returns (``enginekit.results``), from one embedded photograph."""
+    from enginekit.images import embedded_image_paths
 
-    from enginekit import results
-
-    hint = typing.get_type_hints(processor_cls.postprocess, vars(results)).get("return")
-    args = typing.get_args(hint)
-    cls = args[0] if args else hint
-    return getattr(cls, "kind", "detections")
+    return predictor(next(iter(embedded_image_paths()))).kind
 
 
 # -- the network's I/O -------------------------------------------------------------------------------

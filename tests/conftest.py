@@ -63,7 +63,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def hide_gpu(monkeypatch):
     """The code paths of a machine without a GPU, on any machine (CUDA_VISIBLE_DEVICES hides them all)."""
-    from enginekit.trt.backends import gpu_info
+    from enginekit.trt.flavours import gpu_info
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     gpu_info.cache_clear()

@@ -225,10 +225,10 @@ def test_which_tensorrt_runs_an_engine_is_answered_once():
     """With a manifest: the engine's own TensorRT and targets; without: what a build here would make."""
     pytest.importorskip("tensorrt_rtx", reason="the TensorRT-RTX wheels are not installed")
     from enginekit.gpu import GpuInfo
-    from enginekit.trt.backends import resolve_backend
+    from enginekit.trt.flavours import resolve_flavour
     from enginekit.trt.session import engine_runs_here
 
-    rtx = resolve_backend("tensorrt-rtx")
+    rtx = resolve_flavour("tensorrt-rtx")
     hopper, ada = GpuInfo("NVIDIA H100 80GB HBM3", "9.0"), GpuInfo("NVIDIA GeForce RTX 4090", "8.9")
     built = {"backend": "tensorrt-rtx", "backend_version": rtx.version, "targets": ["8.6", "8.9"]}
     assert engine_runs_here(built, gpu=ada).ok and engine_runs_here(built, gpu=ada).backend.name == "tensorrt-rtx"

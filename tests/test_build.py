@@ -30,9 +30,9 @@ def assert_manifest(outcome, *, precision, input_name, profile_min, profile_max,
     assert outcome.engine.is_file() and outcome.engine.stat().st_size > 100_000
     # the plan is raw: no JSON header in front (trtexec and C++ loaders read it as is)
     assert not outcome.engine.read_bytes()[:1] == b"{"
-    from enginekit.trt.backends import default_targets, gpu_info, resolve_backend
+    from enginekit.trt.flavours import default_targets, gpu_info, resolve_flavour
 
-    backend = resolve_backend()  # TensorRT-RTX, or TensorRT proper where it can build (a GPU)
+    backend = resolve_flavour()  # TensorRT-RTX, or TensorRT proper where it can build (a GPU)
     assert m["backend"] == backend.name and m["backend_version"] == backend.version
     # this GPU where the backend targets it, else the portable set (7.5, 8.0, 8.6, 8.9, 12.0),
     # less what RTX cannot compile (FP32 GEMM on Turing)
@@ -148,16 +148,16 @@ def test_onnx_file_input_and_profile_checks(cache, tmp_path, yolo_export):
 
 
 def test_engine_reports_it_cannot_run_here(cache):
-    from enginekit.trt.backends import resolve_backend
+    from enginekit.trt.flavours import resolve_flavour
     from enginekit.trt.builder import can_run_here
 
     outcome = build(cache, "yolo12n", profiles=["1x3x320x320"])
-    ok, reason = can_run_here(resolve_backend("tensorrt-rtx"), outcome.manifest, gpu=None)
+    ok, reason = can_run_here(resolve_flavour("tensorrt-rtx"), outcome.manifest, gpu=None)
     assert not ok and "no GPU" in reason and outcome.manifest["backend_version"] in reason  # the installed version
     other_version = dict(outcome.manifest, backend_version="1.6.0.1")
-    from enginekit.trt.backends import GpuInfo
+    from enginekit.trt.flavours import GpuInfo
 
-    ok, reason = can_run_here(resolve_backend("tensorrt-rtx"), other_version, gpu=GpuInfo("RTX 4090", "8.9"))
+    ok, reason = can_run_here(resolve_flavour("tensorrt-rtx"), other_version, gpu=GpuInfo("RTX 4090", "8.9"))
     assert not ok and "1.6.0.1" in reason and "rebuild" in reason
 
 
@@ -244,8 +244,8 @@ def test_cache_verbs(run_cli, tmp_path):
         (["build", "yolo12n", "--random-init", "--profile", "8x3x640x640:4x3x640x640:1x3x640x640"], 2, ["min <= opt <= max"]),
         (["build", "yolo12n", "--random-init", "--profile", "1x3xHxW"], 2, ["malformed"]),
         (["build", "depth", "--random-init", "--profile", "1x4x384x384"], 2, ["4 channels"]),
-        (["build", "yolo12n", "--random-init", "--backend", "trt"], 2, ["unknown backend"]),
-        (["build", "yolo12n", "--random-init", "--backend", "tensorrt"], 3, ["pip install"]),
+        (["build", "yolo12n", "--random-init", "--trt", "trt"], 2, ["unknown TensorRT flavour 'trt'"]),
+        (["build", "yolo12n", "--random-init", "--trt", "tensorrt"], 3, ["pip install"]),
         (["build", "yolo12n", "--random-init", "--target-cc", "9.0"], 2, ["9.0"]),
         (["build", "yolo12n", "--random-init", "--precision", "int4"], 2, ["unknown precision"]),
         (["build", "missing.onnx"], 2, ["not found"]),

@@ -12,14 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from enginekit.cache import (
-    Cache,
-    default_root,
-    key_for,
-    parse_age,
-    parse_size,
-    sha256_file,
-)
+from enginekit.cache import Cache, default_root
+from enginekit.hashing import key_for, sha256_file
+from enginekit.units import parse_age, parse_size
 from enginekit.errors import UsageError
 
 PARTS = {

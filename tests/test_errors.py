@@ -386,7 +386,7 @@ def test_cache_location_problems_are_one_line(bad_cache_roots):
 
 
 def test_cache_location_is_checked_once_and_good_roots_pass(tmp_path, monkeypatch):
-    from enginekit import cache as cache_mod
+    from enginekit.cache import local as cache_mod
     from enginekit.cache import Cache
 
     calls = []
@@ -415,7 +415,8 @@ def _dead_pid() -> int:
 
 
 def test_gc_removes_staging_folders_of_dead_builds_at_once(tmp_path):
-    from enginekit.cache import Cache, key_for
+    from enginekit.cache import Cache
+    from enginekit.hashing import key_for
 
     cache = Cache(tmp_path / "cache")
     key = key_for({"a": 1})
@@ -431,7 +432,8 @@ def test_gc_removes_staging_folders_of_dead_builds_at_once(tmp_path):
 
 
 def test_rerun_clears_its_keys_dead_staging_folders(tmp_path):
-    from enginekit.cache import Cache, key_for
+    from enginekit.cache import Cache
+    from enginekit.hashing import key_for
 
     cache = Cache(tmp_path / "cache")
     parts = {"a": 1}
@@ -445,7 +447,8 @@ def test_rerun_clears_its_keys_dead_staging_folders(tmp_path):
 def test_gc_removes_free_empty_lock_files_and_keeps_held_ones(tmp_path):
     from filelock import FileLock
 
-    from enginekit.cache import Cache, key_for
+    from enginekit.cache import Cache
+    from enginekit.hashing import key_for
 
     cache = Cache(tmp_path / "cache")
     for i in range(5):  # failed runs leave lock files behind

@@ -467,7 +467,7 @@ def test_simplify_static_shape_graph_checks_its_own_shape(tmp_path):
 
 def test_build_of_a_graph_holding_nonmaxsuppression_exits_3(tmp_path):
     graph = nms_onnx(tmp_path / "nms.onnx")
-    line = refused(invoke(["build", graph, "--no-verify", "--backend", "tensorrt-rtx"],
+    line = refused(invoke(["build", graph, "--no-verify", "--trt", "tensorrt-rtx"],
                           env={"ENGINEKIT_CACHE": str(tmp_path / "c")}), 3, "nms.onnx", "NonMaxSuppression")
     assert "Assertion" not in line and "tacticSupply" not in line
 

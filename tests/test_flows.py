@@ -104,7 +104,7 @@ def test_every_build_flag_that_changes_the_engine_is_a_verify_flag():
 def test_verify_request_carries_every_build_option():
     from enginekit.requests import VerifyRequest
 
-    options = {"profiles": ["1x3x320x320"], "backend": "tensorrt-rtx", "target_cc": "8.6", "workspace": "1G",
+    options = {"profiles": ["1x3x320x320"], "flavour": "tensorrt-rtx", "target_cc": "8.6", "workspace": "1G",
                "opt_level": 2, "calib_count": 4, "calib_method": "max", "exclude": ["/model.22/.*"],
                "repair": True, "tolerances": ["rel_l2=0.1"], "random_init": True, "seed": 3}
     request = VerifyRequest(target="yolov8n", precision="int8", build_options=options)

@@ -264,7 +264,7 @@ def test_bad_data_is_one_line(run_cli, tmp_path, graph, trained_detector):
 def test_bench_records_give_the_ladder_its_latency(tmp_path):
     from types import SimpleNamespace
 
-    from enginekit.bench.records import latency_of, record
+    from enginekit.latencies import latency_of, record
     from enginekit.verification.ladder import precision_ladder
 
     cache = SimpleNamespace(root=tmp_path)

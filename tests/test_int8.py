@@ -14,7 +14,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from enginekit.cache import Cache, key_for
+from enginekit.cache import Cache
+from enginekit.hashing import key_for
 from enginekit.errors import UsageError
 from enginekit.onnx import runtime
 from enginekit.pipeline import CacheLayouts

@@ -70,7 +70,7 @@ def test_reference_key_holds_the_model_libraries(tmp_path, monkeypatch, name, fa
         with pytest.raises(ZeroDivisionError):
             references.get_references(pipe, profile, CalibrationData(None, count=1))
     assert seen[0]["versions"][name] == "1.0" and seen[1]["versions"][name] == "2.0"
-    from enginekit.cache import key_for
+    from enginekit.hashing import key_for
 
     assert key_for(seen[0]) != key_for(seen[1])
 
@@ -100,7 +100,7 @@ def test_quantization_keys_hold_modelopt_and_onnxruntime(tmp_path, monkeypatch, 
             pipe.fp8(art, (1, 3, 64, 64), data)
         else:
             pipe.fp16(art, (1, 3, 64, 64), data)
-    from enginekit.cache import key_for
+    from enginekit.hashing import key_for
 
     assert key_for(keys[0]) != key_for(keys[-1]), keys
 

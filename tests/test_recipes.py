@@ -24,7 +24,7 @@ model:
   random_init: true
 profiles: [1x3x256x256]
 precisions: [fp32]
-backend: tensorrt-rtx
+trt: tensorrt-rtx
 targets: ["8.6"]
 """
 
@@ -50,7 +50,7 @@ def test_shipped_recipe_validates_and_round_trips(path, tmp_path):
 
     recipe = load_recipe(path)
     assert recipe.model.random_init, "CI reaches no model hub: shipped recipes use random weights"
-    assert recipe.backend == "tensorrt-rtx" and recipe.cells()
+    assert recipe.trt == "tensorrt-rtx" and recipe.cells()
     if recipe.adapter().framework == "ultralytics":  # detectors, segmenters, pose models
         assert recipe.profiles == ["1x3x640x640:8x3x640x640:16x3x640x640"]
         assert {"fp16", "int8"} <= set(recipe.precisions)
@@ -72,7 +72,7 @@ BAD = {
                        ["depth-channels.yaml:5:", "profiles[1]", "4 channels"]),
     "unknown-model": ("description: x\nmodel:\n  variant: yolo99q\n", ["unknown-model.yaml:3:", "model.variant",
                                                                         "unknown model 'yolo99q'"]),
-    "bad-target": ("model: {variant: yolo12n}\nbackend: tensorrt-rtx\ntargets: ['8.6', '9.0']\n",
+    "bad-target": ("model: {variant: yolo12n}\ntrt: tensorrt-rtx\ntargets: ['8.6', '9.0']\n",
                    ["bad-target.yaml:3:", "targets[1]", "9.0"]),
 }
 
@@ -88,7 +88,7 @@ def test_bad_recipe_is_one_line_naming_file_line_and_key(run_cli, tmp_path, case
     # YOLO detectors take any H x W (each profile its own); RT-DETR exports at one
     ("model: {variant: rtdetr-l}\nprofiles: [1x3x640x640, 1x3x320x320]\n", [":2:", "profiles", "one H x W"]),
     ("model: {variant: yolo12n}\nprecisions: [fp16, fp4]\n", [":2:", "precisions[1]", "'fp4'"]),
-    ("model: {variant: yolo12n}\nprecisions: [fp16, fp8]\nbackend: tensorrt-rtx\ntargets: ['8.6,8.9']\n",
+    ("model: {variant: yolo12n}\nprecisions: [fp16, fp8]\ntrt: tensorrt-rtx\ntargets: ['8.6,8.9']\n",
      [":4:", "targets[0]", "fp8", "8.6"]),
     ("model: {variant: yolo12n}\nverification:\n  tolerances:\n    fp16: {rel_l2: -1}\n",
      [":4:", "verification.tolerances.fp16.rel_l2", "not a positive finite number"]),
@@ -103,7 +103,7 @@ def test_bad_recipe_is_one_line_naming_file_line_and_key(run_cli, tmp_path, case
     ("model: {variant: yolo12n}\nweights: a.pt\n", [":2:", "unknown key 'weights'", "model.weights?"]),
     ("model: {variant: yolo12n, weights: missing.pt}\n", [":1:", "model.weights", "not found"]),
     ("model: {variant: yolo12n}\nprecisions: [fp16]\nprecisions: [int8]\n", [":3:", "'precisions' is given twice"]),
-    ("model: {variant: yolo12n}\ntargets: ['8.6']\n", [":2:", "targets[0]", "need backend: tensorrt-rtx"]),
+    ("model: {variant: yolo12n}\ntargets: ['8.6']\n", [":2:", "targets[0]", "need trt: tensorrt-rtx"]),
     ("model: [yolo12n\n", [":2:", "malformed YAML"]),
     ("model: {variant: yolo12n}\nprecisions: [fp16, fp16]\n", [":2:", "precisions[1]", "listed twice"]),
     ("model: {variant: yolo12n}\ncalibration:\n  method: avg\n", [":3:", "calibration.method", "'avg'", "entropy"]),
@@ -149,6 +149,48 @@ def test_flags_override_the_file(tmp_path):
     assert request.precision == "int8" and request.target_cc == "8.6,8.9"
     fp16 = recipe.build_request(recipe.cells({**overrides, "precision": "fp16"})[0], {**overrides, "precision": "fp16"})
     assert fp16.calib_count == 8 and fp16.calib_data is None  # --calib-count is for the calibrated cells
+
+
+def test_the_old_key_backend_is_read_as_trt_with_a_warning(tmp_path):
+    """``backend:`` named the TensorRT that builds until ``trt:`` (``--trt``): a recipe written before is read the
+    same, with one warning; both keys, disagreeing, are refused naming the file and key."""
+    from enginekit import reporting
+    from enginekit.errors import UsageError
+    from enginekit.recipes import load_recipe
+
+    old = TINY_RECIPE.replace("trt: tensorrt-rtx", "backend: tensorrt-rtx")
+    with reporting.collecting() as seen:
+        recipe = load_recipe(write(tmp_path, "old.yaml", old))
+    assert recipe.trt == "tensorrt-rtx" and recipe.build_request("fp32").flavour == "tensorrt-rtx"
+    assert [w for w in seen.warnings if "trt: tensorrt-rtx" in w], seen.warnings
+    with pytest.raises(UsageError, match="backend: tensorrt disagree|disagree"):
+        load_recipe(write(tmp_path, "both.yaml", old + "trt: tensorrt\n"))
+    assert load_recipe(write(tmp_path, "new.yaml", TINY_RECIPE)).build_request("fp32").flavour == "tensorrt-rtx"
+
+
+def test_build_and_verify_read_the_old_flag_backend_as_trt(run_cli, tmp_path):
+    """``--backend`` on build and verify (the TensorRT flavour; ``--trt`` now) is still read, with one warning line,
+    and refused where it disagrees with --trt; on predict, bench and tune --backend is a runtime backend."""
+    from enginekit.cli.common import engine_request
+    from enginekit import reporting
+    from enginekit.errors import UsageError
+
+    base = {"trt": "auto", "backend": None, "target_cc": None, "workspace": None, "opt_level": None, "calib_data": None,
+            "calib_count": 8, "calib_method": None, "calib_cache": None, "exclude": None}
+    assert engine_request({**base, "trt": "tensorrt-rtx"})["flavour"] == "tensorrt-rtx"
+    with reporting.collecting() as seen:
+        assert engine_request({**base, "backend": "tensorrt-rtx"})["flavour"] == "tensorrt-rtx"
+    assert any("--trt tensorrt-rtx" in w for w in seen.warnings), seen.warnings
+    with pytest.raises(UsageError, match="disagree"):
+        engine_request({**base, "trt": "tensorrt", "backend": "tensorrt-rtx"})
+    # through the command line: the old flag, an unknown flavour: the warning, then the one error line, exit 2
+    result = run_cli("build", "yolo12n", "--random-init", "--backend", "trt", env={"ENGINEKIT_CACHE": str(tmp_path / "c")})
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.code == 2 and "unknown TensorRT flavour 'trt'" in lines[-1] and lines[-1].startswith("error:"), result.stderr
+    assert "it is --trt now" in result.stderr
+    result = run_cli("verify", "yolo12n", "--random-init", "--trt", "tensorrt", "--backend", "tensorrt-rtx",
+                     env={"ENGINEKIT_CACHE": str(tmp_path / "c")})
+    assert result.code == 2 and "disagree" in result.stderr, result.stderr
 
 
 # --- CI matrix and workflows ---------------------------------------------------------------

@@ -141,7 +141,8 @@ def test_repaired_is_a_pipeline_stage_keyed_as_before(tmp_path):
     graph and the nodes (the key of before), the stripped graph stored once and found the second time."""
     import onnx
 
-    from enginekit.cache import Cache, key_for
+    from enginekit.cache import Cache
+    from enginekit.hashing import key_for
     from enginekit.pipeline import Artifact, Stages
 
     src, q = _qdq_pair_graph(tmp_path)

@@ -71,7 +71,8 @@ def test_rich_renderer_keeps_the_terminal_look():
     "options,needle",
     [
         ({"precision": "int4"}, "unknown precision 'int4'"),
-        ({"backend": "trt"}, "unknown backend 'trt'"),
+        ({"flavour": "trt"}, "unknown TensorRT flavour 'trt'"),
+        ({"backend": "trt"}, "unknown TensorRT flavour 'trt'"),  # flavour's old name
         ({"calib_count": 0}, "--calib-count"),
         ({"seed": 2**32}, "--seed"),
         ({"seed": -1}, "--seed"),

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from enginekit import reporting
-from enginekit.cache import Cache, key_for
+from enginekit.cache import Cache
+from enginekit.hashing import key_for
 from enginekit.shapes import parse_profile
 from enginekit.trt import builder, timing
-from enginekit.trt.backends import TRAITS, Backend, GpuInfo
+from enginekit.trt.flavours import TRAITS, Flavour, GpuInfo
 from enginekit.trt.builder import BuildOptions, build_engine
 from enginekit.trt.timing import FILE, KIND, kept_timing_cache, timing_cache_parts
 
@@ -44,8 +45,8 @@ def fake_tensorrt(version: str) -> types.ModuleType:
     return module
 
 
-def backend_for(row: str = "tensorrt-10", version: str = "10.13.3.9") -> Backend:
-    return Backend(name=row, version=version, traits=TRAITS[row], module=fake_tensorrt(version))
+def backend_for(row: str = "tensorrt-10", version: str = "10.13.3.9") -> Flavour:
+    return Flavour(name=row, version=version, traits=TRAITS[row], module=fake_tensorrt(version))
 
 
 class FakePolygraphy:
@@ -142,7 +143,7 @@ def test_a_first_build_starts_a_timing_cache(on_gpu, onnx_file, tmp_path):
 # --- the timing cache kept in the cache -------------------------------------------------------
 
 
-def _build(cache: Cache, backend: Backend, gpu: GpuInfo | None, poly: FakePolygraphy, onnx_file: Path,
+def _build(cache: Cache, backend: Flavour, gpu: GpuInfo | None, poly: FakePolygraphy, onnx_file: Path,
            monkeypatch) -> Path | None:
     monkeypatch.setattr(builder, "gpu_info", lambda: gpu)
     monkeypatch.setattr(builder, "bind", lambda _backend: poly)
@@ -152,7 +153,7 @@ def _build(cache: Cache, backend: Backend, gpu: GpuInfo | None, poly: FakePolygr
     return path
 
 
-def _kept(cache: Cache, backend: Backend, gpu: GpuInfo) -> bytes | None:
+def _kept(cache: Cache, backend: Flavour, gpu: GpuInfo) -> bytes | None:
     found = cache.lookup(KIND, key_for(timing_cache_parts(backend, gpu)))
     return found.entry.file(FILE).read_bytes() if found.entry is not None else None
 
@@ -185,7 +186,7 @@ def test_timing_cache_kept_per_backend_and_gpu_and_reused(tmp_path, onnx_file, m
 
 def test_no_timing_cache_for_tensorrt_rtx_or_without_gpu(tmp_path, onnx_file, monkeypatch):
     cache = Cache(tmp_path / "cache")
-    rtx = Backend(name="tensorrt-rtx", version="1.7.1.116", traits=TRAITS["tensorrt-rtx"], module=fake_tensorrt("1.7"))
+    rtx = Flavour(name="tensorrt-rtx", version="1.7.1.116", traits=TRAITS["tensorrt-rtx"], module=fake_tensorrt("1.7"))
     with kept_timing_cache(cache, rtx, ADA) as path:  # TensorRT-RTX's timing-cache calls are no-ops
         assert path is None
     with kept_timing_cache(cache, backend_for(), None) as path:

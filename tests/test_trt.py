@@ -16,17 +16,17 @@ import pytest
 
 from enginekit.errors import CapabilityError, UsageError
 from enginekit.shapes import InputRange, parse_profile
-from enginekit.trt import backends, builder
+from enginekit.trt import builder, flavours
 from enginekit.trt.binding import bind, trt_logger
-from enginekit.trt.backends import (
+from enginekit.trt.flavours import (
     PORTABLE_RTX_TARGETS,
     TRAITS,
-    Backend,
+    Flavour,
     GpuInfo,
     default_targets,
     fp8_supported,
     require_fp8,
-    resolve_backend,
+    resolve_flavour,
     validate_targets,
 )
 from enginekit.trt.builder import BuildOptions, BuiltFor, build_engine, can_run_here
@@ -123,14 +123,14 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def rtx() -> Backend:
-    return resolve_backend("tensorrt-rtx")
+def rtx() -> Flavour:
+    return resolve_flavour("tensorrt-rtx")
 
 
 @pytest.fixture
 def no_gpu(monkeypatch):
     """Make the machine look GPU-less, whatever it has."""
-    monkeypatch.setattr(backends, "gpu_info", lambda: None)
+    monkeypatch.setattr(flavours, "gpu_info", lambda: None)
     monkeypatch.setattr(builder, "gpu_info", lambda: None)
 
 
@@ -349,7 +349,7 @@ def test_polygraphy_is_bound_to_the_backend_in_use(rtx, fake_tensorrt, monkeypat
     fake_tensorrt("10.13.3.9")
     stand_in = sys.modules["tensorrt"]
     stand_in.ILogger = trt_rtx.ILogger  # enough for enginekit's logger class
-    trt10 = resolve_backend("tensorrt")
+    trt10 = resolve_flavour("tensorrt")
     try:
         bind(trt10)
         assert not config.USE_TENSORRT_RTX and loader.trt.__version__ == "10.13.3.9"
@@ -374,14 +374,14 @@ def test_build_options_validation():
 
 def test_unknown_backend():
     with pytest.raises(UsageError, match="auto, tensorrt, tensorrt-rtx") as info:
-        resolve_backend("onnxruntime")
+        resolve_flavour("onnxruntime")
     assert info.value.exit_code == 2
 
 
 def test_tensorrt_not_installed(fake_tensorrt):
     fake_tensorrt(None)
     with pytest.raises(CapabilityError) as info:
-        resolve_backend("tensorrt")
+        resolve_flavour("tensorrt")
     assert "pip install tensorrt-cu13" in str(info.value) and info.value.exit_code == 3
     assert "\n" not in str(info.value)
 
@@ -390,22 +390,22 @@ def test_rtx_not_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt_rtx", None)
     pip = "pip install tensorrt-rtx tensorrt-rtx-cu13-libs tensorrt-rtx-cu13-bindings"
     with pytest.raises(CapabilityError, match=pip):
-        resolve_backend("tensorrt-rtx")
+        resolve_flavour("tensorrt-rtx")
 
 
 def test_auto_with_nothing_installed(monkeypatch, fake_tensorrt):
     fake_tensorrt(None)
     monkeypatch.setitem(sys.modules, "tensorrt_rtx", None)
     with pytest.raises(CapabilityError, match="no TensorRT backend is installed"):
-        resolve_backend("auto")
+        resolve_flavour("auto")
 
 
 def test_auto_prefers_tensorrt_with_a_gpu(monkeypatch, fake_tensorrt):
     fake_tensorrt("10.13.3.9")
-    monkeypatch.setattr(backends, "gpu_info", lambda: RTX_GPU)
-    assert resolve_backend("auto").name == "tensorrt-10"
-    monkeypatch.setattr(backends, "gpu_info", lambda: None)
-    assert resolve_backend("auto").name == "tensorrt-rtx"  # TensorRT cannot build without a GPU
+    monkeypatch.setattr(flavours, "gpu_info", lambda: RTX_GPU)
+    assert resolve_flavour("auto").name == "tensorrt-10"
+    monkeypatch.setattr(flavours, "gpu_info", lambda: None)
+    assert resolve_flavour("auto").name == "tensorrt-rtx"  # TensorRT cannot build without a GPU
 
 
 @pytest.mark.parametrize(
@@ -414,20 +414,20 @@ def test_auto_prefers_tensorrt_with_a_gpu(monkeypatch, fake_tensorrt):
 )
 def test_row_by_major_version(fake_tensorrt, version, row):
     fake_tensorrt(version)
-    backend = resolve_backend("tensorrt")
+    backend = resolve_flavour("tensorrt")
     assert (backend.name, backend.version) == (row, version)
 
 
 def test_old_tensorrt_refused(fake_tensorrt):
     fake_tensorrt("8.6.1")
     with pytest.raises(CapabilityError, match="needs TensorRT 10 or newer"):
-        resolve_backend("tensorrt")
+        resolve_flavour("tensorrt")
 
 
 def test_tensorrt_build_needs_gpu(models, fake_tensorrt, no_gpu):
     fake_tensorrt("11.4.0.1")
     with pytest.raises(CapabilityError, match="needs an NVIDIA GPU"):
-        build_engine(models["dynamic"], [parse_profile(DYNAMIC)], resolve_backend("tensorrt"))
+        build_engine(models["dynamic"], [parse_profile(DYNAMIC)], resolve_flavour("tensorrt"))
 
 
 def test_import_enginekit_trt_imports_no_tensorrt():
@@ -459,7 +459,7 @@ def test_default_targets(rtx, fake_tensorrt):
     assert default_targets(rtx, RTX_GPU) == ("8.9",)
     assert default_targets(rtx, GpuInfo("NVIDIA H100", "9.0")) == PORTABLE_RTX_TARGETS
     fake_tensorrt("11.4.0.1")
-    trt11 = resolve_backend("tensorrt")
+    trt11 = resolve_flavour("tensorrt")
     assert default_targets(trt11, RTX_GPU) == ("8.9",)
     with pytest.raises(UsageError, match="needs --backend tensorrt-rtx"):
         validate_targets(trt11, "8.6", RTX_GPU)
@@ -474,11 +474,11 @@ def test_fp8_helper():
 
 def test_gpu_info_respects_hidden_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    backends.gpu_info.cache_clear()
+    flavours.gpu_info.cache_clear()
     try:
-        assert backends.gpu_info() is None
+        assert flavours.gpu_info() is None
     finally:
-        backends.gpu_info.cache_clear()
+        flavours.gpu_info.cache_clear()
 
 
 def _fake_nvml(devices):
@@ -551,8 +551,8 @@ def test_no_driver_means_no_gpu(monkeypatch, nvml):
 @pytest.mark.gpu
 def test_gpu_info_shape():
     """On a GPU machine NVML finds it (elsewhere test_gpus_through_nvml runs the same code on a stand-in)."""
-    gpu = backends.gpu_info()
-    assert gpu is not None and gpu.name and backends.cc_tuple(gpu.compute_capability) >= (3, 0)
+    gpu = flavours.gpu_info()
+    assert gpu is not None and gpu.name and flavours.cc_tuple(gpu.compute_capability) >= (3, 0)
 
 
 # --- can an engine run here? ---------------------------------------------------------
@@ -560,8 +560,8 @@ def test_gpu_info_shape():
 RTX_BUILT = BuiltFor("tensorrt-rtx", "1.7.1.116", ("8.6", "8.9"))
 
 
-def _backend(row: str, version: str) -> Backend:
-    return Backend(name=row, version=version, traits=TRAITS[row], module=types.ModuleType("stand_in"))
+def _backend(row: str, version: str) -> Flavour:
+    return Flavour(name=row, version=version, traits=TRAITS[row], module=types.ModuleType("stand_in"))
 
 
 def test_can_run_here_without_gpu():
@@ -625,7 +625,7 @@ def test_installed_rtx_resolves_to_its_row(rtx):
 def test_network_gets_the_strongly_typed_flag_only_where_needed(row, flagged, tmp_path):
     """Polygraphy's NetworkFromOnnxPath is asked for the STRONGLY_TYPED flag where the row says so."""
     poly = types.SimpleNamespace(NetworkFromOnnxPath=lambda path, strongly_typed: (path, strongly_typed))
-    backend = Backend(name=row, version="0", traits=TRAITS[row], module=types.ModuleType("stand_in"))
+    backend = Flavour(name=row, version="0", traits=TRAITS[row], module=types.ModuleType("stand_in"))
     assert builder.network_loader(poly, backend, tmp_path / "m.onnx") == (str(tmp_path / "m.onnx"), flagged)
 
 
@@ -697,7 +697,7 @@ def test_fact_workspace_via_memory_pool_limit():
 
 
 def test_fact_deserialize_without_gpu(models, rtx):
-    if backends.gpu_info() is not None:
+    if flavours.gpu_info() is not None:
         pytest.skip("this machine has a GPU: deserializing is expected to work")
     plan = build_engine(models["static"], [], rtx, BuildOptions(target_cc=("8.6",))).plan
     engine = trt_rtx.Runtime(trt_logger(trt_rtx)).deserialize_cuda_engine(plan)
@@ -710,7 +710,7 @@ def test_fact_deserialize_without_gpu(models, rtx):
 @pytest.mark.tensorrt
 def test_tensorrt_row_matches_installed_module():
     trt = pytest.importorskip("tensorrt", reason=NEEDS_TENSORRT)
-    backend = resolve_backend("tensorrt")
+    backend = resolve_flavour("tensorrt")
     traits = backend.traits
     assert hasattr(trt.BuilderFlag, "FP16") is traits.has_weak_typing_flags
     assert hasattr(trt.IBuilderConfig, "create_timing_cache") is traits.has_timing_cache
@@ -723,9 +723,9 @@ def test_tensorrt_row_matches_installed_module():
 @pytest.mark.gpu
 def test_tensorrt_build_with_timing_cache(models, tmp_path):
     pytest.importorskip("tensorrt", reason=NEEDS_TENSORRT)
-    if backends.gpu_info() is None:
+    if flavours.gpu_info() is None:
         pytest.skip("TensorRT proper needs a GPU to build")
-    backend = resolve_backend("tensorrt")
+    backend = resolve_flavour("tensorrt")
     cache = tmp_path / "timing.cache"
     result = build_engine(models["fp16"], [parse_profile(DYNAMIC)], backend, timing_cache=cache)
     assert result.timing_cache_used and cache.stat().st_size > 0
@@ -739,13 +739,14 @@ def test_tensorrt_build_with_timing_cache(models, tmp_path):
 def test_timing_cache_kept_and_reused_on_a_gpu(models, tmp_path):
     """Two builds on one GPU: the second starts from the timing cache the first kept in the cache."""
     pytest.importorskip("tensorrt", reason=NEEDS_TENSORRT)
-    gpu = backends.gpu_info()
+    gpu = flavours.gpu_info()
     if gpu is None:
         pytest.skip("TensorRT proper needs a GPU to build")
-    from enginekit.cache import Cache, key_for
+    from enginekit.cache import Cache
+    from enginekit.hashing import key_for
     from enginekit.trt.timing import FILE, KIND, kept_timing_cache, timing_cache_parts
 
-    backend, cache = resolve_backend("tensorrt"), Cache(tmp_path / "cache")
+    backend, cache = resolve_flavour("tensorrt"), Cache(tmp_path / "cache")
     for graph in ("dynamic", "fp16"):
         messages: list[str] = []
         with kept_timing_cache(cache, backend, gpu) as path:

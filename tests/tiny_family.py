@@ -18,10 +18,11 @@ import numpy as np
 
 from enginekit.errors import UsageError
 from enginekit.families import ModelAdapter, register
-from enginekit.families.base import LoadedModel, Tolerance, WeightsSource, check_weights_file
+from enginekit.families.base import Tolerance, check_weights_file
+from enginekit.families.types import LoadedModel, WeightsSource
 from enginekit.families.evaluation import SemanticEvaluation
 from enginekit.families.processing import ImageProcessor, SemanticMaps
-from enginekit.families.registry import FamilyInfo
+from enginekit.families.types import FamilyInfo
 from enginekit.shapes import InputConstraint
 
 NAME = "tiny-colours"

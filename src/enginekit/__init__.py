@@ -7,7 +7,7 @@ cheap. No submodule may take one of their names (``enginekit.build`` is the verb
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from enginekit._version import __version__
 
 __all__ = ["__version__", "export", "build", "verify", "tune", "deploy", "load"]
 

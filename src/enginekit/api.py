@@ -40,7 +40,7 @@ def build(target: BuildRequest | str | None = None, /, *, cache=None, quiet: boo
           **options: Any) -> BuildOutcome:
     """A model name or an ONNX file -> a cached engine (export, simplify, precision, build).
 
-    Options: ``BuildRequest``'s (profiles, precision, backend, target_cc, calib_*, repair, ...).
+    Options: ``BuildRequest``'s (profiles, precision, flavour (the TensorRT that builds; backend= until now), target_cc, calib_*, repair, ...).
     """
     from enginekit.flows.build import run_build
 

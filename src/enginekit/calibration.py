@@ -14,18 +14,26 @@ import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from enginekit.datasets import dataset_images, evenly, is_video, is_yaml, load_dataset, video_frames
 from enginekit.errors import UsageError
 from enginekit.images import embedded_image_paths, list_images, read_rgb
-from enginekit.cache import sha256_file
+from enginekit.hashing import sha256_file
 from enginekit.shapes import Shape, format_shape
 
-if TYPE_CHECKING:  # families sit above this module; only their type is named here
-    from enginekit.families.base import ModelAdapter
+
+
+class Preprocessor(Protocol):
+    """What calibration needs of a model: its family's preprocessing and how it describes its input (every
+    family's adapter, ``enginekit.families.base.ModelAdapter``, is one; families sit above this module)."""
+
+    family: str
+    input_description: str
+
+    def preprocess(self, image: np.ndarray, hw: tuple[int, int]) -> np.ndarray: ...
 
 ARRAY_SUFFIXES = {".npy", ".npz"}
 
@@ -84,7 +92,7 @@ class CalibrationData:
             raise UsageError(f"expected an image folder, a dataset YAML, a video or a .npy/.npz file, not {self.source}")
         return evenly(list_images(self.source), self.count)
 
-    def digest(self, adapter: ModelAdapter, shape: Shape) -> str:
+    def digest(self, adapter: Preprocessor, shape: Shape) -> str:
         """Identity of the calibration batch this would produce at ``shape``."""
         h = hashlib.sha256()
         h.update(f"{adapter.family}|{adapter.input_description}|{format_shape(shape[1:])}|{self.count}".encode())
@@ -104,7 +112,7 @@ class CalibrationData:
                     raise UsageError(f"cannot read {p}: {exc.strerror}") from exc
         return h.hexdigest()
 
-    def batch(self, adapter: ModelAdapter, shape: Shape) -> np.ndarray:
+    def batch(self, adapter: Preprocessor, shape: Shape) -> np.ndarray:
         """N x C x H x W float32, preprocessed exactly as the PyTorch reference expects."""
         if self.is_array:
             return self._array_batch(shape)

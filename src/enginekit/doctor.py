@@ -33,7 +33,7 @@ RTX_DISTRIBUTIONS = ("tensorrt-rtx", "tensorrt-rtx-cu13-libs", "tensorrt-rtx-cu1
 
 def inventory() -> dict[str, Any]:
     """Everything the checks look at, as plain JSON-ready data."""
-    from enginekit import __version__
+    from enginekit._version import __version__
     from enginekit.backends import backends
 
     inv: dict[str, Any] = {
@@ -177,7 +177,7 @@ def _warn_onnxruntime_twice(inv: dict[str, Any]) -> list[str]:
 
 
 def _warn_rtx_gpu(inv: dict[str, Any]) -> list[str]:
-    from enginekit.trt.backends import RTX_COMPUTE_CAPABILITIES
+    from enginekit.trt.flavours import RTX_COMPUTE_CAPABILITIES
 
     gpu = inv.get("gpu")
     rtx = inv.get("tensorrt_modules", {}).get("tensorrt-rtx", {})

@@ -155,6 +155,10 @@ def load_images(source: Path | None = None, *, limit: int | None = None, leave_o
     return result
 
 
+#: the default video bench and tune stream when given no source: H x W
+DEFAULT_VIDEO_HW = (720, 1280)
+
+
 def write_video(path: Path, frames: int, size: tuple[int, int] = (1080, 1920), fps: float = 30.0) -> Path:
     """A video of ``frames`` frames at ``size`` (H, W) made from the embedded photographs: each photograph
     fills the frame (cropped to its aspect ratio) and the view pans and zooms a little from frame to frame,

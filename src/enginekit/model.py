@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional
 
-from enginekit.cache import sha256_file
+from enginekit.hashing import sha256_file
 from enginekit.errors import UsageError
 from enginekit.families import ModelAdapter, resolve
 from enginekit.families.base import folder_sha256

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from enginekit import __version__
+from enginekit._version import __version__
 from enginekit.calibration import CalibrationData
-from enginekit.cache import Cache, Entry, key_for, sha256_file
+from enginekit.cache import Cache, Entry
+from enginekit.hashing import key_for, sha256_file
 from enginekit.errors import UsageError
 from enginekit.fsutil import json_text
 from enginekit.families import ModelAdapter
-from enginekit.families.base import LoadedModel
+from enginekit.families.types import LoadedModel
 from enginekit.model import ModelRequest
 from enginekit.shapes import Shape, format_shape
 from enginekit import reporting
@@ -374,7 +375,7 @@ class Stages:
         ``verify(onnx_path) -> dict`` computes the parity summary of the exact graph the engine
         is built from; it runs only when the engine is built.
         """
-        from enginekit.trt.backends import gpu_info, resolve_targets
+        from enginekit.trt.flavours import gpu_info, resolve_targets
         from enginekit.trt.builder import build_engine
         from enginekit.trt.timing import kept_timing_cache
 

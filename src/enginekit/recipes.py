@@ -271,13 +271,26 @@ class Recipe(_Strict):
     precisions: list[str] = ["fp32"]  # --precision
     calibration: Calibration = Calibration()
     verification: Verification = Verification()
-    backend: Literal["auto", "tensorrt", "tensorrt-rtx"] = "auto"  # --backend
+    trt: Literal["auto", "tensorrt", "tensorrt-rtx"] = "auto"  # --trt: the TensorRT that builds (``backend:`` until now)
     # One engine (and one CI job) per entry: "8.6,8.9,12.0" is ONE engine that runs on all three.
     targets: list[str] = [DEFAULT_TARGETS]  # --target-cc
     builder: Builder = Builder()
     runtime: Optional[RuntimeSection] = None  # how to run it (enginekit tune); build ignores it
 
     _path: Path = PrivateAttr(default=Path("recipe.yaml"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_is_trt(cls, data: Any) -> Any:
+        """``backend:`` (the TensorRT that builds, until it was named ``trt:``) is read as ``trt:``, said once."""
+        from enginekit import reporting
+        from enginekit.requests import renamed
+
+        return renamed(data, "backend", "trt",
+                       disagree=lambda old, new: _problem(("backend",), f"backend: {old} and trt: {new} disagree: keep "
+                                                                        "trt: only (backend: is its old name)"),
+                       said=lambda old: reporting.warning(f"recipe key backend: names the TensorRT that builds: it is "
+                                                          f"trt: now (trt: {old}); backend: goes in a later release"))
 
     @field_validator("profiles", "precisions", "targets", mode="before")
     @classmethod
@@ -387,7 +400,7 @@ class Recipe(_Strict):
             "declared": m.declared(),
             "profiles": list(self.profiles),
             "precision": cell.precision,
-            "backend": self.backend,
+            "flavour": self.trt,
             "target_cc": cell.target_cc,
             "workspace": self.builder.workspace,
             "opt_level": self.builder.opt_level,
@@ -536,7 +549,7 @@ def _target_text(item: Any) -> Any:
 
 def parse_target_set(text: str) -> Optional[tuple[str, ...]]:
     """``"8.9,8.6"`` -> ``("8.6", "8.9")``; ``"default"`` (or empty) -> None."""
-    from enginekit.trt.backends import cc_tuple, normalize_cc
+    from enginekit.trt.flavours import cc_tuple, normalize_cc
 
     text = str(text).strip()
     if text in ("", DEFAULT_TARGETS):
@@ -788,7 +801,7 @@ def _check_calibration(recipe: Recipe) -> None:
 
 
 def _check_targets(recipe: Recipe) -> None:
-    from enginekit.trt.backends import TRAITS
+    from enginekit.trt.flavours import TRAITS
 
     rtx = TRAITS["tensorrt-rtx"]
     if not recipe.targets:
@@ -801,15 +814,15 @@ def _check_targets(recipe: Recipe) -> None:
         seen.append(targets)
         if targets is None:
             continue
-        if recipe.backend != "tensorrt-rtx":
-            raise _Problem(("targets", i), f"compute capability targets ({text}) need backend: tensorrt-rtx; "
+        if recipe.trt != "tensorrt-rtx":
+            raise _Problem(("targets", i), f"compute capability targets ({text}) need trt: tensorrt-rtx; "
                                            f"TensorRT builds only for the GPU it runs on ('{DEFAULT_TARGETS}')")
         unsupported = [t for t in targets if t not in rtx.compute_capabilities]
         if unsupported:
             raise _Problem(("targets", i), f"{rtx.label} cannot target compute capability "
                                            f"{', '.join(unsupported)}; supported: {', '.join(rtx.compute_capabilities)}")
     if "fp8" in recipe.precisions:
-        from enginekit.trt.backends import require_fp8
+        from enginekit.trt.flavours import require_fp8
 
         for i, text in enumerate(recipe.targets):
             try:

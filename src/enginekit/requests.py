@@ -15,16 +15,16 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Optional
+from typing import Callable, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from enginekit import precisions
 from enginekit.compare.tolerances import Tolerances
 from enginekit.errors import UsageError
+from enginekit.trt.flavours import FLAVOURS
 
 SIMPLIFIERS = ("onnxsim", "onnxslim")
-BACKENDS = ("auto", "tensorrt", "tensorrt-rtx")
 SEED_MAX = 2**32 - 1
 # Opsets the exporter writes: torch.onnx's TorchScript exporter (stages/export.py, dynamo=False)
 # takes ONNX_MIN_OPSET..ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET (tests check these against torch).
@@ -53,7 +53,7 @@ WORKSPACE_MAX = 2**63 - 1
 
 def workspace_bytes(text: str, what: str = "--workspace") -> int:
     """A builder workspace limit (``"4G"``) in bytes: more than 0, at most what TensorRT takes."""
-    from enginekit.cache import parse_size
+    from enginekit.units import parse_size
 
     size = parse_size(text)
     if size <= 0:
@@ -167,6 +167,32 @@ def tolerances(value: Any) -> Tolerances:
     return Tolerances.coerce(value, tolerance_names())
 
 
+def renamed(data: Any, old: str, new: str, *, disagree: Callable[[Any, Any], Exception],
+            said: Callable[[Any], None]) -> Any:
+    """Options or a recipe (a dict) with key ``old`` (a name kept for one release) read as ``new``: ``said(value)``
+    once; both given and different: ``disagree(old value, new value)`` is raised."""
+    if not isinstance(data, dict) or old not in data:
+        return data
+    data = dict(data)
+    value = data.pop(old)
+    if data.get(new, value) != value:
+        raise disagree(value, data[new])
+    data[new] = value
+    said(value)
+    return data
+
+
+def flavour_from_backend(data: Any) -> Any:
+    """``backend=`` (the TensorRT flavour's name until ``--trt``) read as ``flavour=``, with a DeprecationWarning."""
+    import warnings
+
+    return renamed(data, "backend", "flavour",
+                   disagree=lambda old, new: UsageError(f"--backend {old} and --trt {new} disagree: give --trt only "
+                                                        "(--backend is its old name)"),
+                   said=lambda _: warnings.warn("backend= names the TensorRT flavour: it is flavour= now (--trt on the "
+                                                "command line)", DeprecationWarning, stacklevel=5))
+
+
 class ExportRequest(_ModelOptions):
     """``enginekit export``: PyTorch -> simplified ONNX (and FP16), parity-checked."""
 
@@ -222,7 +248,8 @@ class BuildRequest(_ModelOptions):
     target: str
     profiles: list[str] = []
     precision: str = "fp32"
-    backend: str = "auto"
+    #: the TensorRT flavour that builds (``--trt``): auto, tensorrt or tensorrt-rtx; ``backend=`` is its old name
+    flavour: str = "auto"
     target_cc: Optional[str] = None
     workspace: Optional[str] = None
     opt_level: Optional[int] = Field(None, ge=0, le=5)
@@ -264,10 +291,16 @@ class BuildRequest(_ModelOptions):
     def _opset(cls, value: int) -> int:
         return _opset(value)
 
-    @field_validator("backend")
+    @model_validator(mode="before")
     @classmethod
-    def _backend(cls, value: str) -> str:
-        return _choice(value, BACKENDS, "backend")
+    def _backend_is_flavour(cls, data: Any) -> Any:
+        """``backend=`` (the old name of ``flavour``, one release) is read as ``flavour``."""
+        return flavour_from_backend(data)
+
+    @field_validator("flavour")
+    @classmethod
+    def _flavour(cls, value: str) -> str:
+        return _choice(value, FLAVOURS, "TensorRT flavour")
 
     @field_validator("profiles")
     @classmethod

@@ -51,7 +51,7 @@ class TensorRT(Backend):
 
     @classmethod
     def build_options(cls, family: str = "auto", **options) -> dict[str, Any]:
-        return {"backend": family}
+        return {"flavour": family}
 
     # -- the runner ---------------------------------------------------------------------------------
     def _installed(self):
@@ -120,7 +120,7 @@ class TensorRT(Backend):
     @classmethod
     def doctor_rows(cls, inv: Mapping[str, Any]) -> list[dict[str, Any]]:
         """One row per TensorRT of the traits table: can it build here, can its engines run here."""
-        from enginekit.trt.backends import TRAITS
+        from enginekit.trt.flavours import TRAITS
 
         return [_traits_row(row, inv) for row in TRAITS.values()]
 

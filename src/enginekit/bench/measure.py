@@ -77,7 +77,7 @@ class BenchReport:
         return [r for r in self.rows if r.status == "ok"]
 
     def to_json(self) -> dict[str, Any]:
-        from enginekit import __version__
+        from enginekit._version import __version__
 
         plan = self.plan
         return {
@@ -113,10 +113,10 @@ def measure(plan: BenchPlan, tick: Tick = lambda n: None) -> BenchReport:
 
 
 def _keep_records(plan: BenchPlan, rows: list[BenchRow]) -> None:
-    """Each measured artifact's p50 into the cache's bench records (``bench.records``: verify --data's ladder
+    """Each measured artifact's p50 into the cache's bench records (``enginekit.latencies``: verify --data's ladder
     quotes them). A record that cannot be written loses only the ladder's latency, never the measurement."""
-    from enginekit.bench.records import record
-    from enginekit.cache import sha256_file
+    from enginekit.latencies import record
+    from enginekit.hashing import sha256_file
 
     cache = getattr(plan.pipeline, "cache", None)
     if cache is None:

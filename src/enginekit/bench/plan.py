@@ -68,7 +68,7 @@ class BenchPlan:
     image_shape: Shape
     inputs: np.ndarray  # seeded, for the largest batch; every runner takes a slice
     items: list[Planned]
-    gpu: Any  # trt.backends.GpuInfo | None
+    gpu: Any  # trt.flavours.GpuInfo | None
     weights_identity: str
 
 

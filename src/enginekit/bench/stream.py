@@ -19,9 +19,8 @@ from enginekit.bench.e2e import _load
 from enginekit.bench.measure import BenchReport
 from enginekit.bench.plan import BenchPlan
 from enginekit.errors import UsageError, first_line
+from enginekit.images import DEFAULT_VIDEO_HW
 
-#: the default video: this many frames at this H x W
-DEFAULT_VIDEO_HW = (720, 1280)
 
 
 @dataclass

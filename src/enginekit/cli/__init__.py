@@ -10,7 +10,7 @@ import sys
 import typer
 from typer.core import TyperGroup, TyperOption
 
-from enginekit import __version__
+from enginekit._version import __version__
 
 
 class _Enginekit(TyperGroup):

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from enginekit.backends import registry
-from enginekit.cli.common import (ImgszOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
+from enginekit.cli.common import (EveryOpt, FramesPerStepOpt, DropOpt, InFlightOpt, ImgszOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
                                   quiet_third_party)
 
 
@@ -37,10 +37,10 @@ def register(app: typer.Typer) -> None:
         image: Annotated[Optional[Path], typer.Option("--image", help="--e2e: the photograph to decode every frame (default: one an installed package ships, e.g. Ultralytics' bus.jpg).")] = None,
         stream: Annotated[bool, typer.Option("--stream", help="Also stream a video through the runtime's streaming pipeline (decode in its own thread, stages overlapped): each model alone and, for several models, all of them per frame; every stage's and the whole step's p50/p95/p99 and frames/s.")] = False,
         source: Annotated[Optional[str], typer.Option("--source", help="--stream: a video, a folder of images or a camera index (default: a 1280x720 video made from the embedded photographs, --iters + 1 steps long).")] = None,
-        every: Annotated[Optional[list[str]], typer.Option("--every", help="--stream: a model's cadence, MODEL=N (depth=3).")] = None,
-        frames_per_step: Annotated[int, typer.Option("--frames-per-step", help="--stream: K consecutive frames per step, batched.")] = 1,
-        drop: Annotated[str, typer.Option("--drop", help="--stream: none, oldest or newest (see enginekit predict --help).")] = "none",
-        in_flight: Annotated[int, typer.Option("--in-flight", help="--stream: steps in the pipeline at once (1: least latency; 2: stages overlap).")] = 2,
+        every: EveryOpt = None,
+        frames_per_step: FramesPerStepOpt = 1,
+        drop: DropOpt = "none",
+        in_flight: InFlightOpt = 2,
         as_json: Annotated[bool, typer.Option("--json", help="Print the report (settings, machine, every row) as JSON on stdout instead of the table.")] = False,
         plot_path: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of latency and throughput against batch size here.")] = None,
         weights: WeightsOpt = None,

@@ -8,27 +8,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (PANEL_BUILD, PANEL_CALIB, PANEL_GATES, PANEL_INPUT, PANEL_REPORTS, PANEL_RUN, ImgszOpt, BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, MODEL_HELP, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt, declared_of, NmsOpt, ForceOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt,
+from enginekit.cli.common import (PANEL_BUILD, PANEL_GATES, PANEL_REPORTS, PANEL_RUN, ImgszOpt, BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, OutputsOpt, ProfileOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt, builds_an_engine, declared_of, engine_request, NmsOpt, ForceOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt,
                                   handles_errors, quiet_third_party)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("build")
     @handles_errors
+    @builds_an_engine
     def build_cmd(
         target: Annotated[str, typer.Argument(help="A model (as export's), an ONNX file, or a recipe .yaml (flags override its keys).")],
-        profile: Annotated[Optional[list[str]], typer.Option("--profile", "-p", rich_help_panel=PANEL_INPUT, help="NxCxHxW or min:opt:max; repeat for more profiles.")] = None,
+        profile: ProfileOpt = None,
         imgsz: ImgszOpt = None,
         precision: Annotated[str, typer.Option("--precision", rich_help_panel=PANEL_BUILD, help="fp32, fp16, int8 or fp8 (in the graph: docs/export-build.md).")] = "fp32",
-        backend: Annotated[str, typer.Option("--backend", rich_help_panel=PANEL_BUILD, help="auto, tensorrt or tensorrt-rtx.")] = "auto",
-        target_cc: Annotated[Optional[str], typer.Option("--target-cc", rich_help_panel=PANEL_BUILD, help="TensorRT-RTX compute capabilities, e.g. 8.6,8.9,12.0.")] = None,
-        workspace: Annotated[Optional[str], typer.Option("--workspace", rich_help_panel=PANEL_BUILD, help="Builder workspace limit, e.g. 4G.")] = None,
-        opt_level: Annotated[Optional[int], typer.Option("--opt-level", rich_help_panel=PANEL_BUILD, help="Builder optimization level 0..5.")] = None,
-        calib_data: Annotated[Optional[Path], typer.Option("--calib-data", rich_help_panel=PANEL_CALIB, help="Images, dataset YAML, video or .npy/.npz.")] = None,
-        calib_count: Annotated[int, typer.Option("--calib-count", rich_help_panel=PANEL_CALIB, help="Calibration inputs.")] = 8,
-        calib_method: Annotated[Optional[str], typer.Option("--calib-method", rich_help_panel=PANEL_CALIB, help="max, entropy, percentile... (default: the family's).")] = None,
-        calib_cache: Annotated[Optional[Path], typer.Option("--calib-cache", rich_help_panel=PANEL_CALIB, help="Calibration cache to read (if it exists) or write.")] = None,
-        exclude: Annotated[Optional[list[str]], typer.Option("--exclude", rich_help_panel=PANEL_CALIB, help="Node regex kept out of INT8 (repeatable).")] = None,
         weights: WeightsOpt = None,
         trust_checkpoint: TrustOpt = False,
         random_init: RandomInitOpt = False,
@@ -52,6 +44,7 @@ def register(app: typer.Typer) -> None:
         resize: ResizeOpt = None,
         bgr: BgrOpt = False,
         classes: ClassesOpt = None,
+        engine: dict = {},
     ) -> None:
         """Build a TensorRT engine (strongly typed: precision lives in the graph), cached by content.
 
@@ -67,12 +60,12 @@ def register(app: typer.Typer) -> None:
 
           enginekit build model.onnx --imgsz 640 --precision int8 --calib-data imgs/
 
-          enginekit build yolo12n --random-init --target-cc 8.6,8.9,12.0
+          enginekit build yolo12n --random-init --trt tensorrt-rtx --target-cc 8.6,8.9
         """
         if target.endswith((".yaml", ".yml")):  # a recipe: every precision x target set in it
             from enginekit.cli.recipes import build_recipe_cmd
 
-            return build_recipe_cmd(target, locals())
+            return build_recipe_cmd(target, {**locals(), **engine})
         from enginekit import api
         from enginekit.fsutil import check_output_path
         from enginekit.requests import BuildRequest
@@ -81,9 +74,7 @@ def register(app: typer.Typer) -> None:
             output = Path.cwd() / f"{Path(target).stem if Path(target).suffix else target}.engine"
         check_output_path(output, "--output")
         request = BuildRequest(
-            target=target, profiles=profile or [], imgsz=imgsz, precision=precision, backend=backend, target_cc=target_cc,
-            workspace=workspace, opt_level=opt_level, calib_data=calib_data, calib_count=calib_count,
-            calib_method=calib_method, calib_cache=calib_cache, exclude=exclude or [], weights=weights,
+            target=target, profiles=profile or [], imgsz=imgsz, precision=precision, **engine_request(engine), weights=weights,
             random_init=random_init, seed=seed, explain=explain, verify=not no_verify, force=force,
             repair=repair, tolerances=tol or [], nms=nms, declared=declared_of(locals()),
         )

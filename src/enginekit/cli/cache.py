@@ -97,7 +97,8 @@ def register(app: typer.Typer) -> None:
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
     ) -> None:
         """Remove least recently used entries; never one in use by a running build."""
-        from enginekit.cache import Cache, parse_age, parse_size
+        from enginekit.cache import Cache
+        from enginekit.units import parse_age, parse_size
         from enginekit.cli.render import console
 
         # "" is a value given (and refused by the parsers), not an option left out

@@ -189,6 +189,55 @@ ResizeOpt = Annotated[Optional[str], typer.Option(
 BgrOpt = Annotated[bool, typer.Option("--bgr", rich_help_panel=_DECLARE, help="The model takes BGR (default RGB).")]
 ClassesOpt = Annotated[Optional[int], typer.Option(
     "--classes", rich_help_panel=_DECLARE, help="torchvision/timm: this many classes.")]
+ModelsWeightsOpt = Annotated[Optional[list[Path]], typer.Option(
+    "--weights", "-w", rich_help_panel=PANEL_MODEL, help="Weights, once per model, in the order of MODELS.")]
+ImagesOpt = Annotated[Optional[Path], typer.Option(
+    "--images", rich_help_panel=PANEL_IMAGES, help="Folder of photographs to check on (default: embedded).")]
+RecheckOpt = Annotated[bool, typer.Option(
+    "--recheck", rich_help_panel=PANEL_GATES, help="Check again, though a verdict on the same content is stored.")]
+
+# A stream of frames (predict; bench --stream; tune): one declaration each.
+EveryOpt = Annotated[Optional[list[str]], typer.Option(
+    "--every", rich_help_panel=PANEL_STREAM, help="A model's cadence in the pipeline, MODEL=N (depth=3); repeatable.")]
+FramesPerStepOpt = Annotated[int, typer.Option(
+    "--frames-per-step", rich_help_panel=PANEL_STREAM,
+    help="K frames per step, batched (stereo: 2; K cameras: K); latency is per step.")]
+DropOpt = Annotated[str, typer.Option(
+    "--drop", rich_help_panel=PANEL_STREAM, help="Too many frames: none (wait), oldest or newest dropped.")]
+InFlightOpt = Annotated[int, typer.Option(
+    "--in-flight", rich_help_panel=PANEL_STREAM, help="Steps at once: 1 least latency, 2 stages overlap.")]
+
+# What building an engine takes (build's options; verify takes the same to find or build the engine build would):
+# declared once here, added to a command by ``builds_an_engine``.
+ProfileOpt = Annotated[Optional[list[str]], typer.Option(
+    "--profile", "-p", rich_help_panel=PANEL_INPUT, help="Engine profile NxCxHxW or min:opt:max; repeat for more profiles.")]
+TrtOpt = Annotated[str, typer.Option(
+    "--trt", rich_help_panel=PANEL_BUILD,
+    help="The TensorRT that builds: auto (TensorRT where it runs, else TensorRT-RTX), tensorrt or tensorrt-rtx.")]
+OldBackendOpt = Annotated[Optional[str], typer.Option("--backend", hidden=True, help="--trt's old name (this release only).")]
+TargetCcOpt = Annotated[Optional[str], typer.Option(
+    "--target-cc", rich_help_panel=PANEL_BUILD, help="TensorRT-RTX compute capabilities, e.g. 8.6,8.9,12.0.")]
+WorkspaceOpt = Annotated[Optional[str], typer.Option(
+    "--workspace", rich_help_panel=PANEL_BUILD, help="Builder workspace limit, e.g. 4G.")]
+OptLevelOpt = Annotated[Optional[int], typer.Option(
+    "--opt-level", rich_help_panel=PANEL_BUILD, help="Builder optimization level 0..5.")]
+CalibDataOpt = Annotated[Optional[Path], typer.Option(
+    "--calib-data", rich_help_panel=PANEL_CALIB, help="Images, dataset YAML, video or .npy/.npz.")]
+CalibCountOpt = Annotated[int, typer.Option("--calib-count", rich_help_panel=PANEL_CALIB, help="Calibration inputs.")]
+CalibMethodOpt = Annotated[Optional[str], typer.Option(
+    "--calib-method", rich_help_panel=PANEL_CALIB, help="max, entropy, percentile... (default: the family's).")]
+CalibCacheOpt = Annotated[Optional[Path], typer.Option(
+    "--calib-cache", rich_help_panel=PANEL_CALIB, help="Calibration cache to read (if it exists) or write.")]
+ExcludeOpt = Annotated[Optional[list[str]], typer.Option(
+    "--exclude", rich_help_panel=PANEL_CALIB, help="Node regex kept out of INT8 (repeatable).")]
+
+#: build's builder and calibration options, (parameter, annotation, default, BuildRequest field), in help's order
+ENGINE_OPTIONS = (("trt", TrtOpt, "auto", "flavour"), ("backend", OldBackendOpt, None, "flavour"),
+                  ("target_cc", TargetCcOpt, None, "target_cc"), ("workspace", WorkspaceOpt, None, "workspace"),
+                  ("opt_level", OptLevelOpt, None, "opt_level"), ("calib_data", CalibDataOpt, None, "calib_data"),
+                  ("calib_count", CalibCountOpt, 8, "calib_count"), ("calib_method", CalibMethodOpt, None, "calib_method"),
+                  ("calib_cache", CalibCacheOpt, None, "calib_cache"), ("exclude", ExcludeOpt, None, "exclude"))
+
 MODEL_HELP = ("yolo12n, depth, best.pt, torchvision:NAME, timm:NAME, file.py:factory, module:factory or a "
               ".pt2/TorchScript program (docs/models.md).")
 
@@ -203,21 +252,59 @@ def declares_a_model(fn: Callable) -> Callable:
     """A command that takes the model declaration (``--task`` ... ``--classes``, DECLARATION_OPTIONS) without
     listing its options: they are added to its signature here, and ``fn`` gets ``declared`` (validated; {} if
     none) in their place. Put it under ``@handles_errors``."""
+    return _adds_options(fn, "declared", DECLARATION_OPTIONS, declared_of)
+
+
+def builds_an_engine(fn: Callable) -> Callable:
+    """A command that takes build's builder and calibration options (``--trt`` ... ``--exclude``,
+    ENGINE_OPTIONS) without listing them: they are added to its signature here, and ``fn`` gets ``engine`` (the
+    values by parameter name, as typed: ``engine_request`` makes BuildRequest fields of them) in their place."""
+    return _adds_options(fn, "engine", [(name, annotation, default) for name, annotation, default, _ in ENGINE_OPTIONS],
+                         lambda given: given)
+
+
+def engine_request(engine: dict) -> dict:
+    """BuildRequest fields from ``builds_an_engine``'s values: ``--backend`` (the old name of ``--trt``) said once
+    and read as ``--trt``."""
+    options = {field: engine[name] for name, _, _, field in ENGINE_OPTIONS if name != "backend"}
+    old = engine.get("backend")
+    if old is not None:
+        from enginekit.errors import UsageError
+
+        if engine.get("trt", "auto") not in ("auto", old):
+            raise UsageError(f"--backend {old} and --trt {engine['trt']} disagree: give --trt only (--backend is its old name)")
+        old_backend_notice(old)
+        options["flavour"] = old
+    options["exclude"] = list(options["exclude"] or [])
+    return options
+
+
+def old_backend_notice(old: str) -> None:
+    """``--backend`` given to build or verify: said once, read as ``--trt``."""
+    from enginekit import reporting
+
+    reporting.warning(f"--backend on build and verify names the TensorRT that builds: it is --trt now (--trt {old}); "
+                      "--backend goes in a later release")
+
+
+def _adds_options(fn: Callable, into: str, options, convert: Callable) -> Callable:
+    """``fn`` with ``options`` ((parameter, annotation, default)) added to its signature as keyword options, and
+    the values given for them passed to it as one argument ``into`` (``convert(values)``)."""
     import inspect
 
     sig = inspect.signature(fn, eval_str=True)  # the command's own annotations as objects (Annotated options)
-    kept = [p for p in sig.parameters.values() if p.name != "declared"]
+    kept = [p for p in sig.parameters.values() if p.name != into]
     added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
-             for name, annotation, default in DECLARATION_OPTIONS]
+             for name, annotation, default in options]
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        given = {name: kwargs.pop(name, default) for name, _, default in DECLARATION_OPTIONS}
-        return fn(*args, declared=declared_of(given), **kwargs)
+        given = {name: kwargs.pop(name, default) for name, _, default in options}
+        return fn(*args, **{into: convert(given)}, **kwargs)
 
     wrapper.__signature__ = sig.replace(parameters=kept + added)
     wrapper.__annotations__ = {**{p.name: p.annotation for p in kept},
-                               **{name: annotation for name, annotation, _ in DECLARATION_OPTIONS}}
+                               **{name: annotation for name, annotation, _ in options}}
     return wrapper
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (PANEL_BUILD, PANEL_GATES, PANEL_MODEL, PANEL_RUN, ImgszOpt, RandomInitOpt,
+from enginekit.cli.common import (PANEL_BUILD, PANEL_GATES, PANEL_RUN, WeightsOpt, ImgszOpt, RandomInitOpt,
                                   RemoteOpt, RemoteReadOnlyOpt, SeedOpt, declares_a_model, handles_errors,
                                   quiet_third_party)
 
@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
     def triton_cmd(
         target: Annotated[str, typer.Argument(help="A model name or recipe (exported through the cache), or an ONNX file enginekit wrote.")],
         repo: Annotated[Path, typer.Option("--repo", help="The model repository folder (made if missing; other models in it are kept).")],
-        weights: Annotated[Optional[Path], typer.Option("--weights", "-w", rich_help_panel=PANEL_MODEL, help="Local weights (.pt, ...).")] = None,
+        weights: WeightsOpt = None,
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
         imgsz: ImgszOpt = None,

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (PANEL_BUILD, PANEL_GATES, PANEL_IMAGES, PANEL_INPUT, PANEL_REPORTS, ImgszOpt, BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, MODEL_HELP, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt, declared_of, NmsOpt, ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
+from enginekit.cli.common import (ImagesOpt, RecheckOpt, PANEL_BUILD, PANEL_GATES, PANEL_INPUT, PANEL_REPORTS, ImgszOpt, BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, MODEL_HELP, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt, declared_of, NmsOpt, ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
                                   quiet_third_party)
 
 
@@ -27,11 +27,11 @@ def register(app: typer.Typer) -> None:
         nms: NmsOpt = False,
         opset: Annotated[int, typer.Option("--opset", rich_help_panel=PANEL_BUILD, help="ONNX opset.")] = 18,
         simplifier: Annotated[str, typer.Option("--simplifier", rich_help_panel=PANEL_BUILD, help="onnxsim or onnxslim.")] = "onnxsim",
-        images: Annotated[Optional[Path], typer.Option("--images", rich_help_panel=PANEL_IMAGES, help="Photographs for the parity check (default: embedded).")] = None,
+        images: ImagesOpt = None,
         rel_l2: Annotated[Optional[float], typer.Option("--rel-l2", rich_help_panel=PANEL_GATES, help="The final graph's rel L2 limit.")] = None,
         report: Annotated[Optional[Path], typer.Option("--report", rich_help_panel=PANEL_REPORTS, help="The parity report as JSON.")] = None,
         force: ForceOpt = False,
-        recheck: Annotated[bool, typer.Option("--recheck", rich_help_panel=PANEL_GATES, help="Check parity again, though a verdict is stored.")] = False,
+        recheck: RecheckOpt = False,
         task: TaskOpt = None,
         outputs: OutputsOpt = None,
         size: SizeOpt = None,

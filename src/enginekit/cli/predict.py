@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from enginekit.backends import AUTO, choices
-from enginekit.cli.common import PANEL_BUILD, PANEL_GATES, PANEL_MODEL, PANEL_REPORTS, PANEL_STREAM, ImgszOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, declares_a_model, handles_errors, quiet_third_party
+from enginekit.cli.common import ModelsWeightsOpt, EveryOpt, FramesPerStepOpt, DropOpt, InFlightOpt, PANEL_BUILD, PANEL_GATES, PANEL_REPORTS, PANEL_STREAM, ImgszOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, declares_a_model, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
     def predict_cmd(
         models: Annotated[str, typer.Argument(help="Model(s), comma list (yolo12n,depth): names, best.pt, keys, ONNX or engine files.")],
         sources: Annotated[list[str], typer.Argument(help="Image, folder, video or camera index (0); several: one frame of each per step.")],
-        weights: Annotated[Optional[list[Path]], typer.Option("--weights", "-w", rich_help_panel=PANEL_MODEL, help="Weights, once per model, in the order of MODELS.")] = None,
+        weights: ModelsWeightsOpt = None,
         random_init: RandomInitOpt = False,
         trust_checkpoint: TrustOpt = False,
         seed: SeedOpt = 0,
@@ -33,12 +33,12 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", rich_help_panel=PANEL_REPORTS, help="results.json's document on stdout (docs/runtime.md).")] = False,
         verbose: Annotated[bool, typer.Option("--verbose", "-v", rich_help_panel=PANEL_REPORTS, help="Photographs too: each stage's p50/p95/p99.")] = False,
         max_frames: Annotated[Optional[int], typer.Option("--max-frames", rich_help_panel=PANEL_STREAM, help="Stop after this many frames of each source.")] = None,
-        drop: Annotated[str, typer.Option("--drop", rich_help_panel=PANEL_STREAM, help="Too many frames: none (wait), oldest or newest dropped.")] = "none",
-        every: Annotated[Optional[list[str]], typer.Option("--every", rich_help_panel=PANEL_STREAM, help="A model's cadence MODEL=N (depth=3); repeatable.")] = None,
-        frames_per_step: Annotated[int, typer.Option("--frames-per-step", rich_help_panel=PANEL_STREAM, help="Frames of each source per step (stereo: 2).")] = 1,
+        drop: DropOpt = "none",
+        every: EveryOpt = None,
+        frames_per_step: FramesPerStepOpt = 1,
         batch: Annotated[Optional[int], typer.Option("--batch", rich_help_panel=PANEL_STREAM, help="Frames per inference call (default: the step).")] = None,
         queue: Annotated[int, typer.Option("--queue", rich_help_panel=PANEL_STREAM, help="Frames waiting per source.")] = 2,
-        in_flight: Annotated[int, typer.Option("--in-flight", rich_help_panel=PANEL_STREAM, help="Steps at once: 1 least latency, 2 overlap.")] = 2,
+        in_flight: InFlightOpt = 2,
         pace: Annotated[Optional[float], typer.Option("--pace", rich_help_panel=PANEL_STREAM, help="Frames/s a file is read at, as a camera.")] = None,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,

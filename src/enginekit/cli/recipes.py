@@ -12,8 +12,8 @@ from enginekit.cli.common import handles_errors, quiet_third_party
 from enginekit.errors import UsageError
 
 # build's CLI parameter -> BuildRequest name, for flags that override a recipe
-_FLAG_TO_KWARG = {"profile": "profiles", "tol": "tolerances"}
-_NOT_OVERRIDES = ("target", "trust_checkpoint", "remote", "remote_read_only")
+_FLAG_TO_KWARG = {"profile": "profiles", "tol": "tolerances", "trt": "flavour", "backend": "flavour"}
+_NOT_OVERRIDES = ("target", "trust_checkpoint", "remote", "remote_read_only", "engine")
 
 
 def register(app: typer.Typer) -> None:
@@ -144,6 +144,11 @@ def given_flags(params: dict) -> dict:
             continue
         if name == "no_verify":
             given["verify"] = not value
+        elif name == "backend":  # --trt's old name
+            from enginekit.cli.common import old_backend_notice
+
+            old_backend_notice(value)
+            given["flavour"] = value
         elif name in _DECLARATION:  # --task, --outputs...: over the recipe's model declaration
             given.setdefault("declared", {})[name] = value
         else:

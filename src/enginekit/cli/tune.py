@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import ModelsWeightsOpt, EveryOpt, FramesPerStepOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
     @handles_errors
     def tune_cmd(
         models: Annotated[str, typer.Argument(help="Model name(s), comma-separated (yolo12n,depth): several run on every frame.")],
-        weights: Annotated[Optional[list[Path]], typer.Option("--weights", "-w", help="Weights, once per model, in the order of MODELS.")] = None,
+        weights: ModelsWeightsOpt = None,
         random_init: RandomInitOpt = False,
         trust_checkpoint: TrustOpt = False,
         seed: SeedOpt = 0,
@@ -24,8 +24,8 @@ def register(app: typer.Typer) -> None:
         p95: Annotated[Optional[str], typer.Option("--p95", help="Target: the step's 95th percentile latency, in ms.")] = None,
         p99: Annotated[Optional[str], typer.Option("--p99", help="Target: the step's 99th percentile latency, in ms.")] = None,
         fps: Annotated[Optional[float], typer.Option("--fps", help="Target: frames per second the stream sustains.")] = None,
-        frames_per_step: Annotated[int, typer.Option("--frames-per-step", help="K frames per step, batched (stereo: 2; K cameras: K); latency targets are per step.")] = 1,
-        every: Annotated[Optional[list[str]], typer.Option("--every", help="A model's cadence in the pipeline, MODEL=N (depth=3).")] = None,
+        frames_per_step: FramesPerStepOpt = 1,
+        every: EveryOpt = None,
         backend: Annotated[Optional[list[str]], typer.Option("--backend", help="Search space: runtime backends, comma list (default: those that run here; on a GPU tensorrt, onnxruntime-cuda, torch; on a CPU onnxruntime-cpu).")] = None,
         precision: Annotated[Optional[list[str]], typer.Option("--precision", help="Search space: precisions, comma list (default: fp16,fp32 on a GPU, fp32 on a CPU).")] = None,
         input: Annotated[Optional[list[str]], typer.Option("--input", "-i", "--imgsz", help="Search space: network input sizes, comma list: 320 or HxW for every model, MODEL=SIZE for one (yolo12n=320,depth=224); default: the family's.")] = None,

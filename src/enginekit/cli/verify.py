@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (PANEL_BUILD, PANEL_CALIB, PANEL_GATES, PANEL_IMAGES, PANEL_INPUT, PANEL_MODEL, PANEL_REPORTS, ImgszOpt, BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt,
+from enginekit.cli.common import (ImagesOpt, RecheckOpt, PANEL_BUILD, PANEL_GATES, PANEL_IMAGES, PANEL_MODEL, PANEL_REPORTS, ImgszOpt, ProfileOpt, builds_an_engine, engine_request, ENGINE_OPTIONS, BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt,
                                   declared_of, NmsOpt, failure_summary, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt,
                                   SeedOpt, TrustOpt, WeightsOpt,
                                   handles_errors, quiet_third_party)
@@ -16,6 +16,7 @@ from enginekit.cli.common import (PANEL_BUILD, PANEL_CALIB, PANEL_GATES, PANEL_I
 def register(app: typer.Typer) -> None:
     @app.command("verify")
     @handles_errors
+    @builds_an_engine
     def verify_cmd(
         target: Annotated[Optional[str], typer.Argument(help="Nothing (every cached engine), a cache key, a model, an ONNX or engine file.", show_default=False)] = None,
         reference: Annotated[Optional[Path], typer.Option("--reference", rich_help_panel=PANEL_MODEL, help="ONNX/engine file: its PyTorch checkpoint.")] = None,
@@ -25,20 +26,11 @@ def register(app: typer.Typer) -> None:
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
         nms: NmsOpt = False,
-        profile: Annotated[Optional[list[str]], typer.Option("--profile", "-p", rich_help_panel=PANEL_INPUT, help="Engine profile NxCxHxW or min:opt:max (as build's).")] = None,
+        profile: ProfileOpt = None,
         imgsz: ImgszOpt = None,
         precision: Annotated[Optional[str], typer.Option("--precision", rich_help_panel=PANEL_BUILD, help="fp32, fp16, int8, fp8 or a list (fp16,int8).")] = None,
-        backend: Annotated[str, typer.Option("--backend", rich_help_panel=PANEL_BUILD, help="auto, tensorrt or tensorrt-rtx (as build's).")] = "auto",
-        target_cc: Annotated[Optional[str], typer.Option("--target-cc", rich_help_panel=PANEL_BUILD, help="TensorRT-RTX targets (as build's).")] = None,
-        workspace: Annotated[Optional[str], typer.Option("--workspace", rich_help_panel=PANEL_BUILD, help="Builder workspace (as build's).")] = None,
-        opt_level: Annotated[Optional[int], typer.Option("--opt-level", rich_help_panel=PANEL_BUILD, help="Builder level 0..5 (as build's).")] = None,
         repair: Annotated[bool, typer.Option("--repair", rich_help_panel=PANEL_BUILD, help="The engine build --repair made.")] = False,
-        calib_data: Annotated[Optional[Path], typer.Option("--calib-data", rich_help_panel=PANEL_CALIB, help="Images, dataset, video or .npy (as build's).")] = None,
-        calib_count: Annotated[int, typer.Option("--calib-count", rich_help_panel=PANEL_CALIB, help="Calibration inputs.")] = 8,
-        calib_method: Annotated[Optional[str], typer.Option("--calib-method", rich_help_panel=PANEL_CALIB, help="max, entropy, percentile... (as build's).")] = None,
-        calib_cache: Annotated[Optional[Path], typer.Option("--calib-cache", rich_help_panel=PANEL_CALIB, help="Calibration cache to read or write.")] = None,
-        exclude: Annotated[Optional[list[str]], typer.Option("--exclude", rich_help_panel=PANEL_CALIB, help="Node regex kept out of INT8 (repeatable).")] = None,
-        images: Annotated[Optional[Path], typer.Option("--images", rich_help_panel=PANEL_IMAGES, help="Folder of photographs to check on (default: embedded).")] = None,
+        images: ImagesOpt = None,
         image_count: Annotated[Optional[int], typer.Option("--image-count", rich_help_panel=PANEL_IMAGES, help="How many (default 4; 16 with --data).")] = None,
         data: Annotated[Optional[Path], typer.Option("--data", rich_help_panel=PANEL_IMAGES, help="Labels: dataset YAML or folder; mAP/mIoU, as yolo val.")] = None,
         data_limit: Annotated[Optional[int], typer.Option("--data-limit", rich_help_panel=PANEL_IMAGES, help="--data: score this many images (default all).")] = None,
@@ -47,7 +39,7 @@ def register(app: typer.Typer) -> None:
         task_required: Annotated[bool, typer.Option("--task-required/--task-optional", rich_help_panel=PANEL_GATES, help="Optional: nothing to compare is said, not failed.")] = True,
         require_engine: Annotated[bool, typer.Option("--require-engine", rich_help_panel=PANEL_GATES, help="Fail (exit 3) if the engine cannot run here.")] = False,
         allow_unverifiable: Annotated[bool, typer.Option("--allow-unverifiable", rich_help_panel=PANEL_GATES, help="List engines with no model to check; pass.")] = False,
-        recheck: Annotated[bool, typer.Option("--recheck", rich_help_panel=PANEL_GATES, help="Check again, though verdicts on the same content are stored.")] = False,
+        recheck: RecheckOpt = False,
         report: Annotated[Optional[Path], typer.Option("--report", rich_help_panel=PANEL_REPORTS, help="Folder: report.json, summary.md, junit.xml, PNGs.")] = None,
         junit: Annotated[Optional[Path], typer.Option("--junit", rich_help_panel=PANEL_REPORTS, help="JUnit XML file (a test case per check).")] = None,
         remote: RemoteOpt = None,
@@ -61,6 +53,7 @@ def register(app: typer.Typer) -> None:
         resize: ResizeOpt = None,
         bgr: BgrOpt = False,
         classes: ClassesOpt = None,
+        engine: dict = {},
     ) -> None:
         """Check engines and the ONNX graphs they came from against the PyTorch model.
 
@@ -84,7 +77,7 @@ def register(app: typer.Typer) -> None:
             from enginekit.cli.recipes import given_flags
             from enginekit.flows.recipes import verify_recipe
 
-            flags = given_flags(locals())
+            flags = given_flags({**locals(), **engine})
             for key in ("report", "junit", "reference", "model"):
                 flags.pop(key, None)
             outcomes = verify_recipe(target, flags, report_dir=report, junit=junit)
@@ -96,15 +89,8 @@ def register(app: typer.Typer) -> None:
                 ("--precision", precision is not None and kind in ("all", "key")),
                 ("--profile", bool(profile) and kind != "model"),
                 ("--imgsz", imgsz is not None and kind != "model"),
-                ("--backend", backend != "auto" and kind != "model"),
-                ("--target-cc", target_cc is not None and kind != "model"),
-                ("--workspace", workspace is not None and kind != "model"),
-                ("--opt-level", opt_level is not None and kind != "model"),
-                ("--calib-data", calib_data is not None and kind != "model"),
-                ("--calib-count", calib_count != 8 and kind != "model"),
-                ("--calib-method", calib_method is not None and kind != "model"),
-                ("--calib-cache", calib_cache is not None and kind != "model"),
-                ("--exclude", bool(exclude) and kind != "model"),
+                *((f"--{name.replace('_', '-')}", engine[name] not in (default, None, []) and kind != "model")
+                  for name, _, default, _ in ENGINE_OPTIONS),
                 ("--repair", repair and kind != "model"),
                 ("--nms", nms and kind != "model"),
                 ("--weights", weights is not None and kind in ("all", "key")),
@@ -119,10 +105,8 @@ def register(app: typer.Typer) -> None:
             build_options = {"profiles": profile or [], "imgsz": imgsz, "weights": weights, "random_init": random_init, "seed": seed,
                              "declared": declared_of(locals())}
             if kind == "model":
-                build_options.update(backend=backend, target_cc=target_cc, workspace=workspace, opt_level=opt_level,
-                                     calib_data=calib_data, calib_count=calib_count, calib_method=calib_method,
-                                     calib_cache=calib_cache, exclude=exclude or [], repair=repair,
-                                     tolerances=(tol or []) if repair else [], nms=nms)
+                build_options.update(**engine_request(engine), repair=repair, tolerances=(tol or []) if repair else [],
+                                     nms=nms)
             request = VerifyRequest(target=target, precision=precision, images=images, image_count=image_count,
                                     data=data, data_limit=data_limit, data_split=data_split,
                                     report_dir=report, junit=junit, tolerances=tol or [], reference=reference,

@@ -30,12 +30,11 @@ import numpy as np
 from enginekit.compare.parts import OutputPart, Tolerance
 from enginekit.errors import UsageError
 from enginekit.shapes import InputConstraint, Shape
+from enginekit.families.types import FamilyInfo, LoadedModel, NmsSettings
 
 if TYPE_CHECKING:
     import torch
 
-    from enginekit.families.base import LoadedModel, NmsSettings
-    from enginekit.families.registry import FamilyInfo
 
 #: the tasks a family may declare, in Ultralytics' words; "raw": outputs of no known task (parity only)
 TASKS = ("detect", "segment", "pose", "obb", "classify", "semantic", "depth", "raw")
@@ -230,7 +229,7 @@ class Export(ABC):
 
     def onnx_metadata(self, loaded: "LoadedModel") -> dict[str, str]:
         """What the exported graph records of itself (``enginekit`` keys, then the loaded model's)."""
-        from enginekit import __version__
+        from enginekit._version import __version__
 
         meta = {"enginekit_version": __version__, "model": loaded.name, "family": getattr(self, "family", ""),
                 "weights": loaded.weights.identity, "input_layout": self.input_description}
@@ -245,8 +244,6 @@ class Export(ABC):
         """This adapter, with NMS in the exported graph: its output is the kept boxes, as an
         end-to-end head's. A one-line UsageError where the model has no NMS to add."""
         import dataclasses
-
-        from enginekit.families.base import NmsSettings
 
         reason = self.nms_refusal()
         if reason is not None:

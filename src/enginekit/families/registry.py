@@ -11,10 +11,11 @@ or transformers inside their methods).
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from enginekit.errors import UsageError
+from enginekit.families.interface import check_declared
+from enginekit.families.types import FamilyInfo  # noqa: F401 - re-exported: families declare themselves with it
 
 if TYPE_CHECKING:
     from enginekit.families.base import ModelAdapter
@@ -30,27 +31,9 @@ FAMILY_MODULES = (
 _REGISTRY: list[type] = []
 
 
-@dataclass(frozen=True)
-class FamilyInfo:
-    family: str
-    task: str
-    variants: list[str]
-    default_input: str
-    weights: str
-    note: str
-    #: ``--nms`` puts NMS in its graph (for the variants without an end-to-end head)
-    nms: bool = False
-
-    def to_json(self) -> dict:
-        return {"family": self.family, "task": self.task, "variants": self.variants,
-                "default_input": self.default_input, "weights": self.weights, "note": self.note, "nms": self.nms}
-
-
 def register(cls: type) -> type:
     """Class decorator: add a family's adapter class to the registry (once), after checking that it
     declares what a family must (``families.interface.check_declared``: a TypeError names what is missing)."""
-    from enginekit.families.interface import check_declared
-
     check_declared(cls)
     if cls not in _REGISTRY:
         _REGISTRY.append(cls)

@@ -37,13 +37,13 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     from enginekit.precisions import get as get_precision
     from enginekit.shapes import bind_to_inputs, bind_to_model, parse_profile
     from enginekit.gpu import gpu_info
-    from enginekit.trt.backends import require_fp8, require_nms, resolve_backend, resolve_targets
+    from enginekit.trt.flavours import require_fp8, require_nms, resolve_flavour, resolve_targets
     from enginekit.trt.builder import BuildOptions
 
     r = request
     mode = get_precision(r.precision)
     parsed = [parse_profile(p) for p in r.profiles]
-    be = resolve_backend(r.backend)
+    be = resolve_flavour(r.flavour)
     options = BuildOptions(
         workspace_bytes=workspace_bytes(r.workspace) if r.workspace else None,
         optimization_level=r.opt_level,
@@ -241,8 +241,8 @@ def write_engine_file(outcome: BuildOutcome, dest: Path, *, ultralytics: bool = 
 
     if not ultralytics:
         return copy_file_atomic(outcome.engine, dest)
-    from enginekit import __version__
-    from enginekit.cache import sha256_file
+    from enginekit._version import __version__
+    from enginekit.hashing import sha256_file
     from enginekit.engine_file import write_with_header
     from enginekit.families.registry import graph_metadata, resolve_recorded
     from enginekit.families.ultralytics.identity import ultralytics_header

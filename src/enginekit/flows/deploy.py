@@ -97,7 +97,7 @@ def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
                               max_batch=serving.max_batch or None, profiles=profiles)
     record["net"] = f"{name}-net"
     kind = triton.result_kind(predictor)
-    from enginekit.cache import sha256_file
+    from enginekit.hashing import sha256_file
 
     texts = {f"{name}-net/config.pbtxt": triton.net_config(f"{name}-net", request.platform, inputs, outputs,
                                                            serving, env),
@@ -121,7 +121,7 @@ def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
 
 
 def _version() -> str:
-    from enginekit import __version__
+    from enginekit._version import __version__
 
     return __version__
 
@@ -158,10 +158,10 @@ def _check_repo(repo: Path) -> Path:
 def _check_tensorrt_for_triton() -> None:
     """Triton's TensorRT backend loads engines of TensorRT proper (not TensorRT-RTX's plans): refused before
     any work where TensorRT is not installed."""
-    from enginekit.trt.backends import resolve_backend
+    from enginekit.trt.flavours import resolve_flavour
 
     try:
-        resolve_backend("tensorrt")
+        resolve_flavour("tensorrt")
     except CapabilityError as exc:
         raise CapabilityError(f"--platform tensorrt: Triton's TensorRT backend loads TensorRT engines, and {exc} "
                               "(TensorRT-RTX plans are not loaded by it); or serve the graph: --platform "
@@ -184,7 +184,7 @@ def _engine(request: DeployRequest, p, net_input, cache):
         shape = "x".join(map(str, chw))
         profiles = [f"1x{shape}:{request.max_batch}x{shape}:{request.max_batch}x{shape}"]
     t = p.target
-    build = BuildRequest(target=request.target, precision=request.precision, profiles=profiles, backend="tensorrt",
+    build = BuildRequest(target=request.target, precision=request.precision, profiles=profiles, flavour="tensorrt",
                          weights=request.weights, random_init=request.random_init, seed=request.seed,
                          declared=dict(request.declared))
     outcome = run(run_build, build, cache, quiet=True)

@@ -112,8 +112,8 @@ def verdict_parts(pipe, artifact, precision: str, tolerance, shape, photos: list
     """What a parity verdict judged, as its key: the graph's content, the model it is compared with (its weights'
     identity, NMS, declaration), the inputs (the photographs' content, the shape, the seed), the limits, and the
     code that computes and compares (enginekit, ONNX Runtime, the model's framework). Never a path or a time."""
-    from enginekit import __version__
-    from enginekit.cache import sha256_file
+    from enginekit._version import __version__
+    from enginekit.hashing import sha256_file
     from enginekit.compare.comparison import Gates
     from enginekit.pipeline import model_versions, onnxruntime_version
     from enginekit.shapes import format_shape

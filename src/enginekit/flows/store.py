@@ -31,7 +31,7 @@ def engine_by_identity(cache, pipe, request, bound, backend, targets, export_par
     compute its keys). A writer (CI) builds with its own toolchain, key by key, so what it pushes is
     what its versions make. None where identity does not apply; else the resolution, said in one
     line (``--explain`` or not): the entry and why, or what there is instead."""
-    from enginekit.cache import key_for
+    from enginekit.hashing import key_for
 
     remote = cache.remote
     if remote is None or remote.settings.writable or not by_identity_applies(request):
@@ -234,7 +234,7 @@ def pull_recipe(cache, path: str, overrides: dict | None = None) -> list:
     from enginekit.pipeline import Stages
     from enginekit.recipes import load_recipe
     from enginekit.shapes import bind_to_model, parse_profile
-    from enginekit.trt.backends import resolve_backend, resolve_targets
+    from enginekit.trt.flavours import resolve_flavour, resolve_targets
     from enginekit.gpu import gpu_info
 
     cache.require_remote(write=False)
@@ -242,7 +242,7 @@ def pull_recipe(cache, path: str, overrides: dict | None = None) -> list:
     found = []
     for cell in recipe.cells(overrides):
         request = recipe.build_request(cell, overrides)
-        backend = resolve_backend(request.backend)
+        backend = resolve_flavour(request.flavour)
         targets = resolve_targets(backend, request.target_ccs, gpu_info())
         pipe = Stages(request.model_request, cache)
         bound, _, _ = bind_to_model([parse_profile(p) for p in request.profiles], pipe.adapter)

@@ -615,7 +615,7 @@ def run_tune(request, cache=None) -> TuneOutcome:
             open_source(request.source, max_frames=1)  # a source that does not open: one line, now
             source, described = Path(request.source) if not request.source.isdigit() else request.source, request.source
         else:
-            from enginekit.bench.stream import DEFAULT_VIDEO_HW
+            from enginekit.images import DEFAULT_VIDEO_HW
             from enginekit.images import write_video
 
             frames = (request.frames + 1) * request.frames_per_step
@@ -693,7 +693,7 @@ def recipe_of(request, setting: Setting, measured: Measured, targets: Targets, m
         "model": section,
         "profiles": [profile],
         "precisions": [setting.precision],
-        "backend": "auto",  # the engine builder: TensorRT where it runs, else TensorRT-RTX
+        "trt": "auto",  # the TensorRT that builds: TensorRT where it runs, else TensorRT-RTX
         "runtime": {"backend": setting.backend, "input": setting.size, "batch": setting.batch,
                     "frames_per_step": request.frames_per_step,
                     "every": _cadence_of(request, setting.model)},

@@ -88,7 +88,7 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
         publish_verdicts(cache, found, reports)
     outcome = VerifyOutcome(reports)
     if labels is not None:
-        from enginekit.bench.records import latency_of
+        from enginekit.latencies import latency_of
         from enginekit.verification.ladder import precision_ladder
 
         outcome.ladder = precision_ladder(reports, lambda identity: latency_of(identity, cache))
@@ -239,7 +239,7 @@ def stored_check(cache, name: str, precision: str, graph: str, path: Path, refs,
     """(the graph's ArtifactReport, the stored verdict's key or None) for ``graph`` (its content) against ``refs``:
     a verdict is kept by what it judged (the graph, the references' key, every limit, the code that ran and
     compared), so a second verify of the same content runs nothing (``recheck``: it does)."""
-    from enginekit import __version__
+    from enginekit._version import __version__
     from enginekit.compare.gate import ArtifactReport, check_candidate
     from enginekit.pipeline import onnxruntime_version
 
@@ -498,7 +498,7 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
         raise UsageError(f"{path.name} does not compute {adapter.variant}'s outputs: {exc}") from exc
     report.artifacts.append(art)
     if labels is not None and art.ran:
-        from enginekit.cache import sha256_file
+        from enginekit.hashing import sha256_file
         from enginekit.pipeline import model_versions, onnxruntime_version
         from enginekit.verification.ground_truth import GroundTruth
 

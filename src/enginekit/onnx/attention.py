@@ -303,7 +303,8 @@ def fused_attention_copy(path: Path, cache=None) -> tuple[Path | None, int]:
     content: ``(path of the fused copy, blocks fused)``, or ``(None, 0)`` where nothing fuses."""
     import onnx
 
-    from enginekit.cache import Cache, sha256_file
+    from enginekit.cache import Cache
+    from enginekit.hashing import sha256_file
     from enginekit.onnx.graph import save_model
 
     cache = cache or Cache()

@@ -76,14 +76,14 @@ def ultralytics_engine_target(path: Path) -> Target | None:
         raise UsageError(f"{path.name}: {exc}") from exc
     if not meta.get("model"):
         raise UsageError(f"{path.name}: its header does not say which model it is")
-    from enginekit.trt.backends import plan_family, resolve_backend
+    from enginekit.trt.flavours import plan_family, resolve_flavour
 
     with open(path, "rb") as f:
         f.seek(offset)
         flavour = plan_family(f.read(4))
 
     try:
-        installed = resolve_backend(flavour)
+        installed = resolve_flavour(flavour)
         version, name = installed.version, installed.name
     except (UsageError, CapabilityError):
         version, name = "not installed", flavour
@@ -136,7 +136,7 @@ def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=Non
                 raise UsageError(f"{path} has no manifest.json beside it and no Ultralytics header: load it by its cache "
                                  "key, or from its cache folder")
             return target
-        from enginekit.cache import MANIFEST_LIMIT
+        from enginekit.manifest import MANIFEST_LIMIT
         from enginekit.fsutil import read_text
 
         try:

@@ -12,7 +12,8 @@ import io
 import warnings
 from pathlib import Path
 
-from enginekit.families.base import LoadedModel, ModelAdapter
+from enginekit.families.base import ModelAdapter
+from enginekit.families.types import LoadedModel
 from enginekit.onnx.graph import save_model, set_metadata
 from enginekit.shapes import Shape, format_shape
 

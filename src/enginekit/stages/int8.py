@@ -326,7 +326,7 @@ def layout_parts(src: Path, input_name: str, method: str, exclude: Sequence[str]
     providers it calibrates on, and the versions of ModelOpt, ONNX Runtime and onnx."""
     from importlib import metadata
 
-    from enginekit.cache import sha256_file
+    from enginekit.hashing import sha256_file
 
     return {"stage": "int8-layout", "format": int8_layout.LAYOUT_FORMAT, "input": sha256_file(src),
             "input_name": input_name, "method": method, "exclude": list(exclude), "high_precision": high_precision,

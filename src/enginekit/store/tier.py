@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from enginekit.cache import MANIFEST, _check_manifest
+from enginekit.manifest import MANIFEST, check_manifest
 from enginekit.store.base import ObjectInfo, ObjectStore, StoreError
 from enginekit.store.identity import hardware_of, identity_hash, identity_of
 from enginekit.store.settings import RemoteSettings
@@ -372,7 +372,7 @@ def _parse_manifest(data: bytes, kind: str, key: str) -> dict:
         raise CorruptObject(f"{where} is not valid JSON (corrupt)") from cause
     if not isinstance(manifest, dict):
         raise CorruptObject(f"{where} is not a JSON object (corrupt)")
-    reason = _check_manifest(manifest, kind, key)
+    reason = check_manifest(manifest, kind, key)
     if reason is not None:
         raise CorruptObject(f"{where}: {reason}")
     for name, record in manifest["files"].items():

@@ -33,7 +33,7 @@ from enginekit import reporting
 from enginekit.errors import CapabilityError
 
 if TYPE_CHECKING:
-    from enginekit.trt.backends import Backend
+    from enginekit.trt.flavours import Flavour
 
 RTX_MODULE = "tensorrt_rtx"  # Polygraphy's USE_TENSORRT_RTX selects this module
 _MAX_MESSAGE = 400
@@ -114,7 +114,7 @@ def quiet_polygraphy() -> Iterator[None]:
 _bound: dict[str, ModuleType] = {}
 
 
-def bind(backend: "Backend") -> ModuleType:
+def bind(backend: "Flavour") -> ModuleType:
     """Point Polygraphy's TensorRT backend at ``backend``'s module; returns ``polygraphy.backend.trt``.
 
     Idempotent and cheap once bound; rebinding to the other module (TensorRT <-> TensorRT-RTX) in

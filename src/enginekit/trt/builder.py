@@ -30,9 +30,9 @@ from typing import Any, Literal
 from enginekit import reporting
 from enginekit.errors import CapabilityError, UsageError, first_line
 from enginekit.shapes import Profile, check_against_onnx_input
-from enginekit.trt.backends import (
+from enginekit.trt.flavours import (
     TRAITS,
-    Backend,
+    Flavour,
     GpuInfo,
     cc_tuple,
     fp8_unsupported,
@@ -190,14 +190,14 @@ def _safe_say(say: Progress, message: str) -> None:
 # --- the network ----------------------------------------------------------------------
 
 
-def network_loader(poly: ModuleType, backend: Backend, onnx_path: Path) -> Any:
+def network_loader(poly: ModuleType, backend: Flavour, onnx_path: Path) -> Any:
     """Polygraphy's ``NetworkFromOnnxPath`` for ``backend``: strongly typed, by the flag only where
     the backend needs it (TensorRT 11 and TensorRT-RTX networks are strongly typed by default)."""
     # parse_from_file, not bytes: the parser finds external weight files next to the model.
     return poly.NetworkFromOnnxPath(str(onnx_path), strongly_typed=backend.traits.strongly_typed_flag_needed)
 
 
-def _parse(poly: ModuleType, backend: Backend, onnx_path: Path) -> tuple[Any, Any, Any]:
+def _parse(poly: ModuleType, backend: Flavour, onnx_path: Path) -> tuple[Any, Any, Any]:
     """(builder, network, parser): the parser stays referenced, it owns the weights."""
     from polygraphy.exception import PolygraphyException
 
@@ -207,7 +207,7 @@ def _parse(poly: ModuleType, backend: Backend, onnx_path: Path) -> tuple[Any, An
         raise UsageError(f"cannot build from {onnx_path.name}: {_parse_failure(backend, onnx_path)}") from cause
 
 
-def _parse_failure(backend: Backend, onnx_path: Path) -> str:
+def _parse_failure(backend: Flavour, onnx_path: Path) -> str:
     """Why the ONNX parser refused the file, from its first error (Polygraphy only logs them)."""
     trt = backend.module
     logger = trt_logger(trt)
@@ -290,7 +290,7 @@ def _uses_fp8(trt: ModuleType, network: Any) -> bool:
 # --- the builder configuration -----------------------------------------------------------
 
 
-def config_loader(poly: ModuleType, backend: Backend, builder: Any, profiles: Sequence[Profile],
+def config_loader(poly: ModuleType, backend: Flavour, builder: Any, profiles: Sequence[Profile],
                   options: BuildOptions, targets: Sequence[str], *, timing_cache: Path | None = None,
                   monitor: Any = None) -> Any:
     """Polygraphy's ``CreateConfig`` (``CreateConfigRTX`` for compute-capability targets) for a build.
@@ -319,7 +319,7 @@ def config_loader(poly: ModuleType, backend: Backend, builder: Any, profiles: Se
     return poly.CreateConfig(tf32=tf32 is not None and fresh.get_flag(tf32), **kwargs)
 
 
-def _check_config(config: Any, backend: Backend, profiles: Sequence[Profile], targets: Sequence[str],
+def _check_config(config: Any, backend: Flavour, profiles: Sequence[Profile], targets: Sequence[str],
                   logger: Any) -> None:
     """What Polygraphy does not check: every profile was taken, every target set."""
     added = config.num_optimization_profiles
@@ -333,7 +333,7 @@ def _check_config(config: Any, backend: Backend, profiles: Sequence[Profile], ta
                 raise CapabilityError(f"{backend.label} refused target compute capability {cc}")
 
 
-def _create_config(poly: ModuleType, backend: Backend, network: tuple, profiles: Sequence[Profile],
+def _create_config(poly: ModuleType, backend: Flavour, network: tuple, profiles: Sequence[Profile],
                    options: BuildOptions, targets: Sequence[str], timing_cache: Path | None,
                    say: Progress, logger: Any) -> tuple[Any, Any]:
     """(IBuilderConfig, progress monitor): the monitor must outlive the build."""
@@ -373,7 +373,7 @@ def _refused_target(errors: Sequence[str]) -> str | None:
     return None
 
 
-def _build_failure(backend: Backend, logger: Any) -> UsageError:
+def _build_failure(backend: Flavour, logger: Any) -> UsageError:
     errors = [e for e in logger.errors if e.strip()]
     reason = tidy_message(errors[0]) if errors else "no message from the builder"
     return UsageError(f"{backend.label} could not build the engine: {reason}")
@@ -382,7 +382,7 @@ def _build_failure(backend: Backend, logger: Any) -> UsageError:
 def build_engine(
     onnx_path: Path,
     profiles: list[Profile],
-    backend: Backend,
+    backend: Flavour,
     options: BuildOptions = BuildOptions(),
     timing_cache: Path | None = None,
     progress: Progress | None = None,
@@ -437,7 +437,7 @@ def build_engine(
     )
 
 
-def _build(poly: ModuleType, backend: Backend, network: tuple, profiles: list[Profile], options: BuildOptions,
+def _build(poly: ModuleType, backend: Flavour, network: tuple, profiles: list[Profile], options: BuildOptions,
            targets: tuple[str, ...], timing_cache: Path | None, say: Progress,
            logger: Any) -> tuple[bytes, float, tuple[str, ...], tuple[str, ...]]:
     """(plan, seconds, targets built for, default targets dropped)."""
@@ -487,7 +487,7 @@ def _built_label(built: BuiltFor) -> str:
 
 
 def can_run_here(
-    backend: Backend | None,
+    backend: Flavour | None,
     built: BuiltFor | Mapping[str, Any],
     gpu: GpuInfo | None | Literal["detect"] = "detect",
 ) -> tuple[bool, str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginekit.trt.backends import Backend
+from enginekit.trt.flavours import Flavour
 
 
 def _profile_for(shape: tuple[int, ...], profiles: list[dict], input_name: str) -> int:
@@ -26,7 +26,7 @@ def _profile_for(shape: tuple[int, ...], profiles: list[dict], input_name: str) 
 
 
 @contextlib.contextmanager
-def _activated(plan: Path, backend: Backend):
+def _activated(plan: Path, backend: Flavour):
     """An active polygraphy ``TrtRunner`` over ``plan``, deactivated on leaving."""
     from enginekit.trt.binding import bind
 
@@ -43,7 +43,7 @@ def _activated(plan: Path, backend: Backend):
         runner.deactivate()
 
 
-def engine_runner(plan: Path, backend: Backend, profiles: list[dict], input_name: str):
+def engine_runner(plan: Path, backend: Flavour, profiles: list[dict], input_name: str):
     """A context manager yielding ``run(feed) -> outputs`` over the engine."""
 
     @contextlib.contextmanager
@@ -64,7 +64,7 @@ def engine_runner(plan: Path, backend: Backend, profiles: list[dict], input_name
 
 
 @contextlib.contextmanager
-def repeat_runner(plan: Path, backend: Backend, feed: dict[str, np.ndarray], *,
+def repeat_runner(plan: Path, backend: Flavour, feed: dict[str, np.ndarray], *,
                   include_copies: bool) -> Iterator[Callable[[], None]]:
     """Yield ``run()``: one synchronous inference of ``feed`` (the engine's first profile).
 

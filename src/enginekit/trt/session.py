@@ -36,7 +36,7 @@ def profile_for(shape: tuple[int, ...], profiles: list[dict], input_name: str) -
 class EngineVerdict:
     """Which installed TensorRT runs (or would run) an engine here, whether it can, and why in one line."""
 
-    backend: Any  # trt.backends.Backend, or None: no TensorRT of the engine's kind is installed
+    backend: Any  # trt.flavours.Flavour, or None: no TensorRT of the engine's kind is installed
     ok: bool
     reason: str
 
@@ -61,7 +61,7 @@ def engine_runs_here(manifest: Mapping[str, Any] | None = None, *, backend: str 
     the engine a build with ``backend`` (auto | tensorrt | tensorrt-rtx) would make on this machine.
     ``gpu``: this machine's (``"detect"``), or a GpuInfo (None: no GPU).
     """
-    from enginekit.trt.backends import TRAITS, gpu_info, resolve_backend, resolve_targets
+    from enginekit.trt.flavours import TRAITS, gpu_info, resolve_flavour, resolve_targets
     from enginekit.trt.builder import BuiltFor, can_run_here
 
     if gpu == "detect":
@@ -71,13 +71,13 @@ def engine_runs_here(manifest: Mapping[str, Any] | None = None, *, backend: str 
         installed = None
         if row is not None:
             try:
-                installed = resolve_backend(row.family)
+                installed = resolve_flavour(row.family)
             except Exception:  # noqa: BLE001 - not installed (or too old): can_run_here says so
                 installed = None
         ok, reason = can_run_here(installed, manifest, gpu)
         return EngineVerdict(installed, ok, reason)
     try:
-        installed = resolve_backend(backend)
+        installed = resolve_flavour(backend)
     except (CapabilityError, UsageError) as exc:
         return EngineVerdict(None, False, ("no GPU on this machine; " if gpu is None else "") + str(exc))
     if gpu is None:
@@ -96,7 +96,7 @@ def installed_modules() -> dict[str, dict[str, Any]]:
     import importlib.util
 
     from enginekit.errors import first_line
-    from enginekit.trt.backends import TRAITS
+    from enginekit.trt.flavours import TRAITS
 
     modules: dict[str, dict[str, Any]] = {}
     for row in TRAITS.values():

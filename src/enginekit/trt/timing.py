@@ -24,23 +24,24 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from enginekit import reporting
-from enginekit.cache import Cache, key_for, sha256_file
+from enginekit.cache import Cache
+from enginekit.hashing import key_for, sha256_file
 from enginekit.fsutil import atomic_write_bytes
-from enginekit.trt.backends import Backend, GpuInfo
+from enginekit.trt.flavours import Flavour, GpuInfo
 from enginekit.trt.binding import capturing, trt_logger
 
 KIND = "timing-cache"
 FILE = "timing.cache"
 
-Merge = Callable[[Backend, Path, Path], bool]
+Merge = Callable[[Flavour, Path, Path], bool]
 
 
-def timing_cache_parts(backend: Backend, gpu: GpuInfo) -> dict:
+def timing_cache_parts(backend: Flavour, gpu: GpuInfo) -> dict:
     """The key of the timing cache kept for builds with ``backend`` on ``gpu``."""
     return {"backend": {"name": backend.name, "version": backend.version}, "gpu": gpu.to_json()}
 
 
-def merge_timing_caches(backend: Backend, into: Path, other: Path) -> bool:
+def merge_timing_caches(backend: Flavour, into: Path, other: Path) -> bool:
     """Combine the timing cache ``other`` into the one at ``into`` (rewritten); False if TensorRT refused.
 
     Polygraphy merges only into the file a build saves to; this merges two builds' copies.
@@ -58,7 +59,7 @@ def merge_timing_caches(backend: Backend, into: Path, other: Path) -> bool:
 
 
 @contextlib.contextmanager
-def kept_timing_cache(cache: Cache, backend: Backend, gpu: GpuInfo | None,
+def kept_timing_cache(cache: Cache, backend: Flavour, gpu: GpuInfo | None,
                       merge: Merge = merge_timing_caches) -> Iterator[Path | None]:
     """A private copy of the timing cache kept for (``backend``, ``gpu``), for one build to read and rewrite.
 
@@ -84,7 +85,7 @@ def kept_timing_cache(cache: Cache, backend: Backend, gpu: GpuInfo | None,
             _publish(cache, parts, key, work, loaded, backend, gpu, merge)
 
 
-def _publish(cache: Cache, parts: dict, key: str, work: Path, loaded: str | None, backend: Backend,
+def _publish(cache: Cache, parts: dict, key: str, work: Path, loaded: str | None, backend: Flavour,
              gpu: GpuInfo, merge: Merge) -> None:
     """Replace the entry with ``work``, first merging in what another build published meanwhile."""
     with cache.lock(KIND, key):

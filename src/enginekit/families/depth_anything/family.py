@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginekit.cache import sha256_file
+from enginekit.hashing import sha256_file
 from enginekit.errors import UsageError
 from enginekit.families.base import (
     LoadedModel,
@@ -37,7 +37,8 @@ from enginekit.families.depth_anything.model import (
 )
 from enginekit.families.depth_anything.runtime import DepthProcessor
 from enginekit.families.evaluation import DepthEvaluation
-from enginekit.families.registry import FamilyInfo, register
+from enginekit.families.registry import register
+from enginekit.families.types import FamilyInfo
 from enginekit.shapes import InputConstraint
 
 # Measured 2026-11-26, ONNX Runtime CPU (2-core CPU) against PyTorch FP32, Depth-Anything-V2-small with

@@ -34,7 +34,8 @@ from enginekit.families.base import (
     seed_everything,
 )
 from enginekit.families.evaluation import ClassifyEvaluation, DepthEvaluation, SemanticEvaluation, label_gates
-from enginekit.families.registry import FamilyInfo, register
+from enginekit.families.registry import register
+from enginekit.families.types import FamilyInfo
 from enginekit.families.torch_models import sources, table
 from enginekit.families.torch_models.runtime import ClassifyProcessor, DepthProcessor, SemanticProcessor, place
 from enginekit.families.torch_models.spec import TASK_MEANINGS, ModelSpec
@@ -313,7 +314,7 @@ class TorchModelAdapter(ModelAdapter):
 
 
 def _sha(path: Path) -> str:
-    from enginekit.cache import sha256_file
+    from enginekit.hashing import sha256_file
 
     return sha256_file(path)
 

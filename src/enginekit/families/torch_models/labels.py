@@ -151,7 +151,7 @@ class SemanticSplit:
 
     def digest(self) -> str:
         """Every image's and label's content, the classes and how they map to the model's."""
-        from enginekit.cache import sha256_file
+        from enginekit.hashing import sha256_file
 
         h = hashlib.sha256(f"semantic-labels/{SEMANTIC_LABELS_VERSION}|{self.kind}|{sorted(self.names.items())}|"
                            f"{sorted(self.model_names.items())}|{self.model_count}|"

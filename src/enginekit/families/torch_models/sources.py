@@ -189,7 +189,7 @@ def identity(source: Source) -> dict[str, str]:
     version is in ``pipeline.model_versions``), a file's content, a module's distribution version or file."""
     found = {"source": source.display}
     if source.kind in ("file", "export", "torchscript"):
-        from enginekit.cache import sha256_file
+        from enginekit.hashing import sha256_file
 
         check(source)
         found["sha256"] = sha256_file(source.path)
@@ -222,7 +222,7 @@ def _module_identity(module: str) -> dict[str, str]:
                 origin = str(candidate)
                 break
     if origin and Path(origin).is_file():
-        from enginekit.cache import sha256_file
+        from enginekit.hashing import sha256_file
 
         return {"sha256": sha256_file(Path(origin))}
     return {}
@@ -315,7 +315,7 @@ def _factory(source: Source):
     if source.kind == "file":
         check(source)
         name = f"enginekit_user_{sha256_bytes(str(source.path).encode())[:12]}"
-        from enginekit.cache import sha256_file
+        from enginekit.hashing import sha256_file
 
         digest = sha256_file(source.path)
         module = sys.modules.get(name)

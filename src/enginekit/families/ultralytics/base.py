@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginekit.cache import sha256_file
+from enginekit.hashing import sha256_file
 from enginekit.errors import UsageError
 from enginekit.families.base import (
     LoadedModel,
@@ -25,7 +25,7 @@ from enginekit.families.base import (
     seed_everything,
 )
 from enginekit.families.processing import parse_names
-from enginekit.families.registry import FamilyInfo
+from enginekit.families.types import FamilyInfo
 from enginekit.shapes import InputConstraint
 
 # Whole-output limits (recipes show them; a graph is gated per part, below).

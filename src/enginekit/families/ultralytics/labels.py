@@ -49,7 +49,7 @@ class LabelledSplit:
 
     def digest(self) -> str:
         """The identity of what is scored: every image and label file's content, the task, the class names."""
-        from enginekit.cache import sha256_file
+        from enginekit.hashing import sha256_file
 
         h = hashlib.sha256(f"labels/{LABELS_VERSION}|{self.task}|{sorted(self.names.items())}".encode())
         for s in self.samples:

@@ -28,7 +28,8 @@ from enginekit.compare.instances import (
 )
 from enginekit.compare.task_metrics import MIN_DEPTH_SPREAD
 from enginekit.errors import UsageError
-from enginekit.families.base import LoadedModel, OutputPart
+from enginekit.families.base import OutputPart
+from enginekit.families.types import LoadedModel
 from enginekit.families.evaluation import (
     ClassifyEvaluation,
     DepthEvaluation,
@@ -37,7 +38,8 @@ from enginekit.families.evaluation import (
     instance_gates,
     label_gates,
 )
-from enginekit.families.registry import FamilyInfo, register
+from enginekit.families.registry import register
+from enginekit.families.types import FamilyInfo
 from enginekit.families.ultralytics.base import (
     HUB_NOTE,
     TASK_SUFFIXES,

@@ -3,7 +3,7 @@
 The differences between TensorRT 10, TensorRT 11 and TensorRT-RTX live in one table of
 data (``TRAITS``), so the build code asks questions ("does this backend keep a timing
 cache?") instead of comparing version numbers. Nothing here imports tensorrt or
-tensorrt_rtx at import time: ``resolve_backend`` imports the chosen module on demand.
+tensorrt_rtx at import time: ``resolve_flavour`` imports the chosen module on demand.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ PORTABLE_RTX_TARGETS = ("7.5", "8.0", "8.6", "8.9", "12.0")
 # FP8 tensor cores arrived with Ada (8.9); every later architecture has them.
 FP8_MIN_COMPUTE_CAPABILITY = PRECISIONS["fp8"].min_compute_capability
 
-REQUESTABLE = ("auto", "tensorrt", "tensorrt-rtx")
+FLAVOURS = ("auto", "tensorrt", "tensorrt-rtx")
 
 
 @dataclass(frozen=True)
-class BackendTraits:
+class FlavourTraits:
     """What one backend (a module at some major versions) can and cannot do."""
 
     name: str  # row name, recorded in manifests and cache keys: "tensorrt-10"
@@ -58,10 +58,10 @@ class BackendTraits:
     builds_nms: bool = True
 
 
-TRAITS: dict[str, BackendTraits] = {
+TRAITS: dict[str, FlavourTraits] = {
     t.name: t
     for t in (
-        BackendTraits(
+        FlavourTraits(
             name="tensorrt-10",
             family="tensorrt",
             label="TensorRT",
@@ -81,7 +81,7 @@ TRAITS: dict[str, BackendTraits] = {
             can_deserialize_without_gpu=False,
             builds_nms=True,  # the ONNX parser's INMSLayer and INonZeroLayer
         ),
-        BackendTraits(
+        FlavourTraits(
             name="tensorrt-11",
             family="tensorrt",
             label="TensorRT",
@@ -101,7 +101,7 @@ TRAITS: dict[str, BackendTraits] = {
             can_deserialize_without_gpu=False,
             builds_nms=True,  # the ONNX parser's INMSLayer and INonZeroLayer
         ),
-        BackendTraits(
+        FlavourTraits(
             name="tensorrt-rtx",
             family="tensorrt-rtx",
             label="TensorRT-RTX",
@@ -129,12 +129,12 @@ TRAITS: dict[str, BackendTraits] = {
 
 
 @dataclass(frozen=True)
-class Backend:
+class Flavour:
     """An installed, imported backend: its row in the table and its module."""
 
     name: str
     version: str
-    traits: BackendTraits
+    traits: FlavourTraits
     module: ModuleType = field(repr=False, compare=False)
 
     @property
@@ -157,11 +157,11 @@ def _import(module_name: str) -> ModuleType:
         raise ModuleNotFoundError(str(exc)) from exc
 
 
-def _family_traits(family: str) -> list[BackendTraits]:
+def _family_traits(family: str) -> list[FlavourTraits]:
     return [t for t in TRAITS.values() if t.family == family]
 
 
-def _row_for(family: str, version: str) -> BackendTraits:
+def _row_for(family: str, version: str) -> FlavourTraits:
     """Pick the row of ``family`` that describes this module version."""
     rows = _family_traits(family)
     try:
@@ -182,23 +182,23 @@ def _row_for(family: str, version: str) -> BackendTraits:
     )
 
 
-def _load(family: str) -> Backend:
+def _load(family: str) -> Flavour:
     """Import one family's module and wrap it; ModuleNotFoundError when absent."""
     module_name = _family_traits(family)[0].module
     module = _import(module_name)
     version = str(getattr(module, "__version__", "0"))
     row = _row_for(family, version)
-    return Backend(name=row.name, version=version, traits=row, module=module)
+    return Flavour(name=row.name, version=version, traits=row, module=module)
 
 
-def resolve_backend(requested: str = "auto") -> Backend:
+def resolve_flavour(requested: str = "auto") -> Flavour:
     """``"auto" | "tensorrt" | "tensorrt-rtx"`` -> the installed backend.
 
     ``auto`` takes TensorRT when it is installed and can build here (a GPU is present),
     else TensorRT-RTX, else TensorRT all the same (its build then says a GPU is missing).
     """
-    if requested not in REQUESTABLE:
-        raise UsageError(f"unknown backend {requested!r}: choose one of {', '.join(REQUESTABLE)}")
+    if requested not in FLAVOURS:
+        raise UsageError(f"unknown backend {requested!r}: choose one of {', '.join(FLAVOURS)}")
     if requested != "auto":
         try:
             return _load(requested)
@@ -208,7 +208,7 @@ def resolve_backend(requested: str = "auto") -> Backend:
                 f"backend {requested} is not installed ({row.module}: {first_line(exc)}); "
                 f"install it with: {row.pip_install}"
             ) from exc
-    found: dict[str, Backend] = {}
+    found: dict[str, Flavour] = {}
     for family in ("tensorrt", "tensorrt-rtx"):
         try:
             found[family] = _load(family)
@@ -244,7 +244,7 @@ def normalize_cc(text: str) -> str:
     return f"{int(match.group(1))}.{match.group(2)}"
 
 
-def default_targets(backend: Backend, gpu: GpuInfo | None) -> tuple[str, ...]:
+def default_targets(backend: Flavour, gpu: GpuInfo | None) -> tuple[str, ...]:
     """Targets when the user names none: this GPU if the backend can target it, else portable.
 
     TensorRT proper always builds for the GPU it runs on, so its "targets" only record it.
@@ -257,7 +257,7 @@ def default_targets(backend: Backend, gpu: GpuInfo | None) -> tuple[str, ...]:
 
 
 def validate_targets(
-    backend: Backend, requested: str | Sequence[str], gpu: GpuInfo | None = None
+    backend: Flavour, requested: str | Sequence[str], gpu: GpuInfo | None = None
 ) -> tuple[str, ...]:
     """``--target-cc 8.6,8.9,12.0`` -> sorted, de-duplicated targets the backend supports."""
     items = requested.split(",") if isinstance(requested, str) else list(requested)
@@ -283,7 +283,7 @@ def validate_targets(
 
 
 def resolve_targets(
-    backend: Backend, requested: str | Sequence[str] | None, gpu: GpuInfo | None
+    backend: Flavour, requested: str | Sequence[str] | None, gpu: GpuInfo | None
 ) -> tuple[str, ...]:
     """The targets a build uses: the validated request, or the defaults."""
     if requested is None or (not isinstance(requested, str) and len(requested) == 0):
@@ -291,7 +291,7 @@ def resolve_targets(
     return validate_targets(backend, requested, gpu)
 
 
-def require_nms(backend: "Backend", what: str) -> None:
+def require_nms(backend: "Flavour", what: str) -> None:
     """Refuse, before any work, a graph ending in NMS on a backend that cannot build it."""
     if not backend.traits.builds_nms:
         raise CapabilityError(f"{backend.label} cannot build {what}: its builder has no NonMaxSuppression layer; "

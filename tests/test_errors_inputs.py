@@ -476,7 +476,7 @@ def test_build_of_a_graph_holding_nonmaxsuppression_exits_3(tmp_path):
 
 
 def test_json_outputs_have_no_bare_nan(tmp_path):
-    from enginekit.compare.gate import ArtifactReport, VerifyReport
+    from enginekit.verification.gate import ArtifactReport, VerifyReport
     from enginekit.fsutil import json_text
     from enginekit.verification.report import write_json
 
@@ -507,7 +507,7 @@ def test_cache_show_prints_strict_json(tmp_path):
 
 
 def _verify_report():
-    from enginekit.compare.gate import ArtifactReport, Check, VerifyReport
+    from enginekit.verification.gate import ArtifactReport, Check, VerifyReport
 
     report = VerifyReport("yolo11n-seg", "ab" * 32, "int8", "53fefa6f0a12", "hit")
     for name in ("onnx-export", "onnx-simplify", "onnx-int8-repair"):

@@ -72,7 +72,7 @@ def test_verify_exported_onnx_by_its_metadata(exported, trained_detector, run_cl
 
 def test_random_init_onnx_needs_no_flags():
     """Seeded random weights are reproducible: the metadata alone says how to rebuild the reference."""
-    from enginekit.flows.verify import onnx_model_request
+    from enginekit.verification.checks import onnx_model_request
     from enginekit.errors import UsageError
 
     meta = {"model": "yolov8n", "weights": "random:yolov8n.yaml@7"}

@@ -198,6 +198,27 @@ def test_tune_on_cpu_chooses_writes_a_recipe_that_builds(run_cli, tmp_path):
     assert built.stdout.strip().endswith("engine.plan")
 
 
+def test_tune_takes_a_declared_model_two_frames_a_step_and_writes_its_declaration(run_cli, tmp_path):
+    """The VR shape on the CPU at a small size: a declared segmenter (torchvision's LR-ASPP, 3 classes), two frames
+    per step in one batch of 2, the VR targets' three percentiles (p99 generous: a 2-core machine shared with other
+    tests); the recipe declares the model as tune took it, and loads."""
+    from enginekit.recipes import load_recipe
+
+    recipe = tmp_path / "seg.yaml"
+    r = run_cli("tune", "torchvision:lraspp_mobilenet_v3_large", "--random-init", "--classes", "3", "--size", "64x64",
+                "--backend", "onnxruntime-cpu", "--input", "64", "--frames-per-step", "2", "--p50", "60000",
+                "--p95", "60000", "--p99", "60000ms", "--frames", "4", "--json", "--write-recipe", str(recipe))
+    assert r.code == 0, r.stderr
+    data = json.loads(r.stdout)
+    (cand,) = data["candidates"]
+    assert cand["settings"][0]["batch"] == 2 and cand["settings"][0]["input"] == "64x64" and cand["verdict"] == "meets"
+    loaded = load_recipe(str(recipe))
+    assert loaded.model.declared() == {"size": "64x64", "classes": 3}
+    assert loaded.runtime.frames_per_step == 2 and loaded.runtime.batch == 2
+    two = run_cli("tune", "torchvision:lraspp_mobilenet_v3_large,yolo12n", "--random-init", "--classes", "3", "--p99", "25")
+    assert_one_line_error(two, 2, "--classes declare one model")
+
+
 def test_tune_with_an_impossible_target_exits_1_in_one_line(run_cli, tmp_path):
     r = run_cli("tune", "yolo12n", "--random-init", "--backend", "onnxruntime-cpu", "--input", "160",
                 "--p99", "0.01ms", "--frames", "4", "--write-recipe", str(tmp_path / "r.yaml"))

@@ -112,6 +112,14 @@ class Options(BaseModel):
         return type(self)(**{**self.model_dump(exclude_unset=False), **changes})
 
 
+def declaration_fields(value: Any) -> dict:
+    """A model's declaration (``--task``, ``--classes``...: ``families.torch_models.spec.ModelSpec``), validated:
+    the fields that were set."""
+    from enginekit.families.torch_models.spec import ModelSpec
+
+    return ModelSpec.of(value).given()
+
+
 class _ModelOptions(Options):
     """Weights options shared by the verbs that may load a PyTorch model."""
 
@@ -128,9 +136,7 @@ class _ModelOptions(Options):
     @field_validator("declared", mode="before")
     @classmethod
     def _declared(cls, value: Any) -> dict:
-        from enginekit.families.torch_models.spec import ModelSpec
-
-        return ModelSpec.of(value).given()
+        return declaration_fields(value)
 
     @model_validator(mode="after")
     def _weights_or_random(self):
@@ -650,6 +656,20 @@ class TuneRequest(Options):
     frames: int = Field(60, ge=4)  # timed steps per candidate
     device: Optional[str] = None
     write_recipe: Optional[Path] = None
+    #: what a torch model enginekit cannot know by itself declares (``--task``, ``--classes``...; one model)
+    declared: dict = {}
+
+    @field_validator("declared", mode="before")
+    @classmethod
+    def _declared(cls, value: Any) -> dict:
+        return declaration_fields(value)
+
+    @model_validator(mode="after")
+    def _declares_one_model(self):
+        if self.declared and len(self.models) > 1:
+            raise UsageError(f"{', '.join(f'--{k}' for k in self.declared)} declare one model; {','.join(self.models)} "
+                             f"names {len(self.models)}: tune the declared model alone, or a graph exported with the declaration")
+        return self
 
     @field_validator("models", "backends", "precisions", "inputs", mode="before")
     @classmethod
@@ -786,7 +806,7 @@ class TuneRequest(Options):
         from enginekit.model import ModelRequest
 
         w = self.weights_of(index)
-        return ModelRequest(self.models[index], w, self.random_init and w is None, self.seed)
+        return ModelRequest(self.models[index], w, self.random_init and w is None, self.seed, declared=dict(self.declared))
 
 
 #: how a Triton server runs the network (``deploy triton --platform``): its TensorRT backend, its ONNX Runtime
@@ -827,9 +847,7 @@ class DeployRequest(Options):
     @field_validator("declared", mode="before")
     @classmethod
     def _declared(cls, value: Any) -> dict:
-        from enginekit.families.torch_models.spec import ModelSpec
-
-        return ModelSpec.of(value).given()
+        return declaration_fields(value)
 
     @field_validator("platform")
     @classmethod

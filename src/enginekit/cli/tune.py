@@ -8,12 +8,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import ModelsWeightsOpt, EveryOpt, FramesPerStepOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, handles_errors, quiet_third_party
+from enginekit.cli.common import declares_a_model, ModelsWeightsOpt, EveryOpt, FramesPerStepOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, handles_errors, quiet_third_party
 
 
 def register(app: typer.Typer) -> None:
     @app.command("tune")
     @handles_errors
+    @declares_a_model
     def tune_cmd(
         models: Annotated[str, typer.Argument(help="Model name(s), comma-separated (yolo12n,depth): several run on every frame.")],
         weights: ModelsWeightsOpt = None,
@@ -38,6 +39,7 @@ def register(app: typer.Typer) -> None:
         write_recipe: Annotated[Optional[Path], typer.Option("--write-recipe", help="Write the choice as a recipe: FILE.yaml (one model) or a folder (one MODEL.yaml per model).")] = None,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
+        declared: dict = None,
     ) -> None:
         """Find the settings that meet a frame budget on this machine, each one built, verified and timed.
 
@@ -59,7 +61,7 @@ def register(app: typer.Typer) -> None:
                               p95=p95, p99=p99, fps=fps, frames_per_step=frames_per_step, every=parse_every(every),
                               backends=backend or [], precisions=precision or [], inputs=input or [],
                               batches=batch or [], budget_minutes=budget, source=source, frames=frames,
-                              device=device, write_recipe=write_recipe)
+                              device=device, write_recipe=write_recipe, declared=declared)
         quiet_third_party()
         from enginekit import api
 

@@ -103,7 +103,7 @@ class InstanceEvaluation:
 
     def label_scores(self, names: dict[int, str], metadata: dict[str, str]):
         """Ultralytics' validator metrics of this task (``compare.ground_truth.InstanceScores``)."""
-        from enginekit.compare.ground_truth import InstanceScores
+        from enginekit.compare.label_metrics import InstanceScores
         from enginekit.compare.instances import rotated_iou
 
         box = rotated_iou if getattr(self, "rotated", False) else box_iou
@@ -145,7 +145,7 @@ class ClassifyEvaluation:
         return "the reference's top-1 class leads its second by less than 1e-3 on every photograph"
 
     def label_scores(self, names: dict[int, str], metadata: dict[str, str]):
-        from enginekit.compare.ground_truth import ClassifyScores
+        from enginekit.compare.label_metrics import ClassifyScores
 
         return ClassifyScores()
 

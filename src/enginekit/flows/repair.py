@@ -60,7 +60,7 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
 
     from enginekit.calibration import CalibrationData
     from enginekit.compare import repair as rp
-    from enginekit.compare.gate import Gates
+    from enginekit.verification.gate import Gates
     from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
 
     source = chain[-2]

@@ -355,7 +355,7 @@ def space(request, index: int) -> list[Candidate]:
     from enginekit.gpu import check_device
 
     name = request.models[index]
-    adapter = resolve(name)
+    adapter = resolve(name, request.declared)
     check_device(request.device)
     chosen = request.backends or default_backends(request.device)
     if not chosen:
@@ -408,7 +408,8 @@ class Measurer:
             shape = f"3x{s.input[0]}x{s.input[1]}"
             options["profiles"] = [f"1x{shape}" if s.batch == 1 else f"1x{shape}:{s.batch}x{shape}:{s.batch}x{shape}"]
         return load(s.model, s.precision, s.backend, weights=model.weights, random_init=model.random_init,
-                    seed=model.seed, device=r.device, input_size=s.input, cache=self.cache, quiet=False, **options)
+                    seed=model.seed, device=r.device, input_size=s.input, cache=self.cache, quiet=False,
+                    **model.declared, **options)
 
     # verifying -------------------------------------------------------------------------------------------
     def _verify(self, s: Setting, predictor) -> tuple[str, str]:
@@ -433,7 +434,8 @@ class Measurer:
                                    f" at {s.precision}; verify compares graphs and engines"))
         r = self.request
         model = r.model_request(r.models.index(s.model))
-        weights = {"weights": model.weights, "random_init": model.random_init, "seed": model.seed}
+        weights = {"weights": model.weights, "random_init": model.random_init, "seed": model.seed,
+                   "declared": model.declared}
         if kind == ENGINE:
             shape = f"3x{s.input[0]}x{s.input[1]}"
             profiles = [f"1x{shape}" if s.batch == 1 else f"1x{shape}:{s.batch}x{shape}:{s.batch}x{shape}"]
@@ -648,7 +650,7 @@ def _check_every(request) -> None:
 
     known = {}
     for name in request.models:
-        adapter = resolve(name)
+        adapter = resolve(name, request.declared)
         for alias in (name, adapter.variant, adapter.family):
             known.setdefault(alias, name)
     for key, n in request.every.items():
@@ -675,7 +677,7 @@ def recipe_of(request, setting: Setting, measured: Measured, targets: Targets, m
 
     index = request.models.index(setting.model)
     model = request.model_request(index)
-    adapter = resolve(setting.model)
+    adapter = resolve(setting.model, request.declared)
     shape = f"3x{setting.input[0]}x{setting.input[1]}"
     profile = f"1x{shape}" if setting.batch == 1 else f"1x{shape}:{setting.batch}x{shape}:{setting.batch}x{shape}"
     where = machine.get("gpu") or f"a {machine.get('cpu_count')}-core {machine.get('cpu') or ''} CPU machine".replace("  ", " ")
@@ -686,6 +688,7 @@ def recipe_of(request, setting: Setting, measured: Measured, targets: Targets, m
         section["random_init"] = bool(model.random_init)
     if model.seed:
         section["seed"] = model.seed
+    section.update(model.declared)  # --task, --classes...: the recipe's model: section declares the same
     recipe: dict[str, Any] = {
         "description": (f"enginekit tune: {setting.label()}, for {targets.describe()}; measured on {where}: p50 "
                         f"{_num(measured.p50_ms)} ms, p95 {_num(measured.p95_ms)} ms, p99 {_num(measured.p99_ms)} ms, "
@@ -706,7 +709,7 @@ def recipe_of(request, setting: Setting, measured: Measured, targets: Targets, m
 def _cadence_of(request, model: str) -> int:
     from enginekit.families import resolve
 
-    adapter = resolve(model)
+    adapter = resolve(model, request.declared)
     for key, n in request.every.items():
         if key in (model, adapter.variant, adapter.family):
             return n
@@ -725,7 +728,7 @@ def write_recipes(request, chosen: Candidate, targets: Targets, machine: dict) -
     single = target.suffix.lower() in (".yaml", ".yml")
     written = []
     for s in chosen.settings:
-        path = target if single else target / f"{resolve(s.model).variant}.yaml"
+        path = target if single else target / f"{resolve(s.model, request.declared).variant}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         data = recipe_of(request, s, chosen.measured, targets, machine)
         tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")

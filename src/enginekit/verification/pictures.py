@@ -152,7 +152,7 @@ def draw_pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -
     """One picture per checked ONNX artifact of an engine entry, on the first photograph. A picture is kept
     in the cache by what it shows (the graph's content, the references), so a second report draws none."""
     from enginekit._version import __version__
-    from enginekit.compare.gate import onnx_runner
+    from enginekit.verification.gate import onnx_runner
     from enginekit.fsutil import atomic_copy
     from enginekit.verification.references import onnx_accepts_hw
 

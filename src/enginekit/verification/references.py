@@ -24,7 +24,7 @@ RUNNER_NAME = "pytorch"
 
 class References:
     """The reference cases of a stored entry, read from its files when first used: a verify whose verdicts are all
-    stored (``flows.verify.stored_check``) needs only the key and reads none of them."""
+    stored (``verification.checks.stored_check``) needs only the key and reads none of them."""
 
     def __init__(self, cases: list[Case] | None, key: str, status: str, skipped_images: list[str],
                  folder: Path | None = None):

@@ -7,7 +7,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from enginekit.compare.comparison import of_part
-from enginekit.compare.gate import VerifyReport
+from enginekit.verification.gate import VerifyReport
 from enginekit.compare.metrics import STATISTICS
 from enginekit.verification.ladder import letterbox_legend
 

@@ -510,7 +510,7 @@ class TorchSemantic(SemanticEvaluation, TorchModelAdapter):
         return read_semantic_split(dataset, split, names, count, model=self.variant, limit=limit)
 
     def label_scores(self, names: dict[int, str], metadata: dict[str, str]):
-        from enginekit.compare.ground_truth import SemanticScores
+        from enginekit.compare.label_metrics import SemanticScores
 
         return SemanticScores()
 

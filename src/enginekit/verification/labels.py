@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from enginekit import reporting
-from enginekit.compare.ground_truth import HEADLINE, drops
+from enginekit.compare.label_metrics import HEADLINE, drops
 from enginekit.compare.instances import IOU_NMS, MAX_DET
 from enginekit.errors import UsageError
 
@@ -174,7 +174,7 @@ class GroundTruth:
 
     def judge(self, art, reference: dict, candidate: dict, gates, precision: str) -> None:
         """The candidate's figures, its drop against the reference, and the gates on the drop, into ``art``."""
-        from enginekit.compare.gate import Check
+        from enginekit.verification.gate import Check
         from enginekit.compare.metrics import passes
 
         lost = drops(reference, candidate)

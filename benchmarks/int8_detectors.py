@@ -154,7 +154,7 @@ def quantize(src: Path, out: Path, calib: np.ndarray, input_name: str, config: C
     from onnxruntime.quantization.calibrate import CalibrationMethod
 
     from enginekit.stages.fp16 import quiet_modelopt
-    from enginekit.stages.modelopt_compat import calibration_eps, calibrator_factory
+    from enginekit.stages.modelopt import calibration_eps, calibrator_factory
 
     quiet_modelopt()
 

@@ -47,7 +47,7 @@ os.environ.setdefault("YOLO_CONFIG_DIR", str(Path(tempfile.gettempdir()) / "engi
 ENGINEKIT = [sys.executable, "-m", "enginekit"]
 YOLO_PROFILE = "1x3x640x640:8x3x640x640:16x3x640x640"
 DEPTH_PROFILE = "1x3x392x392:1x3x518x518:2x3x518x518"
-SHORTCUTS_ENV = "ENGINEKIT_MODELOPT_SHORTCUTS"  # enginekit.stages.modelopt_compat reads it
+SHORTCUTS_ENV = "ENGINEKIT_MODELOPT_SHORTCUTS"  # enginekit.stages.modelopt reads it
 rows: list[dict] = []
 
 

@@ -1,4 +1,4 @@
-"""AutoCast's shortcuts (stages/modelopt_compat.autocast) write the graph ModelOpt's own AutoCast writes.
+"""AutoCast's shortcuts (stages/modelopt: autocast) write the graph ModelOpt's own AutoCast writes.
 
 AutoCast keeps a node in FP32 when a tensor it reads or writes exceeds 512 in the reference run. enginekit
 measures those ranges in the graph instead of copying every tensor out (range_statistics) and sweeps dead
@@ -15,7 +15,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from enginekit.stages import modelopt_compat
+from enginekit.stages import modelopt as ek_modelopt
+from enginekit.stages.modelopt import fp16 as modelopt_fp16
 
 
 def stats_tuple(stats) -> tuple:
@@ -82,7 +83,7 @@ def test_range_statistics_are_modelopts_reference_figures(tmp_path, n_batches):
 
     runner = ReferenceRunner(model, ["cpu"])
     theirs = runner.run(str(npz))
-    ours = modelopt_compat.range_statistics(model, runner._load_inputs(str(npz)), runner.providers)
+    ours = modelopt_fp16.range_statistics(model, runner._load_inputs(str(npz)), runner.providers)
 
     assert list(ours) == list(theirs)  # the same tensors, in the same order
     assert {name: stats_tuple(s) for name, s in ours.items()} == {name: stats_tuple(s) for name, s in theirs.items()}
@@ -95,7 +96,7 @@ def test_marked_tensor_names_are_polygraphys():
 
     model = tricky_model()
     model.graph.node.insert(0, helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", 1, [], [1.0])))
-    assert modelopt_compat.marked_tensor_names(model) == all_tensor_names(model)
+    assert ek_modelopt.marked_tensor_names(model) == all_tensor_names(model)
 
 
 # -- whole graphs: the shortcut's FP16 graph is ModelOpt's, byte for byte ------------------------------------
@@ -128,13 +129,13 @@ def test_shortcut_fp16_graph_is_modelopts(model, fixture, shape, request, tmp_pa
     src = request.getfixturevalue(fixture).artifacts[1].path  # the simplified FP32 graph
     npz = reference_npz(model, shape, tmp_path / "ref.npz")
     measured = []
-    real = modelopt_compat.range_statistics
+    real = modelopt_fp16.range_statistics
 
     def spy(*args, **kwargs):
         measured.append(real(*args, **kwargs))
         return measured[-1]
 
-    monkeypatch.setattr(modelopt_compat, "range_statistics", spy)
+    monkeypatch.setattr(modelopt_fp16, "range_statistics", spy)
     own = convert(src, tmp_path / "own.onnx", model, npz, shortcuts=False)
     assert measured == []  # ModelOpt's own reference run
     fast = convert(src, tmp_path / "fast.onnx", model, npz, shortcuts=True)
@@ -152,7 +153,7 @@ def test_other_reference_ranges_give_another_graph(depth_export, tmp_path, monke
     """The comparison above can fail: ranges that differ from ModelOpt's (all under 512) change the graph."""
     src = depth_export.artifacts[1].path
     npz = reference_npz("depth", (1, 3, 224, 224), tmp_path / "ref.npz")
-    real = modelopt_compat.range_statistics
+    real = modelopt_fp16.range_statistics
 
     def flattened(*args, **kwargs):
         stats = real(*args, **kwargs)
@@ -161,16 +162,16 @@ def test_other_reference_ranges_give_another_graph(depth_export, tmp_path, monke
         return stats
 
     measured = convert(src, tmp_path / "measured.onnx", "depth", npz, shortcuts=True)
-    monkeypatch.setattr(modelopt_compat, "range_statistics", flattened)
+    monkeypatch.setattr(modelopt_fp16, "range_statistics", flattened)
     assert convert(src, tmp_path / "flat.onnx", "depth", npz, shortcuts=True) != measured
 
 
 def test_shortcuts_off_by_environment(monkeypatch):
-    monkeypatch.setenv(modelopt_compat.SHORTCUTS_ENV, "0")
-    with modelopt_compat.autocast() as run:
+    monkeypatch.setenv(ek_modelopt.SHORTCUTS_ENV, "0")
+    with ek_modelopt.autocast() as run:
         assert run.shortcuts is False
-    with modelopt_compat.quantize_shortcuts() as run:
+    with ek_modelopt.quantize_shortcuts() as run:
         assert run.shortcuts is False
-    monkeypatch.delenv(modelopt_compat.SHORTCUTS_ENV)
-    with modelopt_compat.autocast() as run:
+    monkeypatch.delenv(ek_modelopt.SHORTCUTS_ENV)
+    with ek_modelopt.autocast() as run:
         assert run.shortcuts is True

@@ -280,7 +280,7 @@ def test_a_kept_layout_rebuilds_modelopts_graph_without_modelopt(yolo, tmp_path,
 
 
 def layout_variants(yolo, tmp_path, monkeypatch) -> dict[str, dict]:
-    from enginekit.stages import int8, modelopt_compat
+    from enginekit.stages import int8, modelopt as ek_modelopt
 
     base = dict(src=yolo.fp32, input_name="images", method="entropy", exclude=yolo.exclude, high_precision="fp32",
                 probe=(1, 3, 320, 320))
@@ -293,7 +293,7 @@ def layout_variants(yolo, tmp_path, monkeypatch) -> dict[str, dict]:
                 "graph": {"src": tmp_path / "edited.onnx"}, "input": {"input_name": "x"}}
     parts = {name: int8.layout_parts(**{**base, **change}) for name, change in variants.items()}
     with monkeypatch.context() as mp:
-        mp.setattr(int8, "installed", lambda: {**modelopt_compat.installed(), "nvidia-modelopt": "0.48.0"})
+        mp.setattr(int8, "installed", lambda: {**ek_modelopt.installed(), "nvidia-modelopt": "0.48.0"})
         parts["versions"] = int8.layout_parts(**base)
     with monkeypatch.context() as mp:
         other = ["cuda:0", "cpu"] if int8.calibration_eps() == ["cpu"] else ["cpu"]
@@ -444,7 +444,7 @@ def test_depth_int8_keeps_the_family_exclusions_out(workdir):
 
 
 def test_installed_versions_are_the_ones_written_for():
-    from enginekit.stages import modelopt_compat
+    from enginekit.stages.modelopt import versions as modelopt_compat
 
     assert modelopt_compat.problem() is None, modelopt_compat.problem()
 
@@ -455,7 +455,7 @@ def test_installed_versions_are_the_ones_written_for():
     ({"nvidia-modelopt": None, "onnxruntime": "1.31.1"}, ["nvidia-modelopt not installed"]),
 ])
 def test_other_versions_are_refused_in_one_line(versions, fragments):
-    from enginekit.stages import modelopt_compat
+    from enginekit.stages.modelopt import versions as modelopt_compat
 
     reason = modelopt_compat.problem(versions, probe=False)
     assert reason is not None and "\n" not in reason
@@ -464,7 +464,7 @@ def test_other_versions_are_refused_in_one_line(versions, fragments):
 
 
 def test_accepted_series_pass_without_probing():
-    from enginekit.stages import modelopt_compat
+    from enginekit.stages.modelopt import versions as modelopt_compat
 
     for ort in ("1.24.4", "1.31.1"):
         assert modelopt_compat.problem({"nvidia-modelopt": "0.47.0", "onnxruntime-gpu": ort}, probe=False) is None
@@ -472,7 +472,7 @@ def test_accepted_series_pass_without_probing():
 
 def test_missing_internal_is_a_capability_error_before_any_work(yolo, tmp_path, monkeypatch):
     from enginekit.errors import CapabilityError
-    from enginekit.stages import modelopt_compat
+    from enginekit.stages.modelopt import versions as modelopt_compat
     from modelopt.onnx.quantization import ort_patching
 
     monkeypatch.delattr(ort_patching, "_select_tensors_to_calibrate")
@@ -485,13 +485,13 @@ def test_missing_internal_is_a_capability_error_before_any_work(yolo, tmp_path, 
         modelopt_compat._checked.cache_clear()
 
 
-# --- the shortcuts (modelopt_compat.quantize_shortcuts): ModelOpt's graph, byte for byte --------------------
+# --- the shortcuts (stages.modelopt.quantize_shortcuts): ModelOpt's graph, byte for byte --------------------
 
 
 @pytest.mark.slow
 def test_shortcut_graph_is_modelopts_own(yolo, tmp_path, monkeypatch):
     """The fixture's graph was calibrated with the shortcuts; ModelOpt's own pass from its cache writes the same bytes."""
-    from enginekit.stages import modelopt_compat
+    from enginekit.stages.modelopt import quantize as modelopt_compat
 
     shape_runs = []
     real = modelopt_compat._tensor_shapes
@@ -544,7 +544,7 @@ def symmetric_int8_cases():
 def test_symmetric_int8_params_are_onnxruntimes(data):
     import onnx as onnx_
 
-    from enginekit.stages import modelopt_compat
+    from enginekit.stages.modelopt import quantize as modelopt_compat
     from onnxruntime.quantization.quant_utils import compute_data_quant_params
 
     fast = modelopt_compat._symmetric_int8_params(compute_data_quant_params)
@@ -565,7 +565,7 @@ def outcome(function, *args):
 def test_graph_helpers_are_onnxruntimes():
     import copy
 
-    from enginekit.stages import modelopt_compat
+    from enginekit.stages.modelopt import quantize as modelopt_compat
     from onnxruntime.quantization.onnx_model import ONNXModel
     from onnxruntime.quantization.quant_utils import find_by_name
 

@@ -164,8 +164,8 @@ def test_the_runtime_only_loads():
 #: backends of enginekit.trt's traits table) and distributions
 NAME_ELSEWHERE: dict[str, set[str]] = {
     "trt": {"tensorrt", "tensorrt-rtx"},  # trt/: the TensorRT families themselves
-    "requests.py": {"tensorrt", "tensorrt-rtx"},  # build --backend: a TensorRT family
-    "recipes.py": {"tensorrt", "tensorrt-rtx"},  # a recipe's build backend
+    "requests.py": {"tensorrt", "tensorrt-rtx"},  # build --trt: a TensorRT flavour
+    "recipes": {"tensorrt", "tensorrt-rtx"},  # a recipe's trt: (the TensorRT flavour that builds)
     "pipeline.py": {"torch", "tensorrt", "tensorrt-rtx"},  # distributions whose versions a manifest records
     "doctor.py": {"torch", "tensorrt", "tensorrt-rtx"},  # distributions; TensorRT families of the inventory
     "checks/setup.py": {"torch"},  # a module the setup check imports

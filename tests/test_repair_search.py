@@ -111,13 +111,13 @@ def test_int8_repair_finds_a_planted_culprit(trained_detector, tmp_path, monkeyp
 
     from enginekit import api
     from enginekit.cache import Cache
-    from enginekit.stages import int8
+    from enginekit import pipeline
 
     images = write_held_out_images(tmp_path / "images", count=24, size=640, seed=4242)
     culprit = _plant_an_outlier(trained_detector.weights, sorted(images.glob("*.png"))[0], tmp_path / "planted.pt")
     quantized = []
-    real_quantize = int8.quantize_int8  # the pipeline imports it where it quantizes
-    monkeypatch.setattr(int8, "quantize_int8", lambda *a, **k: quantized.append(a) or real_quantize(*a, **k))
+    real_quantize = pipeline.quantize_int8  # where the pipeline looks it up when it quantizes
+    monkeypatch.setattr(pipeline, "quantize_int8", lambda *a, **k: quantized.append(a) or real_quantize(*a, **k))
     out = api.build("yolov8n", weights=tmp_path / "planted.pt", precision="int8", profiles=["1x3x320x320"],
                     calib_data=images, calib_count=8, repair=True, verify=False,
                     cache=Cache(tmp_path / "cache"), quiet=True)

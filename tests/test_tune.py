@@ -136,18 +136,19 @@ def test_cost_order_and_pruning_respect_the_device():
 
 
 def test_a_gpu_machine_times_gpu_backends_unless_others_are_named(monkeypatch):
-    from enginekit import backends, gpu
+    from enginekit import backends
     from enginekit.backends.base import Verdict
+    from enginekit.flows.tune import searchspace as tune
     from enginekit.flows.tune import default_backends
 
     for b in backends.auto_order():  # every backend would run: only the machine decides
         monkeypatch.setattr(b, "check", classmethod(lambda cls, *a, **k: Verdict(True, "runs")))
-    monkeypatch.setattr(gpu, "gpu_info", lambda: object())
+    monkeypatch.setattr(tune, "gpu_info", lambda: object())  # where the search space looks it up
     on_gpu = default_backends(None)
     kinds = {backends.get(n).runs_on for n in on_gpu}
     assert on_gpu and "cpu" not in kinds, on_gpu  # ONNX Runtime CPU is not timed where a GPU is
     assert default_backends("cpu") == [b.name for b in backends.auto_order() if b.runs_on == "cpu"]
-    monkeypatch.setattr(gpu, "gpu_info", lambda: None)
+    monkeypatch.setattr(tune, "gpu_info", lambda: None)
     assert default_backends(None) == default_backends("cpu")
 
 

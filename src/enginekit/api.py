@@ -19,6 +19,14 @@ from enginekit.flows.build import BuildOutcome
 from enginekit.flows.export import ExportResult
 from enginekit.flows.verify import VerifyOutcome
 from enginekit.requests import BuildRequest, DeployRequest, ExportRequest, TuneRequest, VerifyRequest, coerce
+from enginekit.families.torch_models.spec import FLAGS
+from enginekit.flows.build import run_build
+from enginekit.flows.deploy import run_deploy
+from enginekit.flows.export import run_export
+from enginekit.flows.load import load as run_load
+from enginekit.flows.tune import run_tune
+from enginekit.flows.verify import run_verify
+from enginekit.store.settings import using
 
 __all__ = ["export", "build", "verify", "tune", "deploy", "ExportRequest", "BuildRequest", "VerifyRequest", "TuneRequest",
            "DeployRequest",
@@ -31,8 +39,6 @@ def export(model: ExportRequest | str | None = None, /, *, cache=None, quiet: bo
 
     Nothing is written to ``output`` when the parity gate fails. Options: ``ExportRequest``'s.
     """
-    from enginekit.flows.export import run_export
-
     return run(run_export, coerce(ExportRequest, model, options, "model"), cache, quiet=quiet)
 
 
@@ -42,8 +48,6 @@ def build(target: BuildRequest | str | None = None, /, *, cache=None, quiet: boo
 
     Options: ``BuildRequest``'s (profiles, precision, flavour (the TensorRT that builds; backend= until now), target_cc, calib_*, repair, ...).
     """
-    from enginekit.flows.build import run_build
-
     return run(run_build, coerce(BuildRequest, target, options, "target"), cache, quiet=quiet)
 
 
@@ -55,8 +59,6 @@ def verify(target: VerifyRequest | str | None = None, /, *, cache=None, quiet: b
     found with ``build_options``), or an ONNX file with ``reference`` (its PyTorch checkpoint).
     Options: ``VerifyRequest``'s.
     """
-    from enginekit.flows.verify import run_verify
-
     return run(run_verify, coerce(VerifyRequest, target, options, "target"), cache, quiet=quiet)
 
 
@@ -64,16 +66,12 @@ def tune(models: TuneRequest | str | list | None = None, /, *, cache=None, quiet
     """The settings of one or several models that meet a frame budget here (``enginekit.flows.tune``): each
     candidate built through the cache, verified and streamed; ``outcome.chosen`` (None: nothing meets),
     ``outcome.candidates``, ``outcome.recipes`` (with ``write_recipe``). Options: ``TuneRequest``'s."""
-    from enginekit.flows.tune import run_tune
-
     return run(run_tune, coerce(TuneRequest, models, options, "models"), cache, quiet=quiet)
 
 
 def deploy(target: DeployRequest | str | None = None, /, *, cache=None, quiet: bool = False, **options: Any):
     """A Triton model repository for ``target`` in ``repo`` (``enginekit.flows.deploy``): ``NAME-net`` (the
     cache's checked network) and ``NAME`` (images in, what ``predict`` finds out). Options: ``DeployRequest``'s."""
-    from enginekit.flows.deploy import run_deploy
-
     return run(run_deploy, coerce(DeployRequest, target, options, "target"), cache, quiet=quiet)
 
 
@@ -88,9 +86,6 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, remote: str 
     engine found by identity in the team store, which entry and why). ``remote``: the store's URL
     (default ``$ENGINEKIT_REMOTE``), ``remote_read_only``: never write to it.
     """
-    from enginekit.flows.load import load as run_load
-    from enginekit.store.settings import using
-
     with using(remote, read_only=remote_read_only):
         return run_load(target, precision, backend, **options)
 
@@ -145,9 +140,6 @@ def _load_signature() -> None:
     """``load``'s: the runtime's own parameters (``flows.load.load``), the store's, then what an engine build and a
     model declaration take (``BuildRequest``'s fields, ``--task``...), by keyword."""
     import inspect
-
-    from enginekit.families.torch_models.spec import FLAGS
-    from enginekit.flows.load import load as run_load
 
     P = inspect.Parameter
     own = [p for p in inspect.signature(run_load).parameters.values() if p.kind != P.VAR_KEYWORD]

@@ -23,6 +23,7 @@ from enginekit.errors import UsageError
 from enginekit.images import embedded_image_paths, list_images, read_rgb
 from enginekit.hashing import sha256_file
 from enginekit.shapes import Shape, format_shape
+from enginekit.fsutil import refuse_special_file
 
 
 
@@ -143,8 +144,6 @@ class CalibrationData:
         return images
 
     def _array_batch(self, shape: Shape) -> np.ndarray:
-        from enginekit.fsutil import refuse_special_file
-
         refuse_special_file(self.source, "calibration array")
         try:
             loaded = np.load(self.source)

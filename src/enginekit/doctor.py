@@ -17,6 +17,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from enginekit._version import __version__
+from enginekit.backends import backends
+from enginekit.cache import Cache
+from enginekit.errors import EnginekitError
+from enginekit.gpu import gpu_info, gpus
+from enginekit.store.settings import current
+from enginekit.trt.flavours import RTX_COMPUTE_CAPABILITIES
+
 
 #: distributions whose versions matter to enginekit (metadata only: nothing is imported)
 PACKAGES = (
@@ -33,9 +41,6 @@ RTX_DISTRIBUTIONS = ("tensorrt-rtx", "tensorrt-rtx-cu13-libs", "tensorrt-rtx-cu1
 
 def inventory() -> dict[str, Any]:
     """Everything the checks look at, as plain JSON-ready data."""
-    from enginekit._version import __version__
-    from enginekit.backends import backends
-
     inv: dict[str, Any] = {
         "enginekit": __version__,
         "python": platform.python_version(),
@@ -63,21 +68,15 @@ def _dist_version(name: str) -> str | None:
 
 
 def _gpu() -> dict[str, str] | None:
-    from enginekit.gpu import gpu_info
-
     gpu = gpu_info()
     return gpu.to_json() if gpu is not None else None
 
 
 def _gpus() -> list[dict[str, Any]]:
-    from enginekit.gpu import gpus
-
     return [{**g.to_json(), "index": g.index, "memory_bytes": g.memory_bytes} for g in gpus()]
 
 
 def _cache_facts() -> dict[str, Any]:
-    from enginekit.cache import Cache
-
     cache = Cache()
     root = cache.root
     problem = cache.location_problem()
@@ -98,9 +97,6 @@ def _cache_facts() -> dict[str, Any]:
 def _store_facts() -> dict[str, Any]:
     """The team store (ENGINEKIT_REMOTE): its URL, mode, and whether it answers (bucket and
     credentials checked; nothing is written)."""
-    from enginekit.errors import EnginekitError
-    from enginekit.store.settings import current
-
     try:
         settings = current()
     except EnginekitError as exc:
@@ -153,8 +149,6 @@ def _cc_tuple(cc: str) -> tuple[int, int]:
 
 def capabilities(inv: dict[str, Any]) -> list[dict[str, Any]]:
     """Each registered backend's rows (torch, ONNX Runtime's providers, each TensorRT of the traits table)."""
-    from enginekit.backends import backends
-
     return [row for backend in backends() for row in backend.doctor_rows(inv)]
 
 
@@ -177,8 +171,6 @@ def _warn_onnxruntime_twice(inv: dict[str, Any]) -> list[str]:
 
 
 def _warn_rtx_gpu(inv: dict[str, Any]) -> list[str]:
-    from enginekit.trt.flavours import RTX_COMPUTE_CAPABILITIES
-
     gpu = inv.get("gpu")
     rtx = inv.get("tensorrt_modules", {}).get("tensorrt-rtx", {})
     if gpu is None or rtx.get("version") is None or gpu["compute_capability"] in RTX_COMPUTE_CAPABILITIES:

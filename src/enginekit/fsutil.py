@@ -17,6 +17,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from enginekit.errors import UsageError
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
@@ -162,8 +164,6 @@ def check_output_path(path: str | os.PathLike[str] | None, what: str, *, folder:
         return
     problem = output_path_problem(path, folder=folder)
     if problem is not None:
-        from enginekit.errors import UsageError
-
         raise UsageError(f"{what} {path}: {problem}")
 
 
@@ -192,8 +192,6 @@ def refuse_special_file(path: str | os.PathLike[str], what: str) -> None:
     how the user named it, e.g. "weights" or "ONNX file"); regular files and folders pass."""
     kind = special_file_kind(path)
     if kind is not None:
-        from enginekit.errors import UsageError
-
         raise UsageError(f"{what} {path} is {kind}, not a regular file: enginekit reads only regular files "
                          "(a pipe or device could block the read forever)")
 

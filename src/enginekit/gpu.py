@@ -11,6 +11,8 @@ import functools
 import os
 from dataclasses import dataclass, field
 
+from enginekit.errors import CapabilityError, UsageError
+
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -107,8 +109,6 @@ def check_device(device: str | None, what: str = "--device") -> None:
     """A ``--device`` as asked for: cpu, cuda or cuda:N (``UsageError`` otherwise), and a CUDA device only where
     this machine has a GPU (``CapabilityError``, exit 3: asked for, never the CPU instead)."""
     import re
-
-    from enginekit.errors import CapabilityError, UsageError
 
     if device is None:
         return

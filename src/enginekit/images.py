@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from enginekit.errors import UsageError
+from enginekit.fsutil import special_file_kind
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 
@@ -73,8 +74,6 @@ def read_bgr(path: Path) -> tuple[np.ndarray | None, str | None]:
     refused here (Pillow decodes it strictly), so no one predicts or calibrates on half a picture.
     """
     import cv2
-
-    from enginekit.fsutil import special_file_kind
 
     kind = special_file_kind(path)
     if kind is not None:

@@ -17,6 +17,9 @@ from enginekit.hashing import sha256_file
 from enginekit.errors import UsageError
 from enginekit.families import ModelAdapter, resolve
 from enginekit.families.base import folder_sha256
+from enginekit import reporting
+from enginekit.families.registry import model_in_file
+from enginekit.fsutil import refuse_special_file
 
 
 def check_weights_choice(weights: Any, random_init: bool, *, names: tuple[str, str] = ("--weights", "--random-init")) -> None:
@@ -29,8 +32,6 @@ def check_weights_path(weights: Path, adapter: ModelAdapter, what: str = "weight
     """A weights path that exists and is what the family reads: a regular file, or a folder where the
     family loads model folders (``ModelAdapter.weights_folders``). A FIFO or a device is refused
     before anything opens it (a read could block forever)."""
-    from enginekit.fsutil import refuse_special_file
-
     if not weights.exists():
         raise UsageError(f"{what} file not found: {weights}")
     refuse_special_file(weights, what)
@@ -73,8 +74,6 @@ class ModelRequest:
     def _from_checkpoint(self) -> None:
         """``best.pt`` alone (``yolo export model=best.pt``'s habit): an Ultralytics checkpoint names its model (the
         architecture it records) and is its weights."""
-        from enginekit.families.registry import model_in_file
-
         recorded = model_in_file(self.name)
         if recorded is None:
             return  # a name, a TorchScript program or a state dict
@@ -84,7 +83,6 @@ class ModelRequest:
             raise UsageError(f"{path.name} is an Ultralytics checkpoint: it is the model and its weights; drop "
                              f"{'--weights' if self.weights is not None else '--random-init'} (or name the model)")
         self.name, self.weights, self.checkpoint = recorded, path, path
-        from enginekit import reporting
 
         reporting.note(f"{path.name}: {self.name} (the architecture it records)")
 

@@ -28,6 +28,18 @@ from enginekit.families.types import LoadedModel
 from enginekit.model import ModelRequest
 from enginekit.shapes import Shape, format_shape
 from enginekit import reporting
+from enginekit.compare.repair import strip_qdq
+from enginekit.fsutil import atomic_copy
+from enginekit.onnx.graph import input_dims, load_model
+from enginekit.stages.export import export_onnx
+from enginekit.stages.fp16 import convert_fp16
+from enginekit.stages.fp8 import quantize_fp8
+from enginekit.stages.int8 import CALIBRATION_METHODS, quantize_int8
+from enginekit.stages.int8_layout import LAYOUT_FILE
+from enginekit.stages.simplify import simplify_onnx
+from enginekit.trt.builder import build_engine
+from enginekit.trt.flavours import gpu_info, resolve_targets
+from enginekit.trt.timing import kept_timing_cache
 
 ONNX_FILE = "model.onnx"
 CALIB_FILE = "calibration.cache"
@@ -68,8 +80,6 @@ class CacheLayouts:
         self.cache, self.subject = cache, subject
 
     def find(self, parts: dict) -> tuple[Path, dict] | None:
-        from enginekit.stages.int8_layout import LAYOUT_FILE
-
         found = self.cache.lookup(self.KIND, key_for(parts))
         return (found.entry.file(LAYOUT_FILE), found.entry.manifest) if found.entry is not None else None
 
@@ -166,8 +176,6 @@ class Stages:
         return parts
 
     def export(self, shape: Shape, opset: int) -> Artifact:
-        from enginekit.stages.export import export_onnx
-
         self.adapter.constraint.check(shape, what="--input")
 
         def produce(tmp: Path) -> dict:
@@ -177,8 +185,6 @@ class Stages:
         return self.stage("export", self.export_parts(shape, opset), produce, "export")
 
     def simplify(self, source: Artifact, shape: Shape, tool: str = "onnxsim") -> Artifact:
-        from enginekit.stages.simplify import simplify_onnx
-
         shapes = self.check_shapes(self.adapter.trace_shape(shape) if self.adapter else shape)
         parts = {"stage": "simplify", "input": source.sha256, "tool": tool, "tool_version": package_version(tool),
                  "checked": [format_shape(s) for s in shapes]}
@@ -195,8 +201,6 @@ class Stages:
     def fp16(self, source: Artifact, shape: Shape, data: CalibrationData | None = None,
              keep_fp32_nodes: list[str] | None = None) -> Artifact:
         """AutoCast to FP16; its reference run sees real photographs at ``shape``."""
-        from enginekit.stages.fp16 import convert_fp16
-
         data = data or CalibrationData(None, count=2)
         family_keep = self.adapter.fp16_keep_fp32 if self.adapter else ()
         keep = sorted(set(family_keep) | set(keep_fp32_nodes or []))
@@ -226,8 +230,6 @@ class Stages:
         (other excludes, say) quantizes from it without calibrating. ``calibration_cache`` is a
         user's file: read when it exists, else written after calibrating.
         """
-        from enginekit.stages.int8 import CALIBRATION_METHODS, quantize_int8
-
         if method not in CALIBRATION_METHODS:
             raise UsageError(f"unknown calibration method {method!r}: choose {', '.join(CALIBRATION_METHODS)}")
         excludes = sorted(set(self.adapter.int8_exclude if self.adapter else ()) | set(exclude or []))
@@ -293,8 +295,6 @@ class Stages:
 
     def fp8(self, source: Artifact, shape: Shape, data: CalibrationData, *, exclude: list[str] | None = None) -> Artifact:
         """FP8 E4M3 Q/DQ through ModelOpt (max calibration at ``shape``), family excludes as INT8's."""
-        from enginekit.stages.fp8 import quantize_fp8
-
         excludes = sorted(set(self.adapter.int8_exclude if self.adapter else ()) | set(exclude or []))
         parts = {"stage": "fp8", "input": source.sha256, "method": "max", "exclude": excludes,
                  "calibration": {"data": self._data_digest(data, shape)}, "versions": quantizer_versions()}
@@ -319,8 +319,6 @@ class Stages:
 
         def produce(tmp: Path) -> dict:
             import onnx
-
-            from enginekit.compare.repair import strip_qdq
 
             graph = strip_qdq(onnx.load(str(quantized.path)), onnx.load(str(source.path)), nodes)
             onnx.save(graph, str(tmp / ONNX_FILE))
@@ -375,10 +373,6 @@ class Stages:
         ``verify(onnx_path) -> dict`` computes the parity summary of the exact graph the engine
         is built from; it runs only when the engine is built.
         """
-        from enginekit.trt.flavours import gpu_info, resolve_targets
-        from enginekit.trt.builder import build_engine
-        from enginekit.trt.timing import kept_timing_cache
-
         gpu = gpu_info()
         targets = resolve_targets(backend, options.target_cc, gpu)
         parts = engine_key_parts(source.sha256, precision, profiles, backend, targets, gpu, options)
@@ -459,8 +453,6 @@ def engine_key_parts(onnx_sha: str, precision: dict, profiles: list, backend, ta
 
 def copy_file_atomic(src: Path, dest: Path) -> Path:
     """Copy with a temp file and a rename: a reader never sees half a file."""
-    from enginekit.fsutil import atomic_copy
-
     return atomic_copy(src, dest)
 
 
@@ -470,8 +462,6 @@ def copy_out(artifact: Artifact, dest: Path) -> Path:
 
 
 def _single_input(onnx_path: Path) -> str:
-    from enginekit.onnx.graph import input_dims, load_model
-
     names = list(input_dims(load_model(onnx_path)))
     if len(names) != 1:
         raise UsageError(f"INT8 calibration feeds one input; {onnx_path.name} has {len(names)}")

@@ -23,6 +23,15 @@ from enginekit import precisions
 from enginekit.compare.tolerances import Tolerances
 from enginekit.errors import UsageError
 from enginekit.trt.flavours import FLAVOURS
+from enginekit.backends import names
+from enginekit.families import registered, resolve
+from enginekit.families.torch_models.sources import PROGRAM_SUFFIXES
+from enginekit.families.torch_models.spec import ModelSpec
+from enginekit.fsutil import check_output_path
+from enginekit.model import ModelRequest, check_weights_choice
+from enginekit.shapes import parse_profile, parse_shape
+from enginekit.stages.int8 import CALIBRATION_METHODS
+from enginekit.units import parse_size
 
 SIMPLIFIERS = ("onnxsim", "onnxslim")
 SEED_MAX = 2**32 - 1
@@ -40,8 +49,6 @@ def _opset(value: int) -> int:
 def _output(value: Any, what: str, *, folder: bool = False) -> Any:
     """An output path that cannot be written is refused before any work."""
     if value is not None:
-        from enginekit.fsutil import check_output_path
-
         check_output_path(value, what, folder=folder)
     return value
 
@@ -53,8 +60,6 @@ WORKSPACE_MAX = 2**63 - 1
 
 def workspace_bytes(text: str, what: str = "--workspace") -> int:
     """A builder workspace limit (``"4G"``) in bytes: more than 0, at most what TensorRT takes."""
-    from enginekit.units import parse_size
-
     size = parse_size(text)
     if size <= 0:
         raise UsageError(f"{what} {text}: a workspace of no bytes leaves the builder no memory; give like 4G")
@@ -115,8 +120,6 @@ class Options(BaseModel):
 def declaration_fields(value: Any) -> dict:
     """A model's declaration (``--task``, ``--classes``...: ``families.torch_models.spec.ModelSpec``), validated:
     the fields that were set."""
-    from enginekit.families.torch_models.spec import ModelSpec
-
     return ModelSpec.of(value).given()
 
 
@@ -140,24 +143,18 @@ class _ModelOptions(Options):
 
     @model_validator(mode="after")
     def _weights_or_random(self):
-        from enginekit.model import check_weights_choice
-
         check_weights_choice(self.weights, self.random_init)
         return self
 
     def model_for(self, name: str):
         """The ``enginekit.model.ModelRequest`` of model ``name`` with these weights options (resolves
         the family; checks the weights file exists)."""
-        from enginekit.model import ModelRequest
-
         return ModelRequest(name, self.weights, self.random_init, self.seed, self.nms, dict(self.declared))
 
 
 @lru_cache(maxsize=1)
 def tolerance_names() -> tuple[str, ...]:
     """Task metrics and options a ``--tol`` may set: every registered family's (besides the parity limits)."""
-    from enginekit.families import registered
-
     classes = registered()
     metrics = {m for cls in classes for per in getattr(cls, "task_gates", {}).values() for m in per}
     options = {o for cls in classes for o in getattr(cls, "task_options", {})}
@@ -238,8 +235,6 @@ class ExportRequest(_ModelOptions):
     @classmethod
     def _shape(cls, value: Optional[str]) -> Optional[str]:
         if value is not None:
-            from enginekit.shapes import parse_shape
-
             parse_shape(value, what="--input")
         return value
 
@@ -311,8 +306,6 @@ class BuildRequest(_ModelOptions):
     @field_validator("profiles")
     @classmethod
     def _profiles(cls, value: list[str]) -> list[str]:
-        from enginekit.shapes import parse_profile
-
         for text in value:
             parse_profile(text)
         return value
@@ -333,8 +326,6 @@ class BuildRequest(_ModelOptions):
     @field_validator("calib_method")
     @classmethod
     def _method(cls, value: Optional[str]) -> Optional[str]:
-        from enginekit.stages.int8 import CALIBRATION_METHODS
-
         if value is not None and value not in CALIBRATION_METHODS:
             raise UsageError(f"unknown calibration method {value!r}: choose {', '.join(CALIBRATION_METHODS)}")
         return value
@@ -384,8 +375,6 @@ class BuildRequest(_ModelOptions):
     @property
     def is_file(self) -> bool:
         """An ONNX file rather than a model name (a saved PyTorch program is a model: torch.export, TorchScript)."""
-        from enginekit.families.torch_models.sources import PROGRAM_SUFFIXES
-
         path = Path(self.target)
         return self.target.endswith(".onnx") or (path.is_file() and path.suffix.lower() not in PROGRAM_SUFFIXES)
 
@@ -617,8 +606,6 @@ def _imgsz_into(data: Any, field: str, make) -> Any:
 
 def image_size(text: str, what: str = "--input") -> tuple[int, int]:
     """``320`` -> (320, 320); ``384x640`` (or ``1x3x384x640``) -> (384, 640)."""
-    from enginekit.shapes import parse_shape
-
     text = str(text).strip()
     if text.isdigit():
         dims: tuple[int, ...] = (int(text), int(text))
@@ -695,8 +682,6 @@ class TuneRequest(Options):
     @field_validator("models")
     @classmethod
     def _models(cls, value: list[str]) -> list[str]:
-        from enginekit.families import resolve
-
         if not value:
             raise UsageError("no model given: e.g. enginekit tune yolo12n --random-init --p99 25ms")
         if len(set(value)) != len(value):
@@ -708,8 +693,6 @@ class TuneRequest(Options):
     @field_validator("backends")
     @classmethod
     def _backends(cls, value: list[str]) -> list[str]:
-        from enginekit.backends import names
-
         for b in value:
             if b not in names():
                 raise UsageError(f"unknown backend {b!r}: choose from {', '.join(names())}")
@@ -742,8 +725,6 @@ class TuneRequest(Options):
     @classmethod
     def _recipe(cls, value: Optional[Path]) -> Optional[Path]:
         if value is not None:
-            from enginekit.fsutil import check_output_path
-
             folder = Path(value).suffix.lower() not in (".yaml", ".yml")
             check_output_path(value, "--write-recipe", folder=folder)
         return value
@@ -775,16 +756,12 @@ class TuneRequest(Options):
         return self.weights[index] if index < len(self.weights) else None
 
     def _aliases(self, index: int) -> set[str]:
-        from enginekit.families import resolve
-
         adapter = resolve(self.models[index])
         return {self.models[index], adapter.variant, adapter.family}
 
     def sizes(self, index: int) -> list[tuple[int, int]]:
         """The ``index``-th model's input sizes (H, W): its own ``MODEL=SIZE`` items, else the plain ones, else
         the family's default; each checked against what the model takes."""
-        from enginekit.families import resolve
-
         adapter = resolve(self.models[index])
         aliases = self._aliases(index)
         own = [item.rpartition("=")[2] for item in self.inputs if item.rpartition("=")[0] in aliases]
@@ -803,8 +780,6 @@ class TuneRequest(Options):
     def model_request(self, index: int):
         """The ``enginekit.model.ModelRequest`` of the ``index``-th model: its --weights, else random init
         (with --random-init) or the family's published weights."""
-        from enginekit.model import ModelRequest
-
         w = self.weights_of(index)
         return ModelRequest(self.models[index], w, self.random_init and w is None, self.seed, declared=dict(self.declared))
 
@@ -877,8 +852,6 @@ class DeployRequest(Options):
 
     @model_validator(mode="after")
     def _checks(self):
-        from enginekit.model import check_weights_choice
-
         if self.weights is not None or self.random_init:
             check_weights_choice(self.weights, self.random_init)
         big = [b for b in self.preferred if b > self.max_batch]

@@ -10,7 +10,10 @@
     timing.py     bench's Runner and clocks
 
 The runtime (``load``/``predict``), bench, verify and doctor take their backends from the registry.
-Importing this package imports no numpy, onnxruntime, torch or tensorrt.
+Importing this package imports no numpy, onnxruntime, torch or tensorrt: ``enginekit --help`` reads the registry
+(its names and ranks) when it starts, so the enginekit modules a backend needs to run (the cache, ``onnx``, ``trt``,
+the families' processing, which import numpy) are imported inside the methods that run it, the one package besides
+``cli/`` where internal imports are not at the top (tests/test_layout.py reads them all the same).
 """
 
 from __future__ import annotations

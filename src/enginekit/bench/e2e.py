@@ -21,14 +21,16 @@ from enginekit.bench.measure import BenchReport, latency_stats
 from enginekit.bench.plan import BenchPlan, Planned
 from enginekit.backends.timing import Tick
 from enginekit.errors import UsageError, first_line
+from enginekit.backends.base import ENGINE, MODULE
+from enginekit.images import embedded_image_paths
+from enginekit.runtime.loader import load
+from enginekit.runtime.predictor import Pipeline, read_image
 
 STAGES = ("decode", "preprocess", "infer", "postprocess")
 
 
 def default_image() -> Path:
     """The photograph end-to-end rows decode: the first one an installed package ships (images.py)."""
-    from enginekit.images import embedded_image_paths
-
     paths = embedded_image_paths()
     if not paths:
         raise UsageError("no embedded photograph found for --e2e: install ultralytics or scikit-image, or pass --image")
@@ -37,8 +39,6 @@ def default_image() -> Path:
 
 def check_image(path: Path) -> tuple[int, int]:
     """(H, W) of a readable image; UsageError otherwise (before any model loads)."""
-    from enginekit.runtime.predictor import read_image
-
     return tuple(read_image(path).shape[:2])
 
 
@@ -91,9 +91,6 @@ def _network_p50(report: BenchReport, backend: str) -> float | None:
 
 def _load(plan: BenchPlan, item: Planned):
     """A predictor over what ``item``'s network-only rows timed; a reason string when it cannot be made."""
-    from enginekit.backends.base import ENGINE, MODULE
-    from enginekit.runtime.loader import load
-
     s = plan.settings
     backend, options = item.backend, item.variant.options
     common = dict(input_size=tuple(plan.image_shape[1:]), cache=plan.pipeline.cache)
@@ -111,8 +108,6 @@ def _load(plan: BenchPlan, item: Planned):
 
 def _time_frames(run, image: Path, warmup: int, iters: int, tick: Tick):
     """Warm-up, then ``iters`` frames: decode + ``run(frame)`` timed with perf_counter; per-stage samples."""
-    from enginekit.runtime.predictor import read_image
-
     e2e, decode, results_per_frame = np.empty(iters), np.empty(iters), []
     for i in range(warmup + iters):
         t0 = time.perf_counter()
@@ -195,8 +190,6 @@ def _single(plan: BenchPlan, report: BenchReport, item: Planned, image: Path, ou
 
 
 def _pipeline(plans: list[BenchPlan], reports: list[BenchReport], index: int, image: Path, outer: Tick) -> E2ERow:
-    from enginekit.runtime.predictor import Pipeline
-
     items = [p.items[index] for p in plans]
     models = [p.adapter.variant for p in plans]
     name = items[0].name

@@ -14,6 +14,11 @@ from enginekit.bench.plan import BenchPlan, Planned, input_batch
 from enginekit.backends.timing import Runner, Tick
 from enginekit.bench.settings import BenchSettings
 from enginekit.errors import first_line
+from enginekit._version import __version__
+from enginekit.backends.registry import distributions
+from enginekit.hashing import sha256_file
+from enginekit.latencies import record
+from enginekit.pipeline import package_version
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -77,8 +82,6 @@ class BenchReport:
         return [r for r in self.rows if r.status == "ok"]
 
     def to_json(self) -> dict[str, Any]:
-        from enginekit._version import __version__
-
         plan = self.plan
         return {
             "enginekit_version": __version__,
@@ -115,9 +118,6 @@ def measure(plan: BenchPlan, tick: Tick = lambda n: None) -> BenchReport:
 def _keep_records(plan: BenchPlan, rows: list[BenchRow]) -> None:
     """Each measured artifact's p50 into the cache's bench records (``enginekit.latencies``: verify --data's ladder
     quotes them). A record that cannot be written loses only the ladder's latency, never the measurement."""
-    from enginekit.latencies import record
-    from enginekit.hashing import sha256_file
-
     cache = getattr(plan.pipeline, "cache", None)
     if cache is None:
         return
@@ -193,9 +193,6 @@ def cpu_name() -> str:
 
 def machine_info(gpu) -> dict[str, Any]:
     import os
-
-    from enginekit.backends.registry import distributions
-    from enginekit.pipeline import package_version
 
     return {
         "cpu": cpu_name(),

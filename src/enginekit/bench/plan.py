@@ -17,6 +17,13 @@ import numpy as np
 from enginekit.bench.settings import BenchSettings
 from enginekit.errors import CapabilityError, UsageError, first_line
 from enginekit.shapes import Shape, check_batch, format_shape
+from enginekit.backends import variants
+from enginekit.backends.base import Artifact, ENGINE, MODULE, ONNX
+from enginekit.flows import run
+from enginekit.flows.build import run_build
+from enginekit.gpu import gpu_info
+from enginekit.pipeline import ModelRequest, Stages
+from enginekit.requests import BuildRequest
 
 @dataclass
 class Planned:
@@ -33,8 +40,6 @@ class Planned:
 
     def __post_init__(self) -> None:
         if self.variant is None:
-            from enginekit.backends import variants
-
             self.variant = variants()[self.name]
 
     @property
@@ -49,8 +54,6 @@ class Planned:
 
     def artifact(self, plan: "BenchPlan", batch: int):
         """What the backend runs at ``batch``: the loaded module, the ONNX graph, or that batch's engine."""
-        from enginekit.backends.base import ENGINE, MODULE, Artifact
-
         adapter = plan.adapter
         if MODULE in self.backend.runs:
             return Artifact.of_module(plan.pipeline.loaded.module, adapter.input_name, adapter.output_names,
@@ -79,9 +82,6 @@ def input_batch(plan: BenchPlan, batch: int) -> np.ndarray:
 
 def prepare(settings: BenchSettings, *, cache=None, quiet: bool = False) -> BenchPlan:
     """Decide what runs here and fetch (or make) the ONNX graphs and engines it needs."""
-    from enginekit.pipeline import ModelRequest, Stages
-    from enginekit.gpu import gpu_info
-
     request = ModelRequest(settings.model, Path(settings.weights) if settings.weights else None,
                            settings.random_init, settings.seed)
     adapter = request.adapter
@@ -105,8 +105,6 @@ def _prepare_item(plan: BenchPlan, item: Planned) -> None:
 
     A failure here fails this item's rows; the other backends still run.
     """
-    from enginekit.backends.base import ENGINE, MODULE, ONNX
-
     try:
         if MODULE in item.backend.runs:
             plan.pipeline.loaded  # load once, before the progress bar: a step of its own
@@ -129,11 +127,6 @@ def _onnx_for(plan: BenchPlan) -> Path:
 
 def _prepare_engines(plan: BenchPlan, item: Planned) -> None:
     """One static engine per batch size (static shapes are the fast case; see TensorRT#3364)."""
-    from enginekit.backends.base import Artifact
-    from enginekit.flows import run
-    from enginekit.flows.build import run_build
-    from enginekit.requests import BuildRequest
-
     s = plan.settings
     build = item.backend.build_options(**item.variant.options)
     for batch in s.batches:

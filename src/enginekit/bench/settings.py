@@ -11,14 +11,14 @@ from typing import Any
 from enginekit.errors import UsageError
 from enginekit.precisions import names as precision_names
 from enginekit.shapes import Shape, parse_shape
+from enginekit.backends import variants
+from enginekit.backends.registry import BENCH_DEFAULT, shorthands
 
 PRECISIONS = precision_names(exported=True)
 
 
 def runner_names() -> list[str]:
     """Every runner (a backend's variant, ``enginekit.backends``), in the order rows are reported."""
-    from enginekit.backends import variants
-
     return list(variants())
 
 
@@ -28,8 +28,6 @@ def parse_backends(text: str) -> list[str]:
     A word is a runner (torch-fp16, onnxruntime-cpu, tensorrt-rtx...) or stands for several
     (torch: its three; onnxruntime or ort: both ONNX Runtime runners).
     """
-    from enginekit.backends.registry import BENCH_DEFAULT, shorthands
-
     runners, words = runner_names(), shorthands()
     chosen: set[str] = set()
     for item in (part.strip().lower() for part in text.split(",")):
@@ -102,8 +100,6 @@ class BenchSettings:
         if self.warmup < 0:
             raise UsageError(f"--warmup must not be negative, not {self.warmup}")
         if not self.backends:
-            from enginekit.backends.registry import BENCH_DEFAULT
-
             object.__setattr__(self, "backends", tuple(parse_backends(BENCH_DEFAULT)))
         runners = runner_names()
         unknown = [b for b in self.backends if b not in runners]

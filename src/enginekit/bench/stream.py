@@ -20,6 +20,9 @@ from enginekit.bench.measure import BenchReport
 from enginekit.bench.plan import BenchPlan
 from enginekit.errors import UsageError, first_line
 from enginekit.images import DEFAULT_VIDEO_HW
+from enginekit.images import write_video
+from enginekit.runtime.sources import open_source
+from enginekit.runtime.stream import Stream
 
 
 
@@ -42,15 +45,11 @@ class StreamRow:
 
 
 def default_source(frames: int, folder: Path, hw: tuple[int, int] = DEFAULT_VIDEO_HW) -> Path:
-    from enginekit.images import write_video
-
     return write_video(Path(folder) / "stream.mp4", frames, hw)
 
 
 def open_frames(source: Path | str, frames: int):
     """A fresh reader of ``source`` (at most ``frames`` frames): each row streams it from its start."""
-    from enginekit.runtime.sources import open_source
-
     return open_source(str(source), max_frames=frames)
 
 
@@ -65,8 +64,6 @@ def total_runs(plans: list[BenchPlan]) -> int:
 
 
 def _row(plans, items, source, frames: int, options) -> StreamRow:
-    from enginekit.runtime.stream import Stream
-
     models = [p.adapter.variant for p in plans]
     name = items[0].name
     for item in items:

@@ -1,6 +1,8 @@
 """The ``enginekit`` command. Thin: flags -> a request -> the API, its reports rendered on stderr.
 
-Heavy imports live in the verbs.
+Heavy imports live in the verbs: ``enginekit --help`` imports every command module, so the library (api, flows,
+requests, and what they import: numpy, pydantic, onnx...) is imported inside each command's function, where every
+other package imports at its top (tests/test_layout.py reads function-local imports all the same).
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ import numpy as np
 from enginekit.compare.metrics import STATISTICS, output_stats, passes
 from enginekit.compare.parts import OutputPart, Tolerance
 from enginekit.compare.tolerances import Tolerances
+from enginekit.compare.metrics import GROUND_TRUTH_PART
+from enginekit.precisions import PRECISIONS
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
@@ -157,8 +159,6 @@ class Gates:
 
         ``--tol [precision.]min_detections=N`` sets it (0 turns it off); by default it follows from the
         recall and precision gates of a reduced precision (``binomial_minimum``)."""
-        from enginekit.precisions import PRECISIONS
-
         given = self.tolerances.get(precision, "min_detections", None)
         if given is not None:
             return int(math.ceil(given))
@@ -171,8 +171,6 @@ class Gates:
     def ground_truth(self, precision: str) -> dict[str, float]:
         """Limits on a candidate's loss against labels (``verify --data``): the family's defaults (on its headline
         metric, ``label_gates``), then the user's ``gt.NAME`` limits, the more specific winning."""
-        from enginekit.compare.metrics import GROUND_TRUTH_PART
-
         defaults = dict(getattr(self.adapter, "label_gates", {}).get(precision, {}))
         names = list(defaults) + [lim.name for lim in self.tolerances if lim.part == GROUND_TRUTH_PART
                                   and lim.name not in defaults]
@@ -306,8 +304,6 @@ def in_distribution_only(precision: str) -> bool:
     every node quantized: scores rel L2 0.12 on 24 held-out photographs, 0.27 on one noise input,
     benchmarks/int8_detectors.md). Random inputs still gate its structure: finite outputs of the
     right shapes at each profile's sizes."""
-    from enginekit.precisions import PRECISIONS
-
     return precision in PRECISIONS and PRECISIONS[precision].calibrated
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from enginekit.compare.metrics import statistic
 from enginekit.errors import ParityError
+from enginekit.onnx import runtime
 
 # INT8 moves only what ModelOpt quantizes; FP16 may move any node (a Cast or Concat left in
 # FP16 between two FP32 nodes still rounds).
@@ -72,8 +73,6 @@ def quantized_nodes(qdq_path: Path) -> list[str]:
 def per_node_error(fp32_path: Path, reduced_path: Path, feed: dict[str, np.ndarray], names: list[str]) -> dict[str, float] | None:
     """Error each node adds: rel error of its output minus the worst of its inputs' (None if unmeasurable)."""
     import onnx
-
-    from enginekit.onnx import runtime
 
     def expose(path: Path) -> tuple[dict[str, np.ndarray], onnx.ModelProto]:
         model = onnx.load(str(path))

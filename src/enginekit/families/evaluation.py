@@ -16,6 +16,9 @@ import numpy as np
 
 from enginekit.compare.instances import CONF_MAP, MAX_DET, Instances, Similarity, box_iou, compare_instances
 from enginekit.compare.parts import OutputPart
+from enginekit.compare.instances import rotated_iou
+from enginekit.compare.label_metrics import ClassifyScores, InstanceScores
+from enginekit.compare.task_metrics import class_maps, classify_metrics, depth_metrics, semantic_metrics
 
 
 def instance_gates(metric: str) -> dict[str, dict[str, tuple[str, float]]]:
@@ -103,9 +106,6 @@ class InstanceEvaluation:
 
     def label_scores(self, names: dict[int, str], metadata: dict[str, str]):
         """Ultralytics' validator metrics of this task (``compare.ground_truth.InstanceScores``)."""
-        from enginekit.compare.label_metrics import InstanceScores
-        from enginekit.compare.instances import rotated_iou
-
         box = rotated_iou if getattr(self, "rotated", False) else box_iou
         extra = self.similarity(metadata) if self.task in ("segment", "pose") else None
         return InstanceScores(self.task, names, box, extra)
@@ -136,8 +136,6 @@ class ClassifyEvaluation:
         return (OutputPart("probabilities", self.output_names[0], kind="probabilities"),)
 
     def task_metrics(self, reference, candidate, metadata, options=None):
-        from enginekit.compare.task_metrics import classify_metrics
-
         name = self.output_names[0]
         return classify_metrics(reference[name], candidate[name])
 
@@ -145,8 +143,6 @@ class ClassifyEvaluation:
         return "the reference's top-1 class leads its second by less than 1e-3 on every photograph"
 
     def label_scores(self, names: dict[int, str], metadata: dict[str, str]):
-        from enginekit.compare.label_metrics import ClassifyScores
-
         return ClassifyScores()
 
     def add_label_image(self, scores, split, sample, image_bgr, outputs, metadata, letterbox, max_det: int) -> None:
@@ -166,14 +162,10 @@ class SemanticEvaluation:
         return (OutputPart("logits", self.output_names[0], kind="values"),)
 
     def task_metrics(self, reference, candidate, metadata, options=None):
-        from enginekit.compare.task_metrics import semantic_metrics
-
         name = self.output_names[0]
         return semantic_metrics(reference[name], candidate[name])
 
     def picture_map(self, outputs, metadata):
-        from enginekit.compare.task_metrics import class_maps
-
         return class_maps(outputs[self.output_names[0]][:1])[0]
 
     def nothing_to_compare(self, task):
@@ -199,8 +191,6 @@ class DepthEvaluation:
         return depth[:, 0] if depth.ndim == 4 else depth
 
     def task_metrics(self, reference, candidate, metadata, options=None):
-        from enginekit.compare.task_metrics import depth_metrics
-
         result = depth_metrics(self.depth_maps(reference), self.depth_maps(candidate))
         if result.get("relative_spread", 1.0) < self.min_relative_spread:  # a constant map: nothing to compare
             result["compared"] = 0.0

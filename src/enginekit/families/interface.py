@@ -31,6 +31,7 @@ from enginekit.compare.parts import OutputPart, Tolerance
 from enginekit.errors import UsageError
 from enginekit.shapes import InputConstraint, Shape
 from enginekit.families.types import FamilyInfo, LoadedModel, NmsSettings
+from enginekit._version import __version__
 
 if TYPE_CHECKING:
     import torch
@@ -229,8 +230,6 @@ class Export(ABC):
 
     def onnx_metadata(self, loaded: "LoadedModel") -> dict[str, str]:
         """What the exported graph records of itself (``enginekit`` keys, then the loaded model's)."""
-        from enginekit._version import __version__
-
         meta = {"enginekit_version": __version__, "model": loaded.name, "family": getattr(self, "family", ""),
                 "weights": loaded.weights.identity, "input_layout": self.input_description}
         meta.update(loaded.metadata)

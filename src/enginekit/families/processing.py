@@ -20,6 +20,7 @@ import ast
 import numpy as np
 
 from enginekit.results import Classification, DepthMap, SemanticMap
+from enginekit.errors import UsageError
 
 TOP_K = 5
 
@@ -49,8 +50,6 @@ def network_hw(adapter, info, input_size, metadata: dict | None = None) -> tuple
         return fixed or tuple(adapter.default_input[2:])
     size = (input_size, input_size) if isinstance(input_size, int) else tuple(input_size)
     if fixed and tuple(size) != fixed:
-        from enginekit.errors import UsageError
-
         raise UsageError(f"the model takes {fixed[0]}x{fixed[1]} inputs, not {size[0]}x{size[1]}")
     return tuple(size)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from enginekit.errors import UsageError
 from enginekit.families.interface import check_declared
 from enginekit.families.types import FamilyInfo  # noqa: F401 - re-exported: families declare themselves with it
+from enginekit.families.torch_models.spec import FLAGS
 
 if TYPE_CHECKING:
     from enginekit.families.base import ModelAdapter
@@ -62,8 +63,6 @@ def resolve(name: str, declared: dict | None = None) -> "ModelAdapter":
     if len(hits) == 1:
         cls = hits[0]
         if declared and not cls.declarable:
-            from enginekit.families.torch_models.spec import FLAGS
-
             said = ", ".join(FLAGS.get(k, k) for k in declared)
             raise UsageError(f"{canonical} is a {cls.family} model, which says itself what its outputs are and how "
                              f"its inputs are made: {said} apply to torchvision:, timm:, file.py:factory, "

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Callable, TypeVar
 
 from enginekit import reporting
+from enginekit.cache import holding_entries
 
 R = TypeVar("R")
 
@@ -24,8 +25,6 @@ R = TypeVar("R")
 def run(flow: Callable[..., R], request, cache=None, *, quiet: bool = False) -> R:
     """Run ``flow(request, cache)`` with its reports collected into the result's ``events``
     (and passed on to whoever listens, unless ``quiet``)."""
-    from enginekit.cache import holding_entries
-
     with reporting.collecting(quiet) as collector, holding_entries():  # gc keeps what the run uses
         result = flow(request, cache)
     result.events = collector.events

@@ -12,6 +12,27 @@ from pathlib import Path
 from enginekit import reporting
 from enginekit.errors import UsageError
 from enginekit.requests import BuildRequest
+from enginekit._version import __version__
+from enginekit.backends import ONNX, verifier
+from enginekit.cache import Cache
+from enginekit.calibration import CalibrationData
+from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
+from enginekit.engine_file import write_with_header
+from enginekit.families.registry import graph_metadata, resolve_recorded
+from enginekit.families.ultralytics.identity import ultralytics_header
+from enginekit.flows.repair import repair
+from enginekit.flows.store import engine_by_identity, publish_build
+from enginekit.gpu import gpu_info
+from enginekit.hashing import sha256_file
+from enginekit.images import load_images
+from enginekit.onnx.graph import get_metadata, input_dims, load_model
+from enginekit.pipeline import Artifact, Stages, copy_file_atomic, engine_key_parts
+from enginekit.precisions import get as get_precision
+from enginekit.requests import workspace_bytes
+from enginekit.shapes import bind_to_inputs, bind_to_model, parse_profile
+from enginekit.stages.int8 import DEFAULT_METHOD
+from enginekit.trt.builder import BuildOptions
+from enginekit.trt.flavours import require_fp8, require_nms, resolve_flavour, resolve_targets
 
 
 @dataclass
@@ -30,16 +51,6 @@ class BuildOutcome:
 
 
 def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
-    from enginekit.cache import Cache
-    from enginekit.requests import workspace_bytes
-    from enginekit.calibration import CalibrationData
-    from enginekit.pipeline import Artifact, Stages
-    from enginekit.precisions import get as get_precision
-    from enginekit.shapes import bind_to_inputs, bind_to_model, parse_profile
-    from enginekit.gpu import gpu_info
-    from enginekit.trt.flavours import require_fp8, require_nms, resolve_flavour, resolve_targets
-    from enginekit.trt.builder import BuildOptions
-
     r = request
     mode = get_precision(r.precision)
     parsed = [parse_profile(p) for p in r.profiles]
@@ -67,7 +78,6 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         adapter, subject = adapter_from_onnx(source_path)
         extra["source_model"] = source_model(source_path)  # what verify by model name checks
         pipe = Stages(None, cache, force=r.force, adapter=adapter, subject=subject)
-        from enginekit.onnx.graph import get_metadata, input_dims, load_model
 
         graph = load_model(source_path)
         dims = input_dims(graph)
@@ -85,7 +95,6 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
             export_shape = (largest, *export_shape[1:])
         if r.explain:
             explain(pipe, "onnx-export", pipe.export_parts(export_shape, r.opset))
-        from enginekit.flows.store import engine_by_identity
 
         found = engine_by_identity(cache, pipe, r, bound, be, targets, pipe.export_parts(export_shape, r.opset))
         if found is not None and found.entry is not None:
@@ -98,7 +107,6 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     # the precision part of the engine key (Precision.key): how a quantized graph was made
     method = exclude = calibration = repaired_nodes = None
     # the family's default method; an ONNX file of no known family gets the stage's
-    from enginekit.stages.int8 import DEFAULT_METHOD
 
     family_method = getattr(pipe.adapter, "int8_calibration", None)
     calib_method = r.calib_method or family_method or DEFAULT_METHOD
@@ -116,8 +124,6 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         calibration = chain[-1].manifest.get("calibration_source")
     repair_record = None
     if r.repair:
-        from enginekit.flows.repair import repair
-
         repaired, repair_record = repair(pipe, chain, r.precision, opt_shape, r.tolerances, data, calib_method,
                                          list(r.exclude))
         chain[-1] = repaired
@@ -132,15 +138,12 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         repaired_nodes = repair_record["nodes"]
         extra["repair"] = repair_record
     if r.explain:
-        from enginekit.pipeline import engine_key_parts
-
         gpu = gpu_info()
         parts = engine_key_parts(source.sha256, mode.key(method, exclude, calibration, repaired_nodes), bound, be,
                                  resolve_targets(be, options.target_cc, gpu), gpu, options)
         explain(pipe, "engine", parts)
     entry, status = pipe.engine(source, bound, be, options, mode.key(method, exclude, calibration, repaired_nodes),
                                 verify_fn, chain, extra=extra or None)
-    from enginekit.flows.store import publish_build
 
     publish_build(cache, chain, entry)
     return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
@@ -177,15 +180,9 @@ def explain(pipe, kind: str, parts: dict) -> None:
 
 def adapter_from_onnx(path: Path):
     """The family adapter named in an enginekit-written ONNX's metadata, else None."""
-    from enginekit.onnx.graph import get_metadata, load_model
-
-    from enginekit.families.registry import graph_metadata
-
     meta = graph_metadata(get_metadata(load_model(path)), path.name)
     name = meta.get("model")
     if name:
-        from enginekit.families.registry import resolve_recorded
-
         try:
             return resolve_recorded(name, meta), name
         except UsageError:
@@ -195,10 +192,6 @@ def adapter_from_onnx(path: Path):
 
 def source_model(path: Path) -> dict | None:
     """The model and weights identity an enginekit-exported ONNX file records, else None."""
-    from enginekit.onnx.graph import get_metadata, load_model
-
-    from enginekit.families.registry import graph_metadata
-
     meta = graph_metadata(get_metadata(load_model(path)), path.name)
     if not meta.get("model"):
         return None
@@ -209,10 +202,6 @@ def source_parity(pipe, precision: str, shape):
     """Parity of the graph an engine is built from, against PyTorch, for its manifest."""
 
     def check(onnx_path: Path) -> dict:
-        from enginekit.backends import ONNX, verifier
-        from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
-        from enginekit.images import load_images
-
         candidate = verifier(ONNX).name  # check_onnx runs the graph on ONNX Runtime's CPU provider
 
         with reporting.stage(f"parity {precision} (ONNX Runtime)") as s:
@@ -237,16 +226,8 @@ def write_engine_file(outcome: BuildOutcome, dest: Path, *, ultralytics: bool = 
     header before it (``engine_file``: what ``YOLO("model.engine")`` reads: task, names, stride, imgsz, batch...),
     made from the graph the engine was built from and the engine's profile. The header also names the cache entry
     (``enginekit``: version, engine key, the plan's sha256)."""
-    from enginekit.pipeline import copy_file_atomic
-
     if not ultralytics:
         return copy_file_atomic(outcome.engine, dest)
-    from enginekit._version import __version__
-    from enginekit.hashing import sha256_file
-    from enginekit.engine_file import write_with_header
-    from enginekit.families.registry import graph_metadata, resolve_recorded
-    from enginekit.families.ultralytics.identity import ultralytics_header
-    from enginekit.onnx.graph import get_metadata, load_model
 
     graphs = [a for a in outcome.artifacts if str(getattr(a, "path", "")).endswith(".onnx")]
     meta = graph_metadata(get_metadata(load_model(graphs[-1].path)), graphs[-1].path.name) if graphs else {}

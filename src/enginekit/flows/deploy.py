@@ -21,6 +21,22 @@ from enginekit import reporting
 from enginekit.errors import CapabilityError, ParityError, UsageError
 from enginekit.precisions import names as precision_names
 from enginekit.requests import DeployRequest
+from enginekit import backends
+from enginekit._version import __version__
+from enginekit.backends.base import ONNX
+from enginekit.cache import Cache
+from enginekit.flows import run
+from enginekit.flows.build import run_build
+from enginekit.flows.load import _dynamic_hw, _input_shape, _recipe_runtime, export_onnx
+from enginekit.flows.verify import run_verify
+from enginekit.fsutil import check_output_path, json_text
+from enginekit.hashing import sha256_file
+from enginekit.recipes import load_recipe
+from enginekit.requests import BuildRequest, VerifyRequest, image_size
+from enginekit.runtime.loader import open_plan, plan_load, predictor_record
+from enginekit.serving import triton
+from enginekit.serving.triton import OUTPUTS, RECORD, parse_config
+from enginekit.trt.flavours import resolve_flavour
 
 KIND = "triton-repo"
 VERSION = 1  # bump when what a repository holds changes meaning
@@ -39,17 +55,10 @@ class DeployOutcome:
 
 
 def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
-    from enginekit.cache import Cache
-    from enginekit.flows.load import _dynamic_hw, _input_shape, _recipe_runtime, export_onnx
-    from enginekit.runtime.loader import open_plan, plan_load, predictor_record
-    from enginekit.serving import triton
-
     cache = cache or Cache()
     repo = _check_repo(request.repo)
     input_size = None
     if request.imgsz is not None:
-        from enginekit.requests import image_size
-
         h, w = image_size(request.imgsz, "--imgsz")
         input_size = h if h == w else (h, w)
     _, recipe_size, _ = _recipe_runtime(request.target, "auto", input_size, {})
@@ -62,8 +71,6 @@ def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
     if graph_precision not in graphs:
         raise UsageError(f"--precision {request.precision}: --platform {request.platform} serves "
                          f"{' or '.join(graphs)} graphs; {request.precision} is an engine precision (--platform tensorrt)")
-    from enginekit import backends
-    from enginekit.backends.base import ONNX
 
     host = backends.verifier(ONNX).name  # the graph opened on the host: its I/O and processing read from it
     p = plan_load(request.target, graph_precision, host, weights=request.weights,
@@ -97,7 +104,6 @@ def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
                               max_batch=serving.max_batch or None, profiles=profiles)
     record["net"] = f"{name}-net"
     kind = triton.result_kind(predictor)
-    from enginekit.hashing import sha256_file
 
     texts = {f"{name}-net/config.pbtxt": triton.net_config(f"{name}-net", request.platform, inputs, outputs,
                                                            serving, env),
@@ -121,8 +127,6 @@ def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
 
 
 def _version() -> str:
-    from enginekit._version import __version__
-
     return __version__
 
 
@@ -137,7 +141,6 @@ def _recipe_batches(target: str, max_batch: int) -> list[int]:
     """A recipe's ``runtime.batch`` (what ``tune`` measured) as the preferred batch size, where it has one."""
     if not str(target).endswith((".yaml", ".yml")):
         return []
-    from enginekit.recipes import load_recipe
 
     runtime = load_recipe(str(target)).runtime
     batch = getattr(runtime, "batch", None) if runtime is not None else None
@@ -145,8 +148,6 @@ def _recipe_batches(target: str, max_batch: int) -> list[int]:
 
 
 def _check_repo(repo: Path) -> Path:
-    from enginekit.fsutil import check_output_path
-
     repo = Path(repo)
     if repo.exists() and not repo.is_dir():
         raise UsageError(f"--repo {repo}: is not a folder (a Triton model repository is one)")
@@ -158,8 +159,6 @@ def _check_repo(repo: Path) -> Path:
 def _check_tensorrt_for_triton() -> None:
     """Triton's TensorRT backend loads engines of TensorRT proper (not TensorRT-RTX's plans): refused before
     any work where TensorRT is not installed."""
-    from enginekit.trt.flavours import resolve_flavour
-
     try:
         resolve_flavour("tensorrt")
     except CapabilityError as exc:
@@ -171,11 +170,6 @@ def _check_tensorrt_for_triton() -> None:
 def _engine(request: DeployRequest, p, net_input, cache):
     """(engine plan, its profiles, what verify checked) for ``p``'s model, built and verified through the
     cache; an engine whose verify did not pass is refused unless ``--allow-unverified``."""
-    from enginekit.flows import run
-    from enginekit.flows.build import run_build
-    from enginekit.flows.verify import run_verify
-    from enginekit.requests import BuildRequest, VerifyRequest
-
     profiles = list(request.profiles)
     if not profiles:
         chw = [d for d in net_input.dims[1:]]
@@ -212,9 +206,6 @@ def _write_models(folder: Path, name: str, platform: str, net_file: Path, texts:
                   verified: str) -> None:
     import json
 
-    from enginekit.fsutil import json_text
-    from enginekit.serving import triton
-
     net, front = folder / f"{name}-net", folder / name
     for model in (net, front):
         (model / "1").mkdir(parents=True)
@@ -236,7 +227,6 @@ def _check_config(text: str) -> None:
 
     if importlib.util.find_spec("tritonclient") is None:
         return
-    from enginekit.serving.triton import parse_config
 
     parse_config(text)
 
@@ -244,8 +234,6 @@ def _check_config(text: str) -> None:
 def _install(entry: Path, repo: Path, models: list[str]) -> None:
     """The entry's model folders into ``repo``, each replaced whole; a folder deploy did not write is refused
     before anything is copied. The repository's README lists every model deploy wrote there."""
-    from enginekit.serving.triton import RECORD
-
     for m in models:
         dest = repo / m
         if dest.exists() and not (dest / RECORD).is_file():
@@ -272,8 +260,6 @@ def repository_readme(repo: Path) -> str:
     """The repository's README: every model ``deploy`` wrote there (its marker), each with its own README."""
     import json
 
-    from enginekit.serving.triton import RECORD
-
     lines = []
     for folder in sorted(p for p in repo.iterdir() if (p / RECORD).is_file() and (p / "README.md").is_file()):
         try:
@@ -288,8 +274,6 @@ def repository_readme(repo: Path) -> str:
 
 
 def readme(name: str, platform: str, kind: str, serving, env: str, verified: str) -> str:
-    from enginekit.serving.triton import OUTPUTS
-
     tensors = ", ".join(n for n, _, _ in OUTPUTS.get(kind, ()))
     check = (f"Verified: {verified}." if verified else
              "NOT VERIFIED: written with --allow-unverified; nothing checked this network against PyTorch.")

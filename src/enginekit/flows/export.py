@@ -7,6 +7,15 @@ from pathlib import Path
 
 from enginekit import reporting
 from enginekit.requests import ExportRequest
+from enginekit._version import __version__
+from enginekit.calibration import CalibrationData
+from enginekit.compare.comparison import Gates
+from enginekit.compare.parity import ParityResult, ReferenceCache, check_onnx, parity_inputs
+from enginekit.fsutil import check_output_path
+from enginekit.hashing import sha256_file
+from enginekit.images import images_of, load_images
+from enginekit.pipeline import Stages, copy_out, model_versions, onnxruntime_version
+from enginekit.shapes import format_shape, parse_shape
 
 
 @dataclass
@@ -40,13 +49,6 @@ class ExportResult:
 def run_export(request: ExportRequest, cache=None) -> ExportResult:
     """Export, simplify (and FP16), check parity; nothing is written to ``output`` when a gate fails."""
     from dataclasses import replace
-
-    from enginekit.calibration import CalibrationData
-    from enginekit.compare.parity import ParityResult, ReferenceCache, check_onnx, parity_inputs
-    from enginekit.images import images_of, load_images
-    from enginekit.fsutil import check_output_path
-    from enginekit.pipeline import Stages, copy_out
-    from enginekit.shapes import parse_shape
 
     r = request
     model = r.model_request
@@ -112,12 +114,6 @@ def verdict_parts(pipe, artifact, precision: str, tolerance, shape, photos: list
     """What a parity verdict judged, as its key: the graph's content, the model it is compared with (its weights'
     identity, NMS, declaration), the inputs (the photographs' content, the shape, the seed), the limits, and the
     code that computes and compares (enginekit, ONNX Runtime, the model's framework). Never a path or a time."""
-    from enginekit._version import __version__
-    from enginekit.hashing import sha256_file
-    from enginekit.compare.comparison import Gates
-    from enginekit.pipeline import model_versions, onnxruntime_version
-    from enginekit.shapes import format_shape
-
     adapter = pipe.adapter
     gates = Gates(adapter)
     parts = {"stage": "parity", "version": VERDICT_VERSION, "graph": artifact.sha256, "precision": precision,

@@ -17,6 +17,14 @@ from enginekit.backends.base import ENGINE, ONNX
 from enginekit.errors import UsageError
 from enginekit.precisions import names as precision_names
 from enginekit.runtime.loader import LoadPlan, open_plan, plan_load
+from enginekit.cache import Cache
+from enginekit.errors import ParityError
+from enginekit.families.torch_models.spec import FLAGS, declaration
+from enginekit.flows import run
+from enginekit.flows.build import run_build
+from enginekit.flows.export import run_export
+from enginekit.recipes import load_recipe
+from enginekit.requests import BuildRequest, ExportRequest, image_size, unknown_name
 
 
 
@@ -35,13 +43,10 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     (opt-in; default: Ultralytics' OpenCV letterbox on the host, the .pt's input bit for bit). The rest: the
     runtime's ``load`` (``enginekit.runtime.loader.load``).
     """
-    from enginekit.families.torch_models.spec import FLAGS, declaration
-
     check_load_options(build_options)
     if imgsz is not None:  # Ultralytics' word for it: 320 or "384x640"
         if input_size is not None:
             raise UsageError(f"imgsz={imgsz!r} and input_size={input_size!r} both give the input size: give one")
-        from enginekit.requests import image_size
 
         h, w = image_size(str(imgsz), "imgsz")
         input_size = h if h == w else (h, w)
@@ -66,19 +71,13 @@ def load_option_names() -> set[str]:
     """Every keyword ``load`` takes: its own, an engine build's (``BuildRequest``), a model declaration's."""
     import inspect
 
-    from enginekit.families.torch_models.spec import FLAGS
-    from enginekit.requests import BuildRequest
-
     own = set(inspect.signature(load).parameters) - {"build_options"}
     return own | set(BuildRequest.model_fields) | set(FLAGS) | {"bgr"}
 
 
 def check_load_options(build_options: dict) -> None:
     """A keyword ``load`` does not take is one ``UsageError`` naming the closest it does (it was ignored)."""
-    from enginekit.requests import BuildRequest, unknown_name
-
     known = set(BuildRequest.model_fields) - {"target"}
-    from enginekit.families.torch_models.spec import FLAGS
 
     known |= set(FLAGS) | {"bgr"}
     for name in build_options:
@@ -91,7 +90,6 @@ def _recipe_runtime(target, backend: str, input_size, build_options: dict):
     and its profiles for an engine."""
     if not str(target).endswith((".yaml", ".yml")):
         return backend, input_size, build_options
-    from enginekit.recipes import load_recipe
 
     recipe = load_recipe(str(target))
     runtime = recipe.runtime
@@ -132,11 +130,6 @@ def simplifier() -> str:
 def export_onnx(p: LoadPlan, cache, quiet: bool, shape: tuple[int, ...] | None = None) -> Path:
     """The cached, parity-checked graph of ``p``'s model at its precision (fp32 or fp16); ``shape``: the
     input it is exported at (default: the family's)."""
-    from enginekit.errors import ParityError
-    from enginekit.flows import run
-    from enginekit.flows.export import run_export
-    from enginekit.requests import ExportRequest
-
     t, precision = p.target, p.precision
     if precision not in precision_names(exported=True) or (p.backend.precisions and precision not in p.backend.precisions):
         engines = " or ".join(b.name for b in backends.running(ENGINE))
@@ -155,11 +148,6 @@ def export_onnx(p: LoadPlan, cache, quiet: bool, shape: tuple[int, ...] | None =
 
 def build_engine(p: LoadPlan, cache, quiet: bool, build_options: dict) -> LoadPlan:
     """``p`` over the cached engine of its model at its precision (built here if missing)."""
-    from enginekit.cache import Cache
-    from enginekit.flows import run
-    from enginekit.flows.build import run_build
-    from enginekit.requests import BuildRequest
-
     t = p.target
     opts = {k: v for k, v in build_options.items() if v is not None}
     declared = t.request.declared if t.request else {}

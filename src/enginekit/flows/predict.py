@@ -15,6 +15,10 @@ import numpy as np
 from enginekit import reporting
 from enginekit.errors import UsageError
 from enginekit.fsutil import json_text
+from enginekit.families import resolve
+from enginekit.flows.load import load
+from enginekit.runtime.sources import draw, open_source
+from enginekit.runtime.stream import Stream, StreamOptions
 
 
 def _frame_sink(kind: str, tmp: Path, stem: str, model: str, fps: float, prefixed: bool = False):
@@ -65,10 +69,6 @@ def run_predict(models: str, source, *, save: Path | None, backend: str, precisi
     ``declared``: what a torch model enginekit cannot know by itself declares (``--task``, ``--classes``...; one
     model).
     Returns the summary: frames, frames/s, per-model stage means, and the stream's figures."""
-    from enginekit.flows.load import load
-    from enginekit.runtime.sources import draw, open_source
-    from enginekit.runtime.stream import Stream, StreamOptions
-
     names = [m.strip() for m in models.split(",") if m.strip()]
     if not names:
         raise UsageError("no model given")
@@ -159,8 +159,6 @@ def run_predict(models: str, source, *, save: Path | None, backend: str, precisi
 
 def _check_every(every, names: list[str]) -> None:
     """``--every`` names models given (as written, or their variant or family), before any model loads."""
-    from enginekit.families import resolve
-
     known = set(names)
     for name in names:
         if not name.endswith((".onnx", ".plan", ".engine", ".yaml", ".yml")):

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Optional, Union
 
 from enginekit.recipes import Recipe, collect_recipe_files, display_path, load_recipe
+from enginekit.flows import run
+from enginekit.flows.build import run_build
+from enginekit.flows.verify import run_verify
 
 
 def build_recipe(path: Union[str, Path, Recipe], overrides: Optional[dict] = None, *, cache=None,
@@ -24,9 +27,6 @@ def iter_build_recipe(path: Union[str, Path, Recipe], overrides: Optional[dict] 
 
     ``on_cell(recipe, cell, index, total)`` is called before each cell (progress display).
     """
-    from enginekit.flows import run
-    from enginekit.flows.build import run_build
-
     recipe = path if isinstance(path, Recipe) else load_recipe(path)
     jobs = [(cell, recipe.build_request(cell, overrides)) for cell in recipe.cells(overrides)]
     for i, (cell, request) in enumerate(jobs, 1):
@@ -43,9 +43,6 @@ def verify_recipe(path: Union[str, Path, Recipe], overrides: Optional[dict] = No
     With several cells, each writes its reports under ``report_dir/<precision>-<targets>/``
     and its JUnit file next to ``junit`` with the same suffix, so none overwrites another.
     """
-    from enginekit.flows import run
-    from enginekit.flows.verify import run_verify
-
     recipe = path if isinstance(path, Recipe) else load_recipe(path)
     cells = recipe.cells(overrides)
     requests = []

@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from enginekit import reporting
 from enginekit.errors import UsageError
+from enginekit.calibration import CalibrationData
+from enginekit.compare import repair as rp
+from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
+from enginekit.errors import ParityError
+from enginekit.images import load_images
+from enginekit.verification.gate import Gates
 
 
 # Photographs each repair trial is judged on (the calibration folder's images it did not calibrate on, else the
@@ -23,8 +29,6 @@ RANK_PHOTOS = 4
 def _enough_evidence(gates, precision: str, task: dict, folder) -> None:
     """A repair searches for the nodes the task gates need: on too few reference detections one flip
     decides every trial, so it refuses (ParityError, as a failed gate) and says what would do."""
-    from enginekit.errors import ParityError
-
     minimum = gates.sample_minimum(precision)
     found = task.get("reference_detections", task.get("compared"))
     if not minimum or found is None or found >= minimum:
@@ -57,11 +61,6 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
     from pathlib import Path
 
     import onnx
-
-    from enginekit.calibration import CalibrationData
-    from enginekit.compare import repair as rp
-    from enginekit.verification.gate import Gates
-    from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
 
     source = chain[-2]
     gates = Gates(pipe.adapter, overrides)
@@ -195,8 +194,6 @@ def judged_on(folder, data):
     """The photographs repair's trials are judged on: the calibration folder's images the graph was not
     calibrated on (as verify judges it), else the embedded photographs; never the calibration images
     themselves unless the folder holds no others (said, as a warning)."""
-    from enginekit.images import load_images
-
     if folder is None:
         return load_images(None, limit=REPAIR_PHOTOS), "the embedded photographs"
     calibrated = list(getattr(data, "image_paths", []) or [])

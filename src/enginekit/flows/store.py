@@ -14,6 +14,14 @@ from datetime import datetime, timezone
 
 from enginekit import reporting
 from enginekit.errors import CapabilityError, UsageError
+from enginekit.gpu import gpu_info
+from enginekit.hashing import key_for
+from enginekit.pipeline import Stages
+from enginekit.recipes import load_recipe
+from enginekit.shapes import bind_to_model, parse_profile
+from enginekit.store.identity import (Wanted, hardware_of, identity_of, make_identity, rank, serves, summary_of_others, why_chosen)
+from enginekit.store.tier import manifest_name
+from enginekit.trt.flavours import resolve_flavour, resolve_targets
 
 
 @dataclass
@@ -31,8 +39,6 @@ def engine_by_identity(cache, pipe, request, bound, backend, targets, export_par
     compute its keys). A writer (CI) builds with its own toolchain, key by key, so what it pushes is
     what its versions make. None where identity does not apply; else the resolution, said in one
     line (``--explain`` or not): the entry and why, or what there is instead."""
-    from enginekit.hashing import key_for
-
     remote = cache.remote
     if remote is None or remote.settings.writable or not by_identity_applies(request):
         return None
@@ -47,16 +53,11 @@ def engine_by_identity(cache, pipe, request, bound, backend, targets, export_par
 
 
 def identity_for(pipe, request, bound: list) -> dict:
-    from enginekit.store.identity import make_identity
-
     return make_identity(pipe.subject, pipe.request.weights_identity, request.precision,
                          [p.to_json() for p in bound], bool(request.nms))
 
 
 def wanted_here(backend, targets) -> "object":
-    from enginekit.gpu import gpu_info
-    from enginekit.store.identity import Wanted
-
     gpu = gpu_info()
     return Wanted(backend.name, str(backend.version), tuple(targets), str(gpu) if gpu else None)
 
@@ -71,8 +72,6 @@ def by_identity_applies(request) -> bool:
 
 
 def _local_records(cache, identity: dict) -> list[dict]:
-    from enginekit.store.identity import hardware_of, identity_of
-
     out = []
     for entry in cache.entries("engine"):
         m = entry.manifest
@@ -86,8 +85,6 @@ def _local_records(cache, identity: dict) -> list[dict]:
 def resolve_engine(cache, identity: dict, wanted) -> Resolution:
     """The engine that serves ``identity`` on this hardware: from the local cache, else pulled from
     the store (every file's sha256 checked). A miss says which hardware the store has engines for."""
-    from enginekit.store.identity import rank, serves, summary_of_others, why_chosen
-
     local = _local_records(cache, identity)
     for record in sorted((r for r in local if serves(r, wanted) is None), key=rank):
         found = cache.lookup("engine", record["key"], remote=False)
@@ -137,8 +134,6 @@ def publish_verdicts(cache, found: list, reports: list) -> None:
     remote = cache.remote
     if remote is None or not remote.writable:
         return
-    from enginekit.gpu import gpu_info
-    from enginekit.store.tier import manifest_name
 
     gpu = gpu_info()
     for (entry, _), report in zip(found, reports):
@@ -231,12 +226,6 @@ def pull_key(cache, prefix: str) -> list:
 def pull_recipe(cache, path: str, overrides: dict | None = None) -> list:
     """``cache pull RECIPE``: every cell's engine that serves this machine, found by identity in the
     store. Raises ``CapabilityError`` naming what the store has when a cell has none."""
-    from enginekit.pipeline import Stages
-    from enginekit.recipes import load_recipe
-    from enginekit.shapes import bind_to_model, parse_profile
-    from enginekit.trt.flavours import resolve_flavour, resolve_targets
-    from enginekit.gpu import gpu_info
-
     cache.require_remote(write=False)
     recipe = load_recipe(path)
     found = []

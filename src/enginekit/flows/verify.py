@@ -15,6 +15,21 @@ from enginekit.requests import VerifyRequest
 from enginekit.verification.checks import (CorruptEntry, UnverifiableEntry, verify_corrupt, verify_entry,
                                            verify_onnx_file)
 from enginekit.verification.references import engine_accepts_hw
+from enginekit.backends import Artifact, ENGINE, verifier
+from enginekit.cache import Cache
+from enginekit.calibration import CalibrationData
+from enginekit.errors import CapabilityError
+from enginekit.flows.build import run_build
+from enginekit.flows.store import publish_verdicts
+from enginekit.latencies import latency_of
+from enginekit.model import ModelRequest
+from enginekit.pipeline import Stages
+from enginekit.runtime.loader import ultralytics_engine_target
+from enginekit.verification.gate import Gates, VerifyReport, check_candidate
+from enginekit.verification.labels import LabelRequest
+from enginekit.verification.ladder import precision_ladder
+from enginekit.verification.references import get_references
+from enginekit.verification.report import write_json, write_junit, write_markdown
 
 
 @dataclass
@@ -52,9 +67,6 @@ LABELLED_IMAGE_COUNT = 16
 
 
 def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
-    from enginekit.cache import Cache
-    from enginekit.calibration import CalibrationData
-
     r = request
     cache = cache or Cache()
     overrides = r.tolerances
@@ -67,8 +79,6 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
 
     labels = None
     if r.data is not None:
-        from enginekit.verification.labels import LabelRequest
-
         labels = LabelRequest(Path(r.data), r.data_split or "val", r.data_limit)
         labels.check()  # a dataset without images in that split is refused before any work
     if r.kind == "onnx":
@@ -84,19 +94,13 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
                    verify_entry(e, data, overrides, cache, r.report_dir, given=given, task_required=r.task_required,
                                 labels=labels, recheck=r.recheck)
                    for e, given in found]
-        from enginekit.flows.store import publish_verdicts
 
         publish_verdicts(cache, found, reports)
     outcome = VerifyOutcome(reports)
     if labels is not None:
-        from enginekit.latencies import latency_of
-        from enginekit.verification.ladder import precision_ladder
-
         outcome.ladder = precision_ladder(reports, lambda identity: latency_of(identity, cache))
     write_reports(outcome, r.report_dir, r.junit)
     if r.require_engine and not outcome.engine_ran:
-        from enginekit.errors import CapabilityError
-
         reasons = {a.reason for rep in reports for a in rep.artifacts if a.kind == "engine" and not a.ran}
         raise CapabilityError("--require-engine: the engine could not run here: " + "; ".join(sorted(reasons)))
     return outcome
@@ -121,7 +125,6 @@ def entries_to_verify(request: VerifyRequest, cache) -> list[tuple]:
         return [(e, None) for e in entries + corrupt]
     if request.kind == "key":
         return [(_resolve_engine(request.target, cache), None)]
-    from enginekit.flows.build import run_build
 
     found = []
     for build in request.build_requests:  # one engine per precision asked for
@@ -151,14 +154,6 @@ def verify_engine_file(path: Path, reference, data, overrides, cache, spec=None,
     """An engine file as Ultralytics writes it (its header names the model, its size and batch) against its PyTorch
     checkpoint (``--weights``/``--reference``): the engine is the only candidate, so where it cannot run here the
     verdict is that (exit 3), not a pass."""
-    from enginekit.backends import ENGINE, Artifact, verifier
-    from enginekit.verification.gate import Gates, VerifyReport, check_candidate
-    from enginekit.errors import CapabilityError
-    from enginekit.model import ModelRequest
-    from enginekit.pipeline import Stages
-    from enginekit.runtime.loader import ultralytics_engine_target
-    from enginekit.verification.references import get_references
-
     if not path.is_file():
         raise UsageError(f"engine file not found: {path}")
     target = ultralytics_engine_target(path)
@@ -188,8 +183,6 @@ def verify_engine_file(path: Path, reference, data, overrides, cache, spec=None,
 
 
 def write_reports(outcome: VerifyOutcome, report_dir: Path | None, junit: Path | None) -> None:
-    from enginekit.verification.report import write_json, write_junit, write_markdown
-
     if report_dir is not None:
         folder = Path(report_dir)
         outcome.files["json"] = write_json(outcome.reports, folder / "report.json", outcome.ladder)

@@ -24,6 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from enginekit.cache import Cache
+from enginekit.hashing import sha256_file
+from enginekit.onnx.graph import save_model
+
 #: bump when the rewrite changes: it enters the cache key of fused copies
 REWRITE_VERSION = 2
 CACHE_KIND = "ort-attention"
@@ -302,10 +306,6 @@ def fused_attention_copy(path: Path, cache=None) -> tuple[Path | None, int]:
     """The graph at ``path`` with its attention fused, as a cache entry built once per graph
     content: ``(path of the fused copy, blocks fused)``, or ``(None, 0)`` where nothing fuses."""
     import onnx
-
-    from enginekit.cache import Cache
-    from enginekit.hashing import sha256_file
-    from enginekit.onnx.graph import save_model
 
     cache = cache or Cache()
     parts = {"graph_sha256": sha256_file(path), "rewrite": REWRITE_VERSION}

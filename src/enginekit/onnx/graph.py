@@ -6,6 +6,7 @@ from pathlib import Path
 
 from enginekit.errors import UsageError, first_line
 from enginekit.fsutil import atomic_path
+from enginekit.fsutil import refuse_special_file
 
 # ONNX Runtime 1.24 reads IR version <= 11; onnx may write newer by default.
 MAX_IR_VERSION = 10
@@ -17,8 +18,6 @@ def load_model(path: Path, *, check: bool = True):
     ``check=False``: no ``onnx.checker`` pass (a graph enginekit's own export wrote, which ONNX Runtime
     loads next anyway: on deeplabv3_resnet50 the checker costs 0.65 s CPU, as long as the load)."""
     import onnx
-
-    from enginekit.fsutil import refuse_special_file
 
     if not path.exists():
         raise UsageError(f"ONNX file not found: {path}")

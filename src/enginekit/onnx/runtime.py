@@ -13,6 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from enginekit.gpu import gpu_info
+from enginekit.onnx.graph import MAX_IR_VERSION
+
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 
@@ -21,8 +24,6 @@ CUDA = "CUDAExecutionProvider"
 def providers() -> list[str]:
     """CPU, plus CUDA only where a GPU exists: asking for CUDA without one prints a loud error."""
     import onnxruntime as ort
-
-    from enginekit.gpu import gpu_info
 
     available = ort.get_available_providers()
     chosen = [CPU]
@@ -57,8 +58,6 @@ def session(model, *, cpu_only: bool = True, providers: list | None = None, thre
     import onnxruntime as ort
 
     if hasattr(model, "SerializeToString"):
-        from enginekit.onnx.graph import MAX_IR_VERSION
-
         model.ir_version = min(model.ir_version, MAX_IR_VERSION)
         model = model.SerializeToString()
     elif not isinstance(model, bytes):

@@ -13,25 +13,23 @@ load their libraries when a predictor is made.
 
 from __future__ import annotations
 
+from enginekit import results
+from enginekit.backends.providers import onnxruntime_providers
+from enginekit.runtime import predictor
+from enginekit.runtime.loader import load
+
 RESULTS = ("Detections", "Segments", "Poses", "OrientedBoxes", "Classification", "SemanticMap", "DepthMap")
 __all__ = ["load", "Predictor", "Pipeline", *RESULTS, "onnxruntime_providers"]
 
 
 def __getattr__(name: str):
     if name == "load":
-        from enginekit.runtime.loader import load
-
         return load
     if name in ("Predictor", "Pipeline"):
-        from enginekit.runtime import predictor
-
         return getattr(predictor, name)
     if name in RESULTS:  # defined with the processors' common ground, enginekit.results
-        from enginekit import results
 
         return getattr(results, name)
     if name == "onnxruntime_providers":
-        from enginekit.backends.providers import onnxruntime_providers
-
         return onnxruntime_providers
     raise AttributeError(name)

@@ -22,6 +22,18 @@ from enginekit.errors import CapabilityError, UsageError
 from enginekit.model import ModelRequest, check_weights_choice
 from enginekit.precisions import NAMES as PRECISIONS
 from enginekit.gpu import check_device
+from enginekit.backends.base import SessionInfo
+from enginekit.cache import Cache
+from enginekit.engine_file import read_header
+from enginekit.families.registry import graph_metadata, recorded_declaration, resolve
+from enginekit.families.torch_models.sources import PROGRAM_SUFFIXES
+from enginekit.fsutil import read_text
+from enginekit.gpu import gpu_info
+from enginekit.manifest import MANIFEST_LIMIT
+from enginekit.onnx.graph import get_metadata
+from enginekit.recipes import load_recipe
+from enginekit.runtime.predictor import Predictor, processor_for
+from enginekit.trt.flavours import plan_family, resolve_flavour
 
 
 
@@ -46,10 +58,6 @@ class Target:
 def _onnx_metadata(path: Path) -> dict:
     import onnx
 
-    from enginekit.onnx.graph import get_metadata
-
-    from enginekit.families.registry import graph_metadata
-
     try:
         meta = get_metadata(onnx.load(str(path), load_external_data=False))
     except Exception as exc:  # noqa: BLE001
@@ -64,9 +72,6 @@ def ultralytics_engine_target(path: Path) -> Target | None:
     """An engine file as Ultralytics writes it (its JSON header, then the plan: ``engine_file``) as a Target; None
     where the file is a bare plan. Its manifest is made from the header: the model, its input size and batch, and
     the TensorRT installed here (Ultralytics records no version: TensorRT's own check of the plan decides)."""
-    from enginekit.engine_file import read_header
-    from enginekit.families.registry import graph_metadata
-
     offset, header = read_header(path)
     if header is None:
         return None
@@ -76,7 +81,6 @@ def ultralytics_engine_target(path: Path) -> Target | None:
         raise UsageError(f"{path.name}: {exc}") from exc
     if not meta.get("model"):
         raise UsageError(f"{path.name}: its header does not say which model it is")
-    from enginekit.trt.flavours import plan_family, resolve_flavour
 
     with open(path, "rb") as f:
         f.seek(offset)
@@ -90,7 +94,6 @@ def ultralytics_engine_target(path: Path) -> Target | None:
     h, w = (int(v) for v in meta["export_shape"].split("x")[2:4])
     batch = int(header.get("batch") or 1)
     profile = {"min": [1, 3, h, w], "opt": [1, 3, h, w], "max": [batch, 3, h, w]}
-    from enginekit.gpu import gpu_info
 
     gpu = gpu_info()
     manifest = {"backend": name, "backend_version": version, "gpu": gpu.to_json() if gpu else None,
@@ -116,8 +119,6 @@ def _engine_target(plan: Path, manifest: dict, label: str, cache) -> Target:
 
 def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=None, declared=None) -> Target:
     """Tell what ``target`` is without loading anything heavy."""
-    from enginekit.families.torch_models.sources import PROGRAM_SUFFIXES
-
     text = str(target)
     path = Path(text)
     models = (".plan", ".engine", ".yaml", ".yml", *PROGRAM_SUFFIXES)  # checkpoints and programs name models
@@ -136,8 +137,6 @@ def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=Non
                 raise UsageError(f"{path} has no manifest.json beside it and no Ultralytics header: load it by its cache "
                                  "key, or from its cache folder")
             return target
-        from enginekit.manifest import MANIFEST_LIMIT
-        from enginekit.fsutil import read_text
 
         try:
             manifest = json.loads(read_text(side, limit=MANIFEST_LIMIT, what="engine manifest"))
@@ -147,8 +146,6 @@ def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=Non
             raise UsageError(f"{side} is not an engine manifest (a JSON object)")
         return _engine_target(path, manifest, path.name, cache)
     if path.suffix in (".yaml", ".yml"):
-        from enginekit.recipes import load_recipe
-
         recipe = load_recipe(text)
         return Target("model", recipe.name, recipe.variant, request=recipe.model_request(),
                       precision=recipe.precisions[0] if recipe.precisions else None)
@@ -158,7 +155,6 @@ def resolve_target(target, *, weights=None, random_init=False, seed=0, cache=Non
     except UsageError:
         if not re.fullmatch(r"[0-9a-f]{6,64}", text.lower()):
             raise
-    from enginekit.cache import Cache
 
     cache = cache or Cache()
     entry = cache.resolve(text)
@@ -213,8 +209,6 @@ def choose_backend(target: Target, requested: str, device: str | None) -> tuple[
 
 
 def _gpu():
-    from enginekit.gpu import gpu_info
-
     return gpu_info()
 
 
@@ -256,8 +250,6 @@ def plan_load(target, precision: str = "fp32", backend: str = "auto", *, weights
               declared: dict | None = None) -> LoadPlan:
     """Check the arguments, resolve ``target`` and choose its backend; nothing heavy is loaded. ``declared``:
     what the user declares of a model name (``--task``, ``--outputs``...; a graph or engine records its own)."""
-    from enginekit.runtime.predictor import processor_for
-
     if precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r}: choose {', '.join(PRECISIONS)}")
     check_device(device)
@@ -294,8 +286,6 @@ def open_plan(p: LoadPlan, *, conf: float = 0.25, iou: float = 0.7, max_det: int
     """Load what ``p`` names on its backend: a Predictor. The artifact must exist (``p.missing`` is None).
     ``gpu_letterbox``: resize frames on the GPU rather than letterbox them with OpenCV on the host as
     ``YOLO(pt).predict`` does (a frame stays on the device; pixels up to a grey level from the .pt's)."""
-    from enginekit.runtime.predictor import Predictor, processor_for
-
     t, chosen, adapter = p.target, p.backend, p.adapter
     processor_cls = processor_for(adapter)
     metadata = dict(t.metadata)
@@ -336,8 +326,6 @@ def open_plan(p: LoadPlan, *, conf: float = 0.25, iou: float = 0.7, max_det: int
 def target_adapter(t: Target):
     """The adapter of what ``t`` names: its request's, else the model its graph or engine records, with the
     declaration recorded beside it (the graph's metadata, else the engine's build request)."""
-    from enginekit.families.registry import recorded_declaration, resolve
-
     if t.request is not None:
         return t.request.adapter
     declared = recorded_declaration(t.metadata) or (t.manifest.get("model_request") or {}).get("declared") or {}
@@ -406,10 +394,6 @@ def predictor_from_record(record: dict, make_session):
     """A Predictor over ``make_session(info)`` (a session-like object: ``info`` and ``__call__``) with the
     pre- and postprocessing ``record`` (``predictor_record``) describes."""
     import numpy as np
-
-    from enginekit.backends.base import SessionInfo
-    from enginekit.families.registry import recorded_declaration, resolve
-    from enginekit.runtime.predictor import Predictor, processor_for
 
     info = dict(record["info"])
     info["output_names"] = tuple(info["output_names"])

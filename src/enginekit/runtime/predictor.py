@@ -10,13 +10,16 @@ from typing import Any
 import numpy as np
 
 from enginekit.errors import UsageError
+from enginekit.backends.pytorch import capture_graph
+from enginekit.families.registry import registered
+from enginekit.fsutil import refuse_special_file
+from enginekit.images import read_bgr
+from enginekit.runtime.stream import Stream
 
 
 def processor_for(adapter):
     """The pre/postprocessing class ``adapter``'s family declares (``families.interface.Runtime.processor``)."""
     if adapter.processor is None:
-        from enginekit.families.registry import registered
-
         known = sorted({c.family for c in registered() if c.processor is not None})
         raise UsageError(f"enginekit does not run {adapter.family} models yet (the runtime knows {', '.join(known)})")
     return adapter.processor
@@ -24,9 +27,6 @@ def processor_for(adapter):
 
 def read_image(path) -> np.ndarray:
     """BGR uint8 HxWx3, as OpenCV reads it; UsageError for a missing, unreadable or truncated file."""
-    from enginekit.fsutil import refuse_special_file
-    from enginekit.images import read_bgr
-
     p = Path(path)
     refuse_special_file(p, "image")
     if not p.is_file():
@@ -321,8 +321,6 @@ class Predictor:
         return static_out  # rewritten by the next replay, after the session has read it on this stream
 
     def _capture_preprocess(self, tensors: list, hw, rgb: bool, device):
-        from enginekit.backends.pytorch import capture_graph
-
         static_in = [t.clone() for t in tensors]
         try:
             graph, static_out = capture_graph(lambda: self._eager_preprocess(static_in, hw, rgb), device)
@@ -356,8 +354,6 @@ class Pipeline:
     def stream(self, sources, options=None, names=None):
         """A ``Stream`` of ``sources`` (iterables of ``(name, frame)``) through these predictors: iterate it for
         each step's results in order; ``.stats()`` for the figures (``enginekit.runtime.stream``)."""
-        from enginekit.runtime.stream import Stream
-
         return Stream(self.predictors, sources, options, names)
 
     def close(self) -> None:

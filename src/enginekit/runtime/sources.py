@@ -13,6 +13,8 @@ from typing import Iterator
 import numpy as np
 
 from enginekit.errors import UsageError
+from enginekit.fsutil import refuse_special_file
+from enginekit.images import read_bgr
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
@@ -31,8 +33,6 @@ class FrameSource:
 
 
 def _read(path: Path) -> np.ndarray:
-    from enginekit.images import read_bgr
-
     img, problem = read_bgr(path)
     if img is None:
         raise UsageError(f"not a readable image: {path} ({problem})" if problem != "not a readable image"
@@ -69,7 +69,6 @@ def open_source(source: str, *, max_frames: int | None = None) -> FrameSource:
     path = Path(source)
     if not path.exists():
         raise UsageError(f"source not found: {path} (an image, a folder, a video file, or a camera index)")
-    from enginekit.fsutil import refuse_special_file
 
     refuse_special_file(path, "source")  # a FIFO or device: OpenCV would wait on it forever
     if path.is_dir():

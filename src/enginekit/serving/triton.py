@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from enginekit.requests import TRITON_PLATFORMS as PLATFORMS  # noqa: F401 - the platforms, named once
+from enginekit.images import embedded_image_paths
 #: what each platform is called in config.pbtxt (``python`` is a backend, not a platform)
 _PLATFORM_FIELD = {"onnxruntime": 'platform: "onnxruntime_onnx"', "tensorrt": 'platform: "tensorrt_plan"',
                    "python": 'backend: "python"'}
@@ -95,8 +96,6 @@ def result_tensors(result) -> dict[str, np.ndarray]:
 
 def result_kind(predictor) -> str:
     """The ``kind`` of the results ``predictor`` returns (``enginekit.results``), from one embedded photograph."""
-    from enginekit.images import embedded_image_paths
-
     return predictor(next(iter(embedded_image_paths()))).kind
 
 

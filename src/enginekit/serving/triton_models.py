@@ -19,6 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from enginekit.serving.triton import ENCODED, IMAGE, RECORD, result_tensors
+from enginekit import backends
+from enginekit.backends.base import ONNX
+from enginekit.runtime.loader import load, predictor_from_record
 
 
 def _utils():
@@ -53,10 +56,6 @@ class NetModel:
     """The graph on ONNX Runtime (CPU) through enginekit's runtime, inside the server."""
 
     def initialize(self, args: dict) -> None:
-        from enginekit import backends
-        from enginekit.backends.base import ONNX
-        from enginekit.runtime.loader import load
-
         config = json.loads(args["model_config"])
         self.batched = int(config.get("max_batch_size", 0)) > 0
         self.input_name = config["input"][0]["name"]
@@ -114,8 +113,6 @@ class PipelineModel:
     """Images in, what ``enginekit predict`` finds out (RESULT and the task's tensors)."""
 
     def initialize(self, args: dict) -> None:
-        from enginekit.runtime.loader import predictor_from_record
-
         record = json.loads((_folder(args) / RECORD).read_text())
         self.predictor = predictor_from_record(record, lambda info: TritonNet(info, record["net"]))
 

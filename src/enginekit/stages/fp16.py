@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from enginekit.onnx.graph import get_metadata, initializer_dtype_share, load_model, save_model, set_metadata
-from enginekit.stages.modelopt_compat import autocast
+from enginekit.stages.modelopt import autocast
 
 
 def quiet_modelopt() -> None:
@@ -29,7 +29,7 @@ def convert_fp16(src: Path, out: Path, *, keep_fp32_nodes: list[str] | None = No
     ``calibration`` (.npz, one array per input) feeds AutoCast's reference run, which decides
     what stays FP32 from real value ranges; without it AutoCast invents inputs with every
     dynamic dim set to 1, which a dynamic-H/W model cannot run. ``shortcuts``: AutoCast's
-    reference ranges measured in the graph instead of copied out (modelopt_compat.autocast);
+    reference ranges measured in the graph instead of copied out (stages.modelopt.autocast);
     False runs ModelOpt's own way, for comparison. Both write the same graph.
     """
     from modelopt.onnx.autocast import convert_to_mixed_precision

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from enginekit.onnx.graph import get_metadata, load_model, save_model, set_metadata
+from enginekit.stages.fp16 import quiet_modelopt
+from enginekit.stages.modelopt import calibration_eps
 
 
 def quantize_fp8(src: Path, out: Path, calibration: np.ndarray, input_name: str, *,
@@ -24,9 +26,6 @@ def quantize_fp8(src: Path, out: Path, calibration: np.ndarray, input_name: str,
     """Write the FP8 Q/DQ graph of ``src`` to ``out``; returns the number of QuantizeLinear nodes."""
     import onnx
     from modelopt.onnx.quantization import quantize
-
-    from enginekit.stages.modelopt_compat import calibration_eps
-    from enginekit.stages.fp16 import quiet_modelopt
 
     quiet_modelopt()
     original = load_model(src)

@@ -35,7 +35,7 @@ from enginekit.errors import UsageError
 from enginekit.fsutil import atomic_write_text, read_text
 from enginekit.precisions import names as precision_names
 from enginekit.stages import int8_layout
-from enginekit.stages.modelopt_compat import (
+from enginekit.stages.modelopt import (
     calibration_eps,
     calibrator_factory,
     check,
@@ -47,6 +47,8 @@ from enginekit.stages.modelopt_compat import (
     tensors_to_calibrate,
 )
 from enginekit.onnx.graph import get_metadata, input_dims, load_model, save_model, set_metadata
+from enginekit.hashing import sha256_file
+from enginekit.stages.fp16 import quiet_modelopt
 
 # What ModelOpt calibrates INT8 with: histogram entropy (TensorRT's EntropyCalibration2 idea)
 # or the absolute maximum. ModelOpt's own default is entropy.
@@ -326,8 +328,6 @@ def layout_parts(src: Path, input_name: str, method: str, exclude: Sequence[str]
     providers it calibrates on, and the versions of ModelOpt, ONNX Runtime and onnx."""
     from importlib import metadata
 
-    from enginekit.hashing import sha256_file
-
     return {"stage": "int8-layout", "format": int8_layout.LAYOUT_FORMAT, "input": sha256_file(src),
             "input_name": input_name, "method": method, "exclude": list(exclude), "high_precision": high_precision,
             "calibration_shape": [int(d) for d in probe], "modelopt": MODELOPT_SETTINGS,
@@ -397,7 +397,7 @@ def quantize_int8(
     ``calibration``, ``input_shape``, or the graph's own ``export_shape`` metadata.
     ``exclude_nodes``: regular expressions matched at the start of node names; those nodes stay
     out of INT8. ``write_cache``: where to write the calibration cache. ``shortcuts``: ModelOpt's
-    pass with modelopt_compat's faster, same-result helpers (False: exactly as ModelOpt runs it).
+    pass with stages.modelopt's faster, same-result helpers (False: exactly as ModelOpt runs it).
     ``layouts``: where Q/DQ layouts are kept. With a calibration cache and a layout kept for the
     same graph and settings, the graph is rebuilt from it (ModelOpt's graph for that cache, without
     importing ModelOpt; not with ``shortcuts`` off); every ModelOpt pass keeps its layout there.
@@ -467,8 +467,6 @@ def _run_modelopt(src: Path, feed: np.ndarray, input_name: str, method: str, exc
     import onnx
     from modelopt.onnx.quantization import quantize
     from modelopt.onnx.quantization.calib_utils import CalibrationDataProvider
-
-    from enginekit.stages.fp16 import quiet_modelopt
 
     quiet_modelopt()
     with tempfile.TemporaryDirectory(prefix="enginekit-int8-") as tmp:

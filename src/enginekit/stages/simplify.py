@@ -18,6 +18,7 @@ from enginekit.errors import ParityError, UsageError
 from enginekit.onnx import runtime
 from enginekit.onnx.graph import input_dims, load_model, save_model
 from enginekit.shapes import Shape, format_shape
+from enginekit.errors import first_line
 
 TOOLS = ("onnxsim", "onnxslim")
 
@@ -132,7 +133,6 @@ def _ort_session(path: Path, what: str):
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own exception types
         if not type(exc).__module__.startswith("onnxruntime"):
             raise
-        from enginekit.errors import first_line
 
         message = first_line(exc, 300).split(" failed:", 1)[-1].strip()
         raise UsageError(f"ONNX Runtime cannot load {what} {path.name}: {message}") from exc

@@ -17,14 +17,13 @@ from typing import Iterator
 
 from enginekit.fsutil import current_umask, open_regular, read_bytes
 from enginekit.store.base import ObjectInfo, StoreError
+from enginekit.store.settings import folder_of
 
 _TMP_PREFIX = ".incoming-"
 
 
 class FileStore:
     def __init__(self, url: str):
-        from enginekit.store.settings import folder_of
-
         self.url = url
         self.root = Path(folder_of(url))
 

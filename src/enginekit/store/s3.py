@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from enginekit.store.base import ObjectInfo, StoreError
+from enginekit.errors import UsageError, first_line
 
 PART = 16 * 2**20
 CONCURRENCY = 8
@@ -40,8 +41,6 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     """``s3://bucket/some/prefix`` -> ("bucket", "some/prefix")."""
     match = re.fullmatch(r"s3://([^/]+)/?(.*)", url)
     if not match or not re.fullmatch(r"[a-z0-9][a-z0-9.\-_]{1,62}", match[1]):
-        from enginekit.errors import UsageError
-
         raise UsageError(f"malformed store URL {url!r}: expected s3://BUCKET or s3://BUCKET/PREFIX")
     return match[1], match[2].strip("/")
 
@@ -243,6 +242,4 @@ def _code(exc: BaseException) -> str:
 
 
 def _first(exc: BaseException) -> str:
-    from enginekit.errors import first_line
-
     return first_line(exc, 200)

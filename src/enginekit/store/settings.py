@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from enginekit.errors import UsageError
+from enginekit.store.s3 import parse_s3_url
 
 MODES = ("read", "readwrite")
 DEFAULT_TIMEOUT = 10.0
@@ -90,8 +91,6 @@ def check_url(url: str, origin: str = "--remote") -> None:
         raise UsageError(f"{origin} {url!r}: unsupported store {scheme!r}; use s3://BUCKET/PREFIX "
                          "(any S3-compatible store) or file:///PATH (a shared folder)")
     if url.startswith("s3://"):
-        from enginekit.store.s3 import parse_s3_url
-
         parse_s3_url(url)
     else:
         folder_of(url, origin)

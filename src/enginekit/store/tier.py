@@ -36,6 +36,10 @@ from enginekit.manifest import MANIFEST, check_manifest
 from enginekit.store.base import ObjectInfo, ObjectStore, StoreError
 from enginekit.store.identity import hardware_of, identity_hash, identity_of
 from enginekit.store.settings import RemoteSettings
+from enginekit import reporting
+from enginekit.fsutil import is_disk_full
+from enginekit.store.filesystem import FileStore
+from enginekit.store.s3 import S3Store
 
 BLOBS = "blobs/sha256/"
 ENTRIES = "entries/"
@@ -65,10 +69,7 @@ def index_name(identity: dict, key: str) -> str:
 def open_store(settings: RemoteSettings) -> ObjectStore:
     """The store module for a URL's scheme: one line per kind of store."""
     if settings.url.startswith("s3://"):
-        from enginekit.store.s3 import S3Store
-
         return S3Store(settings.url, timeout=settings.timeout)
-    from enginekit.store.filesystem import FileStore
 
     return FileStore(settings.url)
 
@@ -142,8 +143,6 @@ class Remote:
     def quietly(self, fn: Callable[..., Any], *args, writing: bool = False, **kwargs) -> Any:
         """``fn(*args)``, or None after saying (once) why the store is skipped. A refused write keeps
         reads going; any other failure skips the store for the rest of the run."""
-        from enginekit import reporting
-
         if not self.available() or (writing and not self.writable):
             return None
         try:
@@ -346,8 +345,6 @@ class Remote:
 
 
 def _disk_full(exc: BaseException) -> bool:
-    from enginekit.fsutil import is_disk_full
-
     return is_disk_full(exc)
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from enginekit.trt.flavours import Flavour
+from enginekit.engine_file import plan_bytes
+from enginekit.trt.binding import bind
 
 
 def _profile_for(shape: tuple[int, ...], profiles: list[dict], input_name: str) -> int:
@@ -28,12 +30,8 @@ def _profile_for(shape: tuple[int, ...], profiles: list[dict], input_name: str) 
 @contextlib.contextmanager
 def _activated(plan: Path, backend: Flavour):
     """An active polygraphy ``TrtRunner`` over ``plan``, deactivated on leaving."""
-    from enginekit.trt.binding import bind
-
     bind(backend)  # POLYGRAPHY_USE_TENSORRT_RTX is read once, when polygraphy is first imported
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
-
-    from enginekit.engine_file import plan_bytes
 
     runner = TrtRunner(EngineFromBytes(lambda: plan_bytes(plan)))  # after an Ultralytics header, if any
     runner.activate()

@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from enginekit.errors import CapabilityError, UsageError
+from enginekit.engine_file import plan_bytes
+from enginekit.errors import first_line
+from enginekit.trt.builder import BuiltFor, can_run_here
+from enginekit.trt.flavours import TRAITS, gpu_info, resolve_flavour, resolve_targets
 
 
 def profile_for(shape: tuple[int, ...], profiles: list[dict], input_name: str) -> int:
@@ -61,9 +65,6 @@ def engine_runs_here(manifest: Mapping[str, Any] | None = None, *, backend: str 
     the engine a build with ``backend`` (auto | tensorrt | tensorrt-rtx) would make on this machine.
     ``gpu``: this machine's (``"detect"``), or a GpuInfo (None: no GPU).
     """
-    from enginekit.trt.flavours import TRAITS, gpu_info, resolve_flavour, resolve_targets
-    from enginekit.trt.builder import BuiltFor, can_run_here
-
     if gpu == "detect":
         gpu = gpu_info()
     if manifest is not None:
@@ -94,9 +95,6 @@ def engine_runs_here(manifest: Mapping[str, Any] | None = None, *, backend: str 
 def installed_modules() -> dict[str, dict[str, Any]]:
     """For each TensorRT family of ``TRAITS``: does its module import, and at which version (doctor's facts)."""
     import importlib.util
-
-    from enginekit.errors import first_line
-    from enginekit.trt.flavours import TRAITS
 
     modules: dict[str, dict[str, Any]] = {}
     for row in TRAITS.values():
@@ -150,7 +148,6 @@ class EngineSession:
         self.stream = stream or torch.cuda.Stream(device=self.device)
         self.logger = trt.Logger(trt.Logger.ERROR)
         self.runtime = trt.Runtime(self.logger)
-        from enginekit.engine_file import plan_bytes
 
         self.engine = self.runtime.deserialize_cuda_engine(plan_bytes(plan))  # after an Ultralytics header, if any
         if self.engine is None:

@@ -10,6 +10,19 @@ from pathlib import Path
 from enginekit import reporting
 from enginekit.errors import UsageError
 from enginekit.verification.references import engine_accepts_hw, onnx_accepts_hw
+from enginekit._version import __version__
+from enginekit.backends import Artifact, ENGINE, ONNX, verifier
+from enginekit.calibration import CalibrationData
+from enginekit.families.registry import graph_metadata, model_in_file, recorded_declaration
+from enginekit.hashing import sha256_file
+from enginekit.model import ModelRequest
+from enginekit.onnx.graph import get_metadata, input_dims, load_model, output_names
+from enginekit.pipeline import Stages, model_versions, onnxruntime_version
+from enginekit.precisions import PRECISIONS, of_stage
+from enginekit.verification.gate import ArtifactReport, Check, Gates, VerifyReport, check_candidate, skipped, unrunnable
+from enginekit.verification.labels import GroundTruth
+from enginekit.verification.pictures import draw_pictures
+from enginekit.verification.references import get_references
 
 #: part of every stored verdict's key: bump when a comparison's figures or gates change meaning
 VERDICT_VERSION = 2
@@ -50,8 +63,6 @@ class UnverifiableEntry:
 
 def corrupt_artifact(name: str, kind: str, precision: str, what: str):
     """A corrupt cache entry where an artifact should be: nothing ran, and its gate fails."""
-    from enginekit.verification.gate import ArtifactReport, Check
-
     report = ArtifactReport(name, kind, precision, ran=False, reason=what)
     report.checks.append(Check.unmet(name, f"{what}: rebuild it (enginekit build)"))
     return report
@@ -60,15 +71,11 @@ def corrupt_artifact(name: str, kind: str, precision: str, what: str):
 def verify_corrupt(entry):
     """The report of an engine that cannot be checked: a corrupt entry, or one with no model to compare
     against (``UnverifiableEntry``: listed as skipped, and not part of the verdict, where allowed)."""
-    from enginekit.verification.gate import VerifyReport, skipped
-
     report = VerifyReport(entry.subject or "?", entry.key, "?", "", "not computed")
     if isinstance(entry, UnverifiableEntry) and entry.allowed:
         report.excused = True
         report.artifacts.append(skipped("engine", "engine", "?", entry.describe()))
     elif isinstance(entry, UnverifiableEntry):
-        from enginekit.verification.gate import ArtifactReport, Check
-
         art = ArtifactReport("engine", "engine", "?", ran=False, reason=entry.describe())
         art.checks.append(Check.unmet("engine", entry.describe()))
         report.artifacts.append(art)
@@ -79,8 +86,6 @@ def verify_corrupt(entry):
 
 def model_of(entry, given):
     """(ModelRequest, chain links) an engine entry is verified with: its own, or the request's."""
-    from enginekit.model import ModelRequest
-
     m = entry.manifest
     if m.get("model_request"):
         if given is not None and given[0].weights_identity == m["model_request"].get("identity"):
@@ -103,10 +108,6 @@ def stored_check(cache, name: str, precision: str, graph: str, path: Path, refs,
     """(the graph's ArtifactReport, the stored verdict's key or None) for ``graph`` (its content) against ``refs``:
     a verdict is kept by what it judged (the graph, the references' key, every limit, the code that ran and
     compared), so a second verify of the same content runs nothing (``recheck``: it does)."""
-    from enginekit._version import __version__
-    from enginekit.verification.gate import ArtifactReport, check_candidate
-    from enginekit.pipeline import onnxruntime_version
-
     parts = {"stage": "verdict", "version": VERDICT_VERSION, "name": name, "precision": precision, "graph": graph,
              "references": refs.key, "gates": gates.state(precision, metadata),
              "versions": {"enginekit": __version__, "onnxruntime": onnxruntime_version()}}
@@ -123,11 +124,6 @@ def stored_check(cache, name: str, precision: str, graph: str, path: Path, refs,
 
 def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_required: bool = True, labels=None,
                  recheck: bool = False):
-    from enginekit.verification.gate import Gates, VerifyReport, skipped, unrunnable
-    from enginekit.pipeline import Stages
-    from enginekit.precisions import of_stage
-    from enginekit.verification.references import get_references
-
     m = entry.manifest
     model, links = model_of(entry, given)
     pipe = Stages(model, cache)
@@ -180,8 +176,6 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
             f"precision ({100 * repaired.get('share', 0):.1f}%), worst rel L2 {repaired.get('rel_l2_before', 0):.3g} -> "
             f"{repaired.get('rel_l2_after', 0):.3g}, {repaired.get('trials')} trials: {', '.join(repaired['nodes'][:8])}")
     if report_dir is not None:
-        from enginekit.verification.pictures import draw_pictures
-
         draw_pictures(report, refs, entry, cache, pipe.adapter, metadata, Path(report_dir))
     return report
 
@@ -189,10 +183,6 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
 def ground_truth_of_entry(report, entry, pipe, links, cache, gates, metadata, labels) -> None:
     """``verify --data``: the FP32 PyTorch model, every ONNX artifact that ran and the engine where it runs,
     scored against the labels; each candidate's drop against the reference gated (``gt.*_drop``)."""
-    from enginekit.backends import ENGINE, Artifact, verifier
-    from enginekit.pipeline import model_versions, onnxruntime_version
-    from enginekit.verification.labels import GroundTruth
-
     photo_shape = tuple(entry.manifest["profiles"][0][pipe.adapter.input_name]["opt"])
     hw = _network_hw(pipe.adapter, metadata, photo_shape)
     gt = GroundTruth(pipe, labels, metadata, hw)
@@ -235,9 +225,6 @@ def note_calibration(report, calibrated_on: str | None) -> None:
     """A quantized graph calibrated on the embedded photographs that fails: say what it was calibrated on
     and what to do. Calibration ranges come from what calibration sees; photographs of street scenes
     are not the activations of a model trained on other images (measured in families/ultralytics/yolo.py)."""
-    from enginekit.calibration import CalibrationData
-    from enginekit.precisions import PRECISIONS
-
     if not calibrated_on or not calibrated_on.startswith(CalibrationData(None).describe().split(" (")[0]):
         return
     for art in report.artifacts:
@@ -249,16 +236,11 @@ def note_calibration(report, calibrated_on: str | None) -> None:
 def onnx_candidate(path: Path):
     """The runner verify checks an ONNX candidate on: the registry's verifier of ONNX graphs (ONNX Runtime
     on the CPU, whose results do not depend on the machine). Use as a context manager; ``infer_feed``."""
-    from enginekit.backends import ONNX, Artifact, verifier
-
     return verifier(ONNX)(Artifact.onnx(path))
 
 
 def verify_engine(entry, pipe, refs, gates, metadata, precision, checked=()):
     """The engine itself, where it can run here; else said skipped, and why."""
-    from enginekit.backends import ENGINE, Artifact, verifier
-    from enginekit.verification.gate import check_candidate, skipped
-
     m = entry.manifest
     backend = verifier(ENGINE)
     engine = Artifact.engine(entry.file("engine.plan"), m, pipe.adapter.input_name)
@@ -283,11 +265,6 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
 
     A graph is checked at the precision its metadata records; ``precision`` (``--precision``) names
     it for a graph that records none, and is refused where it contradicts the recorded one."""
-    from enginekit.verification.gate import Gates, VerifyReport, check_candidate
-    from enginekit.onnx.graph import input_dims, load_model, output_names
-    from enginekit.pipeline import Stages
-    from enginekit.verification.references import get_references
-
     onnx_model = load_model(path)  # missing, a folder, a FIFO or not ONNX: one line
     metadata = onnx_metadata(path)
     # enginekit writes "precision" into FP16 and quantized graphs; its FP32 exports record none
@@ -322,10 +299,6 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
         raise UsageError(f"{path.name} does not compute {adapter.variant}'s outputs: {exc}") from exc
     report.artifacts.append(art)
     if labels is not None and art.ran:
-        from enginekit.hashing import sha256_file
-        from enginekit.pipeline import model_versions, onnxruntime_version
-        from enginekit.verification.labels import GroundTruth
-
         gt = GroundTruth(pipe, labels, metadata, _network_hw(adapter, metadata, opt))
         report.ground_truth = {**gt.describe(), "notes": gt.notes}
         accepts = onnx_accepts_hw(path)
@@ -343,19 +316,15 @@ def onnx_model_request(path: Path, metadata: dict, model, reference, spec):
     """The model an ONNX file is compared against: --model/--weights/--random-init, else its metadata.
 
     Refused in one line when the given weights are not the ones its metadata records."""
-    from enginekit.model import ModelRequest
-
     weights = Path(reference) if reference is not None else (spec.weights if spec is not None else None)
     name = model or metadata.get("model")
     if not name and weights is not None:  # an Ultralytics checkpoint records its architecture
-        from enginekit.families.registry import model_in_file
 
         name = model_in_file(weights)
     if not name:
         raise UsageError(f"{path.name} does not say which model it is: pass --model NAME (yolo12n, depth, ...)")
     random_init = bool(spec is not None and spec.random_init)
     seed = spec.seed if spec is not None else 0
-    from enginekit.families.registry import recorded_declaration
 
     recorded = metadata.get("weights", "")
     nms = metadata.get("nms") == "True"  # a graph ending in NMS is compared with the same model in the same NMS
@@ -380,10 +349,6 @@ def onnx_model_request(path: Path, metadata: dict, model, reference, spec):
 
 def onnx_metadata(path: Path) -> dict[str, str]:
     import onnx
-
-    from enginekit.onnx.graph import get_metadata
-
-    from enginekit.families.registry import graph_metadata
 
     try:
         return graph_metadata(get_metadata(onnx.load(str(path), load_external_data=False)))

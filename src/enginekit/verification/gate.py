@@ -21,6 +21,8 @@ from enginekit.compare.comparison import (  # noqa: F401 - Check, Gates: public 
     compare,
 )
 
+from enginekit.onnx import runtime
+
 
 @dataclass
 class ArtifactReport:
@@ -118,8 +120,6 @@ def check_candidate(name: str, kind: str, precision: str, run: Runner, refs, gat
 
 
 def onnx_runner(path: Path) -> Runner:
-    from enginekit.onnx import runtime
-
     sess = runtime.session(path)
     return lambda feed: runtime.run(sess, feed)
 

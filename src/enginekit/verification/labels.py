@@ -30,6 +30,10 @@ from enginekit import reporting
 from enginekit.compare.label_metrics import HEADLINE, drops
 from enginekit.compare.instances import IOU_NMS, MAX_DET
 from enginekit.errors import UsageError
+from enginekit.compare.metrics import passes
+from enginekit.datasets import load_dataset
+from enginekit.pipeline import model_versions
+from enginekit.verification.gate import Check
 
 GROUND_TRUTH_VERSION = 2  # part of every ground-truth key: bump when scoring changes (2: yolo val's letterbox)
 
@@ -44,8 +48,6 @@ class LabelRequest:
 
     def check(self) -> None:
         """Refuse (one line) a dataset that cannot be read or whose split has no images."""
-        from enginekit.datasets import load_dataset
-
         dataset = load_dataset(self.source)
         if dataset.classify_layout:
             dataset.class_folders(self.split)
@@ -57,8 +59,6 @@ class GroundTruth:
     """A labelled split for one model, scored per candidate (cached)."""
 
     def __init__(self, pipe, request: LabelRequest, metadata: dict[str, str], hw: tuple[int, int]):
-        from enginekit.datasets import load_dataset
-
         self.pipe, self.adapter, self.request = pipe, pipe.adapter, request
         self.metadata = dict(metadata)
         self.hw = tuple(hw)
@@ -161,8 +161,6 @@ class GroundTruth:
 
     def reference(self, accepts_hw: Callable | None) -> dict:
         """The FP32 PyTorch model, letterboxed as a candidate that takes ``accepts_hw``'s sizes."""
-        from enginekit.pipeline import model_versions
-
         pipe = self.pipe
         identity = f"pytorch:{pipe.request.weights_identity}" + (
             f"+nms:{json.dumps(self.adapter.nms.to_json(), sort_keys=True)}" if self.adapter.nms is not None else "")
@@ -174,9 +172,6 @@ class GroundTruth:
 
     def judge(self, art, reference: dict, candidate: dict, gates, precision: str) -> None:
         """The candidate's figures, its drop against the reference, and the gates on the drop, into ``art``."""
-        from enginekit.verification.gate import Check
-        from enginekit.compare.metrics import passes
-
         lost = drops(reference, candidate)
         art.ground_truth = {**candidate, **lost, "reference": {k: v for k, v in reference.items()}}
         limits = gates.ground_truth(precision)

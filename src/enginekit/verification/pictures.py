@@ -12,6 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
+from enginekit._version import __version__
+from enginekit.compare.task_metrics import align_scale_shift
+from enginekit.fsutil import atomic_copy
+from enginekit.verification.gate import onnx_runner
+from enginekit.verification.references import onnx_accepts_hw
+
 TITLE_H = 28  # the title strip above the panels
 MIN_SIDE = 256  # panels of smaller inputs are enlarged by a whole factor to at least this height
 REFERENCE_BGR, CANDIDATE_BGR = (0, 200, 0), (0, 0, 230)
@@ -73,8 +79,6 @@ def detection_overlay(image_chw: np.ndarray, reference_boxes: np.ndarray, candid
 def depth_error_heatmap(reference: np.ndarray, candidate: np.ndarray, path: Path) -> Path:
     """Reference depth | candidate depth | relative error (after scale-and-shift alignment); maps (H, W)."""
     import cv2
-
-    from enginekit.compare.task_metrics import align_scale_shift
 
     ref, cand = reference.astype(np.float64), candidate.astype(np.float64)
     mask = ref > 1e-3 * max(float(ref.max()), 1e-12)
@@ -151,11 +155,6 @@ PICTURE_VERSION = 1
 def draw_pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -> None:
     """One picture per checked ONNX artifact of an engine entry, on the first photograph. A picture is kept
     in the cache by what it shows (the graph's content, the references), so a second report draws none."""
-    from enginekit._version import __version__
-    from enginekit.verification.gate import onnx_runner
-    from enginekit.fsutil import atomic_copy
-    from enginekit.verification.references import onnx_accepts_hw
-
     if adapter.picture_kind is None:
         return
     folder.mkdir(parents=True, exist_ok=True)

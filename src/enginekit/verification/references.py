@@ -15,6 +15,10 @@ import numpy as np
 from enginekit.calibration import CalibrationData
 from enginekit.compare.comparison import Case
 from enginekit.shapes import format_shape
+from enginekit import reporting
+from enginekit.backends.base import SessionInfo, static
+from enginekit.onnx.graph import input_dims, load_model
+from enginekit.pipeline import model_versions
 
 INPUTS_FILE = "inputs.json"
 OUTPUTS_FILE = "outputs.json"
@@ -79,7 +83,6 @@ def quiet_polygraphy() -> None:
 def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: int = 0) -> References:
     """Stored references for the pipeline's model over photographs and profile shapes."""
     quiet_polygraphy()
-    from enginekit.pipeline import model_versions
 
     adapter = pipe.adapter
     photo_shape, random_shapes = reference_shapes(profiles, adapter.input_name)
@@ -107,8 +110,6 @@ def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: in
         cases = _compute(pipe, images, photo_shape, random_shapes, seed)
         _save(tmp, cases)
         return {"cases": len(cases), "skipped_images": images.skipped, "outputs": list(cases[0].outputs) if cases else []}
-
-    from enginekit import reporting
 
     with reporting.stage("references (PyTorch)") as s:
         entry, status = pipe.cache.get_or_create("reference", parts, produce, subject=pipe.subject)
@@ -172,9 +173,6 @@ def _load(folder: Path) -> list[Case]:
 
 def onnx_accepts_hw(path: Path):
     """Which input H x W an ONNX graph takes (a graph of dynamic H/W: any), as its runtime's session says."""
-    from enginekit.backends.base import SessionInfo, static
-    from enginekit.onnx.graph import input_dims, load_model
-
     dims = input_dims(load_model(path))
     name, shape = next(iter(dims.items()))
     return SessionInfo("onnx", "cpu", name, (), static(shape)).accepts_hw
@@ -182,7 +180,5 @@ def onnx_accepts_hw(path: Path):
 
 def engine_accepts_hw(manifest: dict, input_name: str):
     """Which input H x W an engine takes: what one of its profiles covers."""
-    from enginekit.backends.base import SessionInfo
-
     return SessionInfo("engine", "", input_name, (), (None, None, None, None),
                        profiles=list(manifest.get("profiles") or [])).accepts_hw

@@ -10,11 +10,10 @@ from enginekit.compare.comparison import of_part
 from enginekit.verification.gate import VerifyReport
 from enginekit.compare.metrics import STATISTICS
 from enginekit.verification.ladder import letterbox_legend
+from enginekit.fsutil import atomic_write_text, json_text
 
 
 def write_json(reports: list[VerifyReport], path: Path, ladder: list | None = None) -> Path:
-    from enginekit.fsutil import atomic_write_text, json_text
-
     checked = [r for r in reports if not r.excused]  # engines allowed to go unchecked count for nothing
     data = {"passed": bool(checked) and all(r.passed for r in checked), "entries": [r.to_json() for r in reports]}
     if ladder:

@@ -40,6 +40,13 @@ from enginekit.families.torch_models import sources, table
 from enginekit.families.torch_models.runtime import ClassifyProcessor, DepthProcessor, SemanticProcessor, place
 from enginekit.families.torch_models.spec import TASK_MEANINGS, ModelSpec
 from enginekit.shapes import InputConstraint, Shape
+from enginekit.compare.label_metrics import SemanticScores
+from enginekit.compare.task_metrics import class_maps, classify_metrics
+from enginekit.families.processing import parse_names
+from enginekit.families.torch_models.labels import read_classify_split, read_semantic_split
+from enginekit.families.torch_models.runtime import frame_class_map
+from enginekit.hashing import sha256_file
+from enginekit.images import load_images
 
 FAMILY = "pytorch"
 DEFAULT_SIZE = (224, 224)
@@ -314,8 +321,6 @@ class TorchModelAdapter(ModelAdapter):
 
 
 def _sha(path: Path) -> str:
-    from enginekit.hashing import sha256_file
-
     return sha256_file(path)
 
 
@@ -389,8 +394,6 @@ def informative_init(model, adapter, seed: int) -> None:
     ``_spread_logits``): class maps and top-1 classes change
     with the photograph (``reference_varies`` in the task metrics shows it)."""
     import torch
-
-    from enginekit.images import load_images
 
     bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     if not bns:
@@ -485,8 +488,6 @@ class TorchSemantic(SemanticEvaluation, TorchModelAdapter):
     known_parts = TorchModelAdapter.known_parts
 
     def task_metrics(self, reference, candidate, metadata, options=None):
-        from enginekit.compare.task_metrics import class_maps
-
         result = SemanticEvaluation.task_metrics(self, reference, candidate, metadata, options)
         maps = class_maps(reference[self.output_names[0]])
         result["reference_varies"] = float(_maps_vary(maps))
@@ -504,14 +505,10 @@ class TorchSemantic(SemanticEvaluation, TorchModelAdapter):
 
     def read_labels(self, dataset, split: str, metadata: dict[str, str], *, limit: int | None = None,
                     imgsz: int = 640):
-        from enginekit.families.torch_models.labels import read_semantic_split
-
         names, count = _model_classes(self, metadata)
         return read_semantic_split(dataset, split, names, count, model=self.variant, limit=limit)
 
     def label_scores(self, names: dict[int, str], metadata: dict[str, str]):
-        from enginekit.compare.label_metrics import SemanticScores
-
         return SemanticScores()
 
     def label_letterbox(self, image_hw: tuple[int, int], hw: tuple[int, int], rect: bool):
@@ -519,8 +516,6 @@ class TorchSemantic(SemanticEvaluation, TorchModelAdapter):
 
     def add_label_image(self, scores, split, sample, image_bgr, outputs, metadata, letterbox, max_det: int) -> None:
         """One image: the runtime's class map at the frame's size (``runtime.frame_class_map``) against its labels."""
-        from enginekit.families.torch_models.runtime import frame_class_map
-
         logits = np.asarray(outputs[self.output_names[0]][0])
         shape = tuple(image_bgr.shape[:2])
         pred = frame_class_map(logits, shape, letterbox, self.spec.resize or "stretch", self.crop_fraction)
@@ -536,8 +531,6 @@ class TorchSemantic(SemanticEvaluation, TorchModelAdapter):
 
 def _model_classes(adapter, metadata: dict[str, str]) -> tuple[dict[int, str], int | None]:
     """The model's class names (the graph's or the table's) and count (theirs, or ``--classes``; None: unknown)."""
-    from enginekit.families.processing import parse_names
-
     names = parse_names(metadata.get("names")) or adapter.default_class_names()
     return names, len(names) if names else adapter.spec.classes
 
@@ -569,8 +562,6 @@ class TorchClassify(ClassifyEvaluation, TorchModelAdapter):
         return e / e.sum(1, keepdims=True)
 
     def task_metrics(self, reference, candidate, metadata, options=None):
-        from enginekit.compare.task_metrics import classify_metrics
-
         ref, cand = self.probabilities(reference), self.probabilities(candidate)
         result = classify_metrics(ref, cand)
         tops = ref.argmax(1)
@@ -583,8 +574,6 @@ class TorchClassify(ClassifyEvaluation, TorchModelAdapter):
     def read_labels(self, dataset, split: str, metadata: dict[str, str], *, limit: int | None = None,
                     imgsz: int = 640):
         """Ultralytics' class folders, each the model class of its name (``families.torch_models.labels``)."""
-        from enginekit.families.torch_models.labels import read_classify_split
-
         names, count = _model_classes(self, metadata)
         return read_classify_split(dataset, split, names, count, model=self.variant, limit=limit)
 

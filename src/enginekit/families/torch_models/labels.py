@@ -35,6 +35,9 @@ import numpy as np
 
 from enginekit.datasets import Dataset, evenly
 from enginekit.errors import UsageError
+from enginekit.families.ultralytics.labels import LabelledSplit, Sample, _ultralytics_labels
+from enginekit.fsutil import open_regular
+from enginekit.hashing import sha256_file
 
 #: part of every ground-truth key: bump when reading, rasterising or mapping labels changes
 SEMANTIC_LABELS_VERSION = 1
@@ -151,8 +154,6 @@ class SemanticSplit:
 
     def digest(self) -> str:
         """Every image's and label's content, the classes and how they map to the model's."""
-        from enginekit.hashing import sha256_file
-
         h = hashlib.sha256(f"semantic-labels/{SEMANTIC_LABELS_VERSION}|{self.kind}|{sorted(self.names.items())}|"
                            f"{sorted(self.model_names.items())}|{self.model_count}|"
                            f"{self.mapping.describe() if self.mapping else None}".encode())
@@ -213,8 +214,6 @@ def read_mask(path: Path) -> np.ndarray:
     """A mask PNG's class indices (H, W): a palette or greyscale image; one line for anything else."""
     from PIL import Image, UnidentifiedImageError
 
-    from enginekit.fsutil import open_regular
-
     try:
         with open_regular(path) as f, Image.open(f) as im:
             if im.mode not in ("P", "L", "I", "I;16"):
@@ -239,8 +238,6 @@ def mask_path(image: Path) -> Path | None:
 
 def _image_hw(path: Path) -> tuple[int, int]:
     from PIL import Image, UnidentifiedImageError
-
-    from enginekit.fsutil import open_regular
 
     try:
         with open_regular(path) as f, Image.open(f) as im:
@@ -293,8 +290,6 @@ def read_semantic_split(dataset: Dataset, split: str, model_names: dict[int, str
 
 
 def _polygon_samples(images, names, model_count, source, split, notes) -> list[SemanticSample]:
-    from enginekit.families.ultralytics.labels import _ultralytics_labels
-
     known = names or {i: str(i) for i in range(model_count or MASK_IGNORE)}
     labels = _ultralytics_labels(images, {"names": known, "nc": len(known), "channels": 3}, "segment")
     found = {Path(lb["im_file"]).resolve(): lb for lb in labels}
@@ -344,8 +339,6 @@ def _check(sample: SemanticSample, names: dict[int, str], mapping: ClassMapping 
 def read_classify_split(dataset: Dataset, split: str, model_names: dict[int, str], model_count: int | None, *,
                         model: str, limit: int | None = None):
     """Ultralytics' folder-per-class layout, folders mapped to the model's classes by name (module docstring)."""
-    from enginekit.families.ultralytics.labels import LabelledSplit, Sample
-
     if not dataset.classify_layout:
         raise UsageError(f"a classify model is scored against a folder of class folders per split (Ultralytics' "
                          f"classify layout), not {dataset.source}")

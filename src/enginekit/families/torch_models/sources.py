@@ -27,6 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from enginekit.errors import UsageError
+from enginekit import reporting
+from enginekit.families.base import describe_load_error
+from enginekit.families.checkpoints import TRUST_ENV, TRUST_FLAG, trust_requested
+from enginekit.hashing import sha256_file
+from enginekit.shapes import format_shape
 
 if TYPE_CHECKING:
     import torch
@@ -189,8 +194,6 @@ def identity(source: Source) -> dict[str, str]:
     version is in ``pipeline.model_versions``), a file's content, a module's distribution version or file."""
     found = {"source": source.display}
     if source.kind in ("file", "export", "torchscript"):
-        from enginekit.hashing import sha256_file
-
         check(source)
         found["sha256"] = sha256_file(source.path)
     elif source.kind == "module":
@@ -222,8 +225,6 @@ def _module_identity(module: str) -> dict[str, str]:
                 origin = str(candidate)
                 break
     if origin and Path(origin).is_file():
-        from enginekit.hashing import sha256_file
-
         return {"sha256": sha256_file(Path(origin))}
     return {}
 
@@ -259,12 +260,10 @@ def user_code(what: str, *, argv0: str | None = None, capture: bool = True) -> I
                          "imports the file and calls the factory, and neither may exit (parse a command line under "
                          "`if __name__ == \"__main__\":`)") from exc
     except Exception as exc:  # noqa: BLE001 - the user's code refused: one line
-        from enginekit.families.base import describe_load_error
 
         raise UsageError(describe_load_error(exc, f"{what} failed with {type(exc).__name__}")) from exc
     else:
         if out.getvalue():  # what it printed, as notes on stderr (a failure's last line is in the error instead)
-            from enginekit import reporting
 
             for line in out.getvalue().splitlines():
                 reporting.note(f"{what}: {line}")
@@ -315,7 +314,6 @@ def _factory(source: Source):
     if source.kind == "file":
         check(source)
         name = f"enginekit_user_{sha256_bytes(str(source.path).encode())[:12]}"
-        from enginekit.hashing import sha256_file
 
         digest = sha256_file(source.path)
         module = sys.modules.get(name)
@@ -357,8 +355,6 @@ def _as_module(model: Any, source: Source):
 
 def load_program(source: Source):
     """A saved program's module. Loading runs code from the file: only when trusted."""
-    from enginekit.families.checkpoints import TRUST_ENV, TRUST_FLAG, trust_requested
-
     check(source)
     if not trust_requested():
         raise UsageError(f"{source.path.name} is a saved program: loading it runs code from the file. Pass "
@@ -377,7 +373,6 @@ def load_program(source: Source):
     except UsageError:
         raise
     except Exception as exc:  # noqa: BLE001
-        from enginekit.families.base import describe_load_error
 
         cause = next((r.exc_info[1] for r in logged if r.exc_info and r.exc_info[1] is not None), exc)
         raise UsageError(describe_load_error(cause, f"cannot load {source.path.name}")) from exc
@@ -408,8 +403,6 @@ def _logged(*loggers: str, into: list) -> Iterator[None]:
 def _refuse_static_batch(program, source: Source) -> None:
     """A program captured with a fixed batch (torch.export's default: every dimension static) runs at that batch
     only, and enginekit's graphs take any batch: refused in one line saying how to capture it."""
-    from enginekit.shapes import format_shape
-
     inputs = set(program.graph_signature.user_inputs)
     shapes = [tuple(n.meta["val"].shape) for n in program.graph.nodes
               if n.op == "placeholder" and n.name in inputs and hasattr(n.meta.get("val"), "shape")]
@@ -450,8 +443,6 @@ def _training_arg(node) -> bool:
 # -- weights -------------------------------------------------------------------------------------------
 def read_state_dict(path: Path) -> dict:
     """A state dict from safetensors or a PyTorch file, read as data only (no code from the file runs)."""
-    from enginekit.families.base import describe_load_error
-
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file

@@ -27,6 +27,9 @@ from enginekit.families.base import (
 from enginekit.families.processing import parse_names
 from enginekit.families.types import FamilyInfo
 from enginekit.shapes import InputConstraint
+from enginekit.families.checkpoints import load_ultralytics_model
+from enginekit.families.ultralytics.identity import (adopt_ultralytics_metadata, check_architecture, checkpoint_variant, is_checkpoint)
+from enginekit.families.ultralytics.runtime import letterbox, stretch, to_input
 
 # Whole-output limits (recipes show them; a graph is gated per part, below).
 _TOLERANCES = {
@@ -180,15 +183,11 @@ class UltralyticsAdapter(ModelAdapter):
     @classmethod
     def model_in_file(cls, path: Path) -> str | None:
         """An Ultralytics checkpoint's architecture (``identity.checkpoint_variant``)."""
-        from enginekit.families.ultralytics.identity import checkpoint_variant, is_checkpoint
-
         return checkpoint_variant(path) if is_checkpoint(path) else None
 
     @classmethod
     def adopt_metadata(cls, metadata: dict[str, str]) -> dict[str, str] | None:
         """An ONNX file Ultralytics exported, by the metadata it writes (``identity.adopt_ultralytics_metadata``)."""
-        from enginekit.families.ultralytics.identity import adopt_ultralytics_metadata
-
         return adopt_ultralytics_metadata(metadata)
 
     def load(self, weights: Path | None, *, random_init: bool, seed: int) -> LoadedModel:
@@ -204,8 +203,6 @@ class UltralyticsAdapter(ModelAdapter):
                 raise UsageError(describe_load_error(exc, f"cannot build {self.variant}")) from exc
             model = self._random_init(model, seed)
         elif weights is not None:
-            from enginekit.families.checkpoints import load_ultralytics_model
-
             source = check_weights_file(weights)
             try:
                 # A pickle: read through the weights_only unpickler and an allowlist of the
@@ -228,8 +225,6 @@ class UltralyticsAdapter(ModelAdapter):
         if getattr(model, "task", "detect") != self.task:
             raise UsageError(task_mismatch(weights or self.variant, model.task, self.variant, self.task))
         if weights is not None and not random_init:
-            from enginekit.families.ultralytics.identity import check_architecture
-
             check_architecture(model, self.variant, weights)
         prepared = self._prepare(model)
         module, metadata = self._finish(prepared, self._metadata(model))
@@ -287,8 +282,6 @@ class UltralyticsAdapter(ModelAdapter):
     # -- inputs -------------------------------------------------------------------------
     def preprocess(self, image_rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
         """Ultralytics' ``LetterBox`` (auto=False, gray 114), as its predictor (``runtime.letterbox``)."""
-        from enginekit.families.ultralytics.runtime import letterbox, to_input
-
         return to_input(letterbox(hw)(image=image_rgb))[None]
 
 
@@ -297,6 +290,4 @@ class StretchedInput:
     ``scale_fill``, no letterbox), as its RT-DETR and depth predictors do."""
 
     def preprocess(self, image_rgb: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-        from enginekit.families.ultralytics.runtime import stretch, to_input
-
         return to_input(stretch(hw)(image=image_rgb))[None]

@@ -14,6 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from enginekit.errors import UsageError
+from enginekit.families import resolve
+from enginekit.families.base import describe_load_error
+from enginekit.families.checkpoints import load_ultralytics_model
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -94,14 +97,11 @@ def checkpoint_variant(path: Path) -> str:
 
 
 def _read_variant(path: Path) -> str:
-    from enginekit.families.checkpoints import load_ultralytics_model
-
     try:
         model = load_ultralytics_model(path)
     except UsageError:
         raise
     except Exception as exc:  # noqa: BLE001
-        from enginekit.families.base import describe_load_error
 
         raise UsageError(describe_load_error(exc, f"cannot load YOLO checkpoint {path}")) from exc
     spec = getattr(model, "yaml", None)
@@ -113,8 +113,6 @@ def _read_variant(path: Path) -> str:
 
 
 def _resolvable(name: str) -> bool:
-    from enginekit.families import resolve
-
     try:
         adapter = resolve(name)
     except UsageError:
@@ -182,7 +180,6 @@ def adopt_ultralytics_metadata(meta: dict) -> dict[str, str] | None:
     name = found["name"].lower() if found else None
     if name is None or not _resolvable(name):
         raise UsageError(f"{where} names no model enginekit builds (description {str(meta.get('description'))[:60]!r})")
-    from enginekit.families import resolve
 
     adapter = resolve(name)
     if adapter.task != task:

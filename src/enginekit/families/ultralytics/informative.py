@@ -47,6 +47,8 @@ import re
 
 import numpy as np
 
+from enginekit.images import read_rgb
+
 #: the tag in the weights identity (``random:yolo12n+informative3@0``): change it with anything below
 #: 3: the statistics pass runs in float64 on one thread. In float32 the weights depended on the thread
 #: count (a channel left with almost no spread after centring is scaled up by its BatchNorm, rounding noise
@@ -101,8 +103,6 @@ def make_informative(model, seed: int, preprocess, size: tuple[int, int]):
 def _make_informative(model, seed: int, preprocess, size: tuple[int, int]):
     import torch
     from ultralytics.utils import ASSETS
-
-    from enginekit.images import read_rgb
 
     head = model.model[-1]
     photos = [read_rgb(ASSETS / name) for name in PHOTOGRAPHS]

@@ -21,6 +21,8 @@ import numpy as np
 from enginekit.compare.instances import Instances
 from enginekit.datasets import Dataset, evenly
 from enginekit.errors import UsageError
+from enginekit.fsutil import refuse_special_file
+from enginekit.hashing import sha256_file
 
 #: part of every ground-truth key: bump when the reading or the letterboxing of labels changes
 LABELS_VERSION = 1
@@ -49,8 +51,6 @@ class LabelledSplit:
 
     def digest(self) -> str:
         """The identity of what is scored: every image and label file's content, the task, the class names."""
-        from enginekit.hashing import sha256_file
-
         h = hashlib.sha256(f"labels/{LABELS_VERSION}|{self.task}|{sorted(self.names.items())}".encode())
         for s in self.samples:
             h.update(sha256_file(s.path).encode())
@@ -112,8 +112,6 @@ def _ultralytics_labels(images: list[Path], data: dict, task: str, imgsz: int = 
     keeps its dataset (``_dataset``, made at ``imgsz``) and its place in it (``_index``): ``val_image`` loads it."""
     from ultralytics.data.dataset import YOLODataset
     from ultralytics.data.utils import img2label_paths
-
-    from enginekit.fsutil import refuse_special_file
 
     for image, label in zip(images, img2label_paths([str(p) for p in images])):  # Ultralytics' threads would block
         refuse_special_file(image, "image")

@@ -16,6 +16,7 @@ from enginekit.families.evaluation import InstanceEvaluation, instance_gates
 from enginekit.families.registry import register
 from enginekit.families.ultralytics.base import StretchedInput, UltralyticsAdapter, ultralytics_model_dir
 from enginekit.families.ultralytics.runtime import RtdetrProcessor
+from enginekit.images import read_rgb
 
 # --random-init for RT-DETR. As Ultralytics builds it, an untrained RT-DETR computes nearly the same
 # thing everywhere: its fresh BatchNorm layers (running mean 0, variance 1) shrink the backbone's
@@ -55,8 +56,6 @@ def _separate_rtdetr(model, seed: int, preprocess):
     import torch
     from ultralytics.nn.modules.head import RTDETRDecoder
     from ultralytics.utils import ASSETS
-
-    from enginekit.images import read_rgb
 
     head = model.model[-1]
     if not isinstance(head, RTDETRDecoder):

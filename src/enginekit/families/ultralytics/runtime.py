@@ -33,6 +33,7 @@ import numpy as np
 
 from enginekit.families.processing import DepthMaps, ImageProcessor, TopClasses
 from enginekit.results import Detections, OrientedBoxes, Poses, SemanticMap, Segments
+from enginekit.errors import UsageError
 
 
 def letterbox(new_shape: tuple[int, int], *, auto: bool = False, stride: int = 32):
@@ -214,8 +215,6 @@ class _TaskProcessor(YoloProcessor):
     def nc(self) -> int:
         """The class count NMS needs to tell class scores from the task's channels after them."""
         if not self.names and not self.end2end:
-            from enginekit.errors import UsageError
-
             raise UsageError(f"the {self.adapter.family} graph does not name its classes (no 'names' metadata): "
                              "its class scores cannot be told from its other channels")
         return len(self.names)

@@ -60,6 +60,11 @@ from enginekit.families.ultralytics.runtime import (
     YoloProcessor,
 )
 
+from enginekit.families.graph_nms import torchvision_nms_as_greedy_graph
+from enginekit.families.processing import parse_names
+from enginekit.families.ultralytics.labels import read_split, truth_instances, val_image, val_letterbox, val_rectangles
+from enginekit.families.ultralytics.runtime import letterbox, letterboxed_hw, to_input
+
 # "yolo12n", "yolov8s", "yolo11x": family token + scale letter; a task's name adds its suffix ("-seg").
 NAME_RE = re.compile(r"^(yolov\d+|yolo\d+)([nsmlxtbce])$")
 _SUFFIX_RE = re.compile(r"^(?P<base>.+?)(?P<suffix>-[a-z0-9]+)$")
@@ -153,9 +158,6 @@ class YoloFamily(UltralyticsAdapter):
         """The labelled images of ``split`` (a ``labels.LabelledSplit``); one line where this task takes none."""
         import ast
 
-        from enginekit.families.processing import parse_names
-        from enginekit.families.ultralytics.labels import read_split
-
         if not hasattr(self, "label_scores"):
             raise UsageError(f"{self.variant} is a {self.task} model: verify --data scores detect, segment, pose, obb "
                              "and classify models against labels")
@@ -177,8 +179,6 @@ def _zero_padded(nms_model):
     TensorRT-RTX cannot build) runs as ``graph_nms.greedy_nms``: the same kept boxes in ordinary
     operators. (Rotated boxes use Ultralytics' own Fast-NMS, already in ordinary operators.)"""
     import torch
-
-    from enginekit.families.graph_nms import torchvision_nms_as_greedy_graph
 
     class ZeroPadded(torch.nn.Module):
         def __init__(self, nms):
@@ -227,27 +227,19 @@ class _YoloInstances(InstanceEvaluation, YoloFamily):
     rect_stride = 32
 
     def rect_hw(self, image_hw, hw):
-        from enginekit.families.ultralytics.runtime import letterboxed_hw
-
         return letterboxed_hw(tuple(image_hw), tuple(hw), auto=True, stride=self.rect_stride)
 
     def preprocess_rect(self, image_rgb, hw):
         """Ultralytics' ``LetterBox(auto=True)`` at network size ``hw``, as its ``.pt`` predictor."""
-        from enginekit.families.ultralytics.runtime import letterbox, to_input
-
         return to_input(letterbox(hw, auto=True, stride=self.rect_stride)(image=image_rgb))[None]
 
     def label_truth(self, split, sample, image_bgr, letterbox):
-        from enginekit.families.ultralytics.labels import truth_instances
-
         return truth_instances(split, sample, image_bgr, letterbox)
 
     # ``yolo val``'s input: labels are scored as Ultralytics' validator scores them, so the FP32 figure is the one
     # users have (``YOLO(pt).val()``): its rectangle per image for a model that takes any H x W, else the full size
     def label_rectangles(self, split, hw: tuple[int, int]) -> list[tuple[int, int] | None]:
         """Per sample, the validator's rectangle (``rect=True``, batch 1) at network size ``hw``."""
-        from enginekit.families.ultralytics.labels import val_rectangles
-
         shapes = [s.label.get("shape") if s.label is not None else None for s in split.samples]
         if any(s is None for s in shapes):
             return [None] * len(shapes)
@@ -256,9 +248,6 @@ class _YoloInstances(InstanceEvaluation, YoloFamily):
     def label_input(self, sample, hw: tuple[int, int]):
         """(the image as loaded, the network input, the letterbox that made it) of ``sample`` at input ``hw`` (its
         validator rectangle, or the network's size), as Ultralytics' validator makes them."""
-        from enginekit.families.ultralytics.labels import val_image, val_letterbox
-        from enginekit.families.ultralytics.runtime import to_input
-
         bgr = val_image(sample)
         letterbox = val_letterbox(hw)
         return bgr, to_input(letterbox(image=np.ascontiguousarray(bgr[..., ::-1])))[None], letterbox

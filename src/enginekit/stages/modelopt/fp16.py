@@ -1,19 +1,4 @@
-"""Every use of ModelOpt's and ONNX Runtime's internals, in one place, version-checked.
-
-The INT8 stage keeps calibration ranges as a TensorRT calibration cache and hands ModelOpt's
-quantizer the very ranges a cache holds. ModelOpt has no public hook for that, so this module
-reaches into it: ModelOpt's tensor selection for calibration (a private function), its call of
-ONNX Runtime's static quantization (swapped for the length of a call), ONNX Runtime's calibrator
-factory, and ONNX Runtime's scale arithmetic. Those are written for the versions in
-``MODELOPT_SERIES`` and ``ONNXRUNTIME_SERIES``; ``check()`` refuses any other with one line naming
-what is installed and what is needed, before any work starts, instead of a traceback from deep
-inside a quantizer.
-
-Cold builds: ``autocast()`` and ``quantize_shortcuts()`` swap in, for the length of one call,
-faster versions of the parts of AutoCast and of ModelOpt's INT8 pass where their time goes, each
-giving what the original gives (tests/test_fp16_autocast.py, tests/test_int8.py). On any other
-release they stand aside and ModelOpt runs its own way, as it does with
-``ENGINEKIT_MODELOPT_SHORTCUTS=0``.
+"""AutoCast (FP16), the same graph in less time: ``autocast()`` swaps in, for the length of one call, faster versions of the parts of ModelOpt's AutoCast where its time goes (its reference run's range statistics in the graph, its cast clean-up), each giving what the original gives.
 """
 
 from __future__ import annotations
@@ -25,148 +10,26 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
-from enginekit.errors import CapabilityError
+from enginekit.stages.modelopt.versions import MODELOPT_SERIES, _in_series, installed
 
-# Release series this module was written against: distribution -> accepted "major.minor" prefixes.
-MODELOPT_SERIES = ("0.47",)
-ONNXRUNTIME_SERIES = ("1.24", "1.31")
-# The internals used, as (module, attribute): each must exist for INT8 to work as written.
-INTERNALS = (
-    ("modelopt.onnx.quantization.ort_patching", "_select_tensors_to_calibrate"),
-    ("modelopt.onnx.quantization.ort_patching", "load_model_with_shape_infer"),
-    ("modelopt.onnx.quantization.int8", "quantize_static"),
-    ("onnxruntime.quantization.calibrate", "create_calibrator"),
-    ("onnxruntime.quantization.calibrate", "CalibrationMethod"),
-    ("onnxruntime.quantization.calibrate", "TensorData"),
-    ("onnxruntime.quantization.calibrate", "TensorsData"),
-    ("onnxruntime.quantization.quant_utils", "compute_scale_zp"),
-    ("onnxruntime.quantization.quant_utils", "get_qmin_qmax_for_qType"),
-)
-_PIN = "pip install 'nvidia-modelopt[onnx]==0.47.*'"
 
-# The calibrator swap is process-wide: one quantize call at a time.
-_HOOK_LOCK = threading.Lock()
 _AUTOCAST_LOCK = threading.Lock()  # the AutoCast swap: one conversion at a time
 
-
-def _version(*distributions: str) -> tuple[str, str | None]:
-    """(distribution, version) of the first installed one; version None when none is."""
-    for name in distributions:
-        try:
-            return name, metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return distributions[0], None
-
-
-def _in_series(version: str | None, series: Sequence[str]) -> bool:
-    return version is not None and any(version == s or version.startswith(s + ".") for s in series)
-
-
-def installed() -> dict[str, str | None]:
-    """``{"nvidia-modelopt": "0.47.0", "onnxruntime-gpu": "1.24.4"}``: what check() judges."""
-    modelopt = _version("nvidia-modelopt")
-    ort = _version("onnxruntime-gpu", "onnxruntime")
-    return dict([modelopt, ort])
-
-
-def problem(versions: dict[str, str | None] | None = None, probe: bool = True) -> str | None:
-    """Why INT8 cannot run as written here, in one line; None when it can."""
-    versions = installed() if versions is None else versions
-    found = ", ".join(f"{name} {version or 'not installed'}" for name, version in versions.items())
-    wanted = (f"nvidia-modelopt {' or '.join(s + '.x' for s in MODELOPT_SERIES)} with onnxruntime "
-              f"{' or '.join(s + '.x' for s in ONNXRUNTIME_SERIES)}")
-    modelopt_version = versions.get("nvidia-modelopt")
-    ort_version = next((v for k, v in versions.items() if k.startswith("onnxruntime")), None)
-    if not (_in_series(modelopt_version, MODELOPT_SERIES) and _in_series(ort_version, ONNXRUNTIME_SERIES)):
-        return f"INT8 quantization is written for {wanted}; installed: {found} ({_PIN})"
-    if probe:
-        for module, name in INTERNALS:
-            try:
-                present = hasattr(importlib.import_module(module), name)
-            except ImportError as exc:  # a broken install, not a version: say what is missing
-                return f"INT8 quantization cannot import {module}: {exc} ({_PIN})"
-            if not present:
-                return (f"INT8 quantization needs {module}.{name}, which {found} lack"
-                        f"{'s' if len(versions) == 1 else ''} ({_PIN})")
-    return None
-
-
-@functools.lru_cache(maxsize=1)
-def _checked() -> str | None:
-    return problem()
-
-
-def check() -> None:
-    """CapabilityError (one line, naming the versions) unless the internals below are usable."""
-    reason = _checked()
-    if reason is not None:
-        raise CapabilityError(reason)
-
-
-# --- the internals -----------------------------------------------------------------------------
-
-
-def tensors_to_calibrate(model_path: Path, nodes: Sequence[str]) -> set[str]:
-    """The tensors ModelOpt's calibrator would measure for ``nodes``, found as it finds them."""
-    from types import SimpleNamespace
-
-    from modelopt.onnx.quantization.ort_patching import _select_tensors_to_calibrate, load_model_with_shape_infer
-
-    model = load_model_with_shape_infer(model_path)
-    tensors, _ = _select_tensors_to_calibrate(SimpleNamespace(op_types_to_calibrate=list(nodes)), model)
-    return set(tensors)
-
-
-@contextlib.contextmanager
-def calibrator_factory(make: Callable) -> Iterator[None]:
-    """Make ModelOpt's INT8 pass get its calibrator from ``make(real_factory, *args, **kwargs)``.
-
-    ModelOpt re-installs its own ORT calibrator factory on every quantize call, so the factory
-    is swapped inside ModelOpt's call of ORT's static quantization, then put back.
-    """
-    check()
-    from modelopt.onnx.quantization import int8 as modelopt_int8
-    from onnxruntime.quantization import calibrate as ort_calibrate
-
-    original = modelopt_int8.quantize_static
-
-    def quantize_static(*args, **kwargs):
-        make_real = ort_calibrate.create_calibrator
-        ort_calibrate.create_calibrator = lambda *a, **k: make(make_real, *a, **k)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            ort_calibrate.create_calibrator = make_real
-
-    with _HOOK_LOCK:
-        modelopt_int8.quantize_static = quantize_static
-        try:
-            yield
-        finally:
-            modelopt_int8.quantize_static = original
-
-
-# --- AutoCast ----------------------------------------------------------------------------------
-# AutoCast (modelopt.onnx.autocast) decides what stays FP32 from a reference run on ONNX Runtime:
-# every tensor of the graph made a graph output, the whole set copied out per input batch (and
-# copied again by Polygraphy's comparator), then reduced to per-tensor ranges. On Depth-Anything-V2
-# at 518x518 that is ~2.9 GB of outputs per image and most of the conversion's time. The
-# classifier reads only each tensor's absolute maximum and size (``IORangeRule``; ``TensorStats``
-# carries min, max and shape too). ``range_statistics`` below computes those figures in the graph
-# itself, from the very kernels AutoCast's run uses, and hands AutoCast the same numbers.
 
 AUTOCAST_INTERNALS = (
     ("modelopt.onnx.autocast.referencerunner", "ReferenceRunner"),
     ("modelopt.onnx.autocast.referencerunner", "TensorStats"),
     ("modelopt.onnx.autocast.precisionconverter", "PrecisionConverter"),
 )
+
+
 _FLOAT_TYPES = (1, 11)  # onnx.TensorProto.FLOAT, DOUBLE: what ORT's CPU reductions take here
+
+
 _PROTOBUF_LIMIT = 2**31 - 2**24  # leave room below protobuf's 2 GB for the added nodes
 
 
@@ -522,6 +385,8 @@ def range_statistics(model, batches: Sequence[dict[str, np.ndarray]], providers:
 
 
 _SUFFIXES = ("::max", "::min", "::sum", "::shape")
+
+
 # Operators whose output holds exactly their first input's values, rearranged: its max, min and
 # NaN are its input's, so only its shape is read.
 _REARRANGING = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity")
@@ -617,263 +482,3 @@ def _aggregate(per_batch: list[dict], TensorStats) -> dict:
         if shape is not None:
             aggregated[name] = TensorStats(absmax=absmax, min_val=low, max_val=high, shape=shape)
     return aggregated
-
-
-# --- INT8 (and FP8) quantization: the same steps, less time ------------------------------------
-# A calibration-cache hit still runs all of ModelOpt's INT8 pass but the calibrator: its graph
-# preparation, two inference runs that learn MatMul and attention sizes, ONNX Runtime's Q/DQ
-# insertion. Measured (py-spy, yolo12n 640 and Depth-Anything-V2 518 from a cache), the time went
-# to helpers that scan the whole graph per call (renaming an input, finding an initializer by
-# name), to the per-channel weight scales (one numpy call chain per output channel, ~10k for
-# yolo12n), and to those inference runs, whose outputs are read for their shapes alone. The
-# replacements below compute the same values faster; what they return is what the originals
-# return (tests/test_int8_shortcuts.py compares the graphs byte for byte and the helpers value by
-# value). Written for ONNX Runtime ``ONNXRUNTIME_SERIES`` and ModelOpt ``MODELOPT_SERIES``.
-
-QUANTIZE_INTERNALS = (
-    ("onnx.checker", "check_model"),
-    ("onnxruntime.quantization.onnx_model", "ONNXModel"),
-    ("onnxruntime.quantization.qdq_quantizer", "compute_data_quant_params"),
-    ("onnxruntime.quantization.qdq_quantizer", "find_by_name"),
-    ("onnxruntime.quantization.base_quantizer", "find_by_name"),
-    ("onnxruntime.quantization.onnx_model", "find_by_name"),
-    ("onnxruntime.quantization.quant_utils", "get_qmin_qmax_for_qType"),
-    ("modelopt.onnx.quantization.graph_utils", "get_extended_model_outputs"),
-    ("modelopt.onnx.quantization.ort_utils", "_prepare_ep_list"),
-)
-
-
-@dataclass
-class QuantizeRun:
-    """What ``quantize_shortcuts()`` did."""
-
-    shortcuts: bool
-    shape_runs: int = 0  # inference runs made to learn tensor shapes (ModelOpt's way: one per call)
-
-
-@functools.lru_cache(maxsize=1)
-def _quantize_problem() -> str | None:
-    reason = problem()
-    if reason is not None:
-        return reason
-    for module, name in QUANTIZE_INTERNALS:
-        try:
-            if not hasattr(importlib.import_module(module), name):
-                return f"{module}.{name} is missing"
-        except ImportError as exc:
-            return f"cannot import {module}: {exc}"
-    from onnxruntime.quantization.onnx_model import ONNXModel
-
-    if not callable(getattr(ONNXModel, "replace_input_of_all_nodes", None)):
-        return "ONNXModel.replace_input_of_all_nodes is missing"
-    return None
-
-
-@contextlib.contextmanager
-def quantize_shortcuts(enabled: bool = True, output: Path | None = None) -> Iterator[QuantizeRun]:
-    """ModelOpt's INT8/FP8 pass with the faster, same-result helpers below swapped in (if ``enabled``
-    and the installed versions are the ones they were written for).
-
-    ``output``: the ``output_path`` given to ModelOpt's ``quantize``. Its last step reloads that file
-    to run ``onnx.checker`` on it, whose only effect is a warning in ModelOpt's log (which enginekit
-    silences; the graph is checked where it is next loaded): that one check is left out.
-    """
-    run = QuantizeRun(shortcuts=bool(enabled) and shortcuts_allowed() and _quantize_problem() is None)
-    if not run.shortcuts:
-        yield run
-        return
-    import onnx.checker
-    from modelopt.onnx.quantization import graph_utils
-    from onnxruntime.quantization import base_quantizer, onnx_model, qdq_quantizer
-    from onnxruntime.quantization.onnx_model import ONNXModel
-
-    patches = [
-        (ONNXModel, "replace_input_of_all_nodes", _replace_input_of_all_nodes),
-        (qdq_quantizer, "find_by_name", _find_by_name),
-        (base_quantizer, "find_by_name", _find_by_name),
-        (onnx_model, "find_by_name", _find_by_name),
-        (qdq_quantizer, "compute_data_quant_params",
-         _symmetric_int8_params(vars(qdq_quantizer)["compute_data_quant_params"])),
-        (graph_utils, "get_extended_model_outputs",
-         _shapes_only_outputs(vars(graph_utils)["get_extended_model_outputs"], run)),
-    ]
-    if output is not None:
-        patches.append((onnx.checker, "check_model", _unchecked(vars(onnx.checker)["check_model"], Path(output))))
-    with _QUANTIZE_LOCK:
-        originals = [(owner, name, vars(owner)[name]) for owner, name, _ in patches]
-        for owner, name, replacement in patches:
-            setattr(owner, name, replacement)
-        try:
-            yield run
-        finally:
-            for owner, name, original in originals:
-                setattr(owner, name, original)
-
-
-_QUANTIZE_LOCK = threading.RLock()  # the helper swaps are process-wide: one quantization at a time
-
-
-def _unchecked(original: Callable, output: Path) -> Callable:
-    """``onnx.checker.check_model``, except on ``output`` (the file ModelOpt checks only to log)."""
-    target = os.path.abspath(output)
-
-    def check_model(model, *args, **kwargs):
-        if isinstance(model, (str, os.PathLike)) and os.path.abspath(model) == target:
-            return None
-        return original(model, *args, **kwargs)
-
-    return check_model
-
-
-def _replace_input_of_all_nodes(self, old_input_name: str, new_input_name: str) -> None:
-    """``ONNXModel.replace_input_of_all_nodes``: the node's inputs tested in C before Python loops on them."""
-    from onnxruntime.quantization.onnx_model import ONNXModel
-
-    for node in self.model.graph.node:
-        if old_input_name in node.input:
-            ONNXModel.replace_node_input(node, old_input_name, new_input_name)
-
-
-def _find_by_name(item_name, item_list):
-    """``quant_utils.find_by_name``: the first item so named, or None (stops at it)."""
-    for item in item_list:
-        if item.name == item_name:
-            return item
-    return None
-
-
-def _symmetric_int8_params(original: Callable) -> Callable:
-    """``compute_data_quant_params`` for symmetric INT8 (per-channel weights) in scalar arithmetic.
-
-    The original rounds the same numbers through numpy 0-d arrays: min and max of the data (float32),
-    widened to include 0, absmax = max(|min|, |max|), scale = float64(2 * absmax) / 254 rounded to
-    float32 (1.0 below float32's tiny), zero point round((qmin + qmax) / 2) = 0. Python floats are
-    IEEE doubles, so each step gives the same bits. Anything else (other types, overrides, NaN or
-    infinite data, empty data) goes to the original.
-    """
-    import onnx
-
-    int8 = onnx.TensorProto.INT8
-    tiny = float(np.finfo(np.float32).tiny)
-
-    def compute_data_quant_params(data, quant_type, symmetric, reduce_range=False, min_real_range=None,
-                                  rmin_override=None, rmax_override=None):
-        if (quant_type != int8 or not symmetric or reduce_range or min_real_range is not None
-                or rmin_override is not None or rmax_override is not None
-                or not isinstance(data, np.ndarray) or data.dtype != np.float32 or data.ndim != 1 or not len(data)):
-            return original(data, quant_type, symmetric, reduce_range=reduce_range, min_real_range=min_real_range,
-                            rmin_override=rmin_override, rmax_override=rmax_override)
-        low, high = float(data.min()), float(data.max())
-        if not (np.isfinite(low) and np.isfinite(high)):
-            return original(data, quant_type, symmetric)
-        from onnxruntime.quantization.quant_utils import get_qmin_qmax_for_qType
-
-        qmin, qmax = get_qmin_qmax_for_qType(quant_type, reduce_range, symmetric=symmetric)
-        absmax = max(abs(min(low, 0.0)), abs(max(high, 0.0)))
-        scale = (absmax - -absmax) / (float(qmax) - float(qmin))
-        if scale < tiny:
-            return np.array(0, dtype=qmin.dtype), np.array(1.0, dtype=np.float32)
-        zero_point = np.array(np.round((qmin + qmax) / np.array(2.0, dtype=np.float64)), dtype=qmin.dtype)
-        return zero_point, np.array(scale).astype(np.float32)
-
-    return compute_data_quant_params
-
-
-def _shapes_only_outputs(original: Callable, record: QuantizeRun) -> Callable:
-    """ModelOpt's ``get_extended_model_outputs``, for callers that read only the outputs' shapes.
-
-    ModelOpt 0.47 calls it twice per INT8/FP8 pass (attention sizes, then MatMul sizes), each time
-    running the whole graph with the tensors it asks about as outputs, and reads ``.shape`` of
-    each. Here one run measures the shape of every tensor at the first calibration input (a
-    ``Shape`` node per tensor, nothing else added) and both calls are answered from it with
-    zero-cost arrays of those shapes.
-    """
-    memo: dict[tuple, dict[str, tuple[int, ...]]] = {}
-
-    def get_extended_model_outputs(onnx_path, extended_model, use_external_data_format,
-                                   intermediate_generated_files, calibration_data_reader, calibration_eps,
-                                   input_shapes_profile=None, trt_rtx_backend="legacy"):
-        def fallback():
-            return original(onnx_path, extended_model, use_external_data_format, intermediate_generated_files,
-                            calibration_data_reader, calibration_eps, input_shapes_profile, trt_rtx_backend)
-
-        if use_external_data_format or input_shapes_profile is not None or "trt" in calibration_eps:
-            return fallback()
-        inputs = calibration_data_reader.get_first()
-        names = [o.name for o in extended_model.graph.output]
-        try:
-            stat = Path(onnx_path).stat()
-            key = (str(onnx_path), stat.st_mtime_ns, stat.st_size, len(extended_model.graph.node),
-                   tuple((k, tuple(np.shape(v)), str(np.asarray(v).dtype)) for k, v in sorted(inputs.items())))
-            shapes = memo.get(key)
-            if shapes is None or any(n not in shapes for n in names):
-                shapes = _tensor_shapes(extended_model, inputs, calibration_eps)
-                memo[key] = shapes
-                record.shape_runs += 1
-            return {n: np.broadcast_to(np.zeros((), np.float32), shapes[n]) for n in names}
-        except Exception:  # noqa: BLE001 - ModelOpt's own run decides
-            return fallback()
-
-    return get_extended_model_outputs
-
-
-def _tensor_shapes(model, inputs: dict, calibration_eps) -> dict[str, tuple[int, ...]]:
-    """Shape of every main-graph tensor (and initializer, and input) of ``model`` run on ``inputs``."""
-    import copy
-
-    import onnx
-    import onnxruntime as ort
-    from modelopt.onnx.quantization.ort_utils import _prepare_ep_list
-
-    probe = copy.deepcopy(model)
-    taken = {n for node in probe.graph.node for n in (*node.input, *node.output)}
-    shape_of: dict[str, str] = {}
-    nodes = []
-    for node in probe.graph.node:
-        nodes.append(node)
-        for name in node.output:
-            if not name or name in shape_of:
-                continue
-            shape_name = f"{name}::shape"
-            while shape_name in taken:
-                shape_name += "_"
-            shape_of[name] = shape_name
-            nodes.append(onnx.helper.make_node("Shape", [name], [shape_name], name=shape_name))
-    del probe.graph.node[:]
-    probe.graph.node.extend(nodes)
-    del probe.graph.output[:]
-    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in shape_of.values())
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as create_inference_session
-    opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED  # each Shape right after its tensor, see above
-    session = ort.InferenceSession(probe.SerializeToString(), opts, providers=_prepare_ep_list(list(calibration_eps)))
-    values = session.run(list(shape_of.values()), dict(inputs))
-    shapes = {name: tuple(int(d) for d in value) for name, value in zip(shape_of, values)}
-    shapes.update((i.name, tuple(i.dims)) for i in model.graph.initializer)
-    shapes.update((k, tuple(np.shape(v))) for k, v in inputs.items())
-    return shapes
-
-
-def ort_int8_scale(amax) -> np.float32:
-    """The scale ONNX Runtime's quantizer computes for a symmetric INT8 range [-amax, amax]."""
-    import onnx
-    from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
-
-    qmin, qmax = get_qmin_qmax_for_qType(onnx.TensorProto.INT8, symmetric=True)
-    amax = np.float32(amax)
-    return np.float32(compute_scale_zp(-amax, amax, qmin, qmax, symmetric=True)[1])
-
-
-def symmetric_ranges(amaxes: dict[str, np.float32]):
-    """ONNX Runtime's calibration result holding [-amax, amax] per tensor, in the given order."""
-    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
-
-    return TensorsData(CalibrationMethod.MinMax,
-                       {name: TensorData(lowest=-amax, highest=amax) for name, amax in amaxes.items()})
-
-
-def calibration_eps() -> list[str]:
-    """ModelOpt's names for the ORT providers: CUDA only where a GPU exists (see backends.providers)."""
-    from enginekit.onnx.runtime import providers
-
-    return ["cuda:0", "cpu"] if "CUDAExecutionProvider" in providers() else ["cpu"]

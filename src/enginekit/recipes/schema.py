@@ -1,51 +1,49 @@
-"""Recipe files -> validated objects: which model, which shapes, precisions and targets to build.
-
-A recipe is a YAML file (schema: ``Recipe`` below). Loading it validates everything a build
-would refuse later, before any work starts, and names the file, line and key of the first
-problem in one line::
-
-    recipes/x.yaml:7: unknown key 'precisons' (did you mean precisions?)
-
-Every ``enginekit build`` flag has a recipe key; flags given on the command line override the
-file. Nothing here imports torch, onnx or tensorrt: validating a recipe is cheap.
+"""The recipe schema: one pydantic model per section (``Recipe`` the whole); what each cell of it builds and verifies.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from enginekit import precisions as precision_registry
+from enginekit import reporting
+from enginekit.backends import choices
+from enginekit.compare.comparison import Gates
 from enginekit.compare.tolerances import Limit, Tolerances
 from enginekit.errors import UsageError
+from enginekit.families import resolve
+from enginekit.families.torch_models.sources import looks_like, parse
+from enginekit.families.torch_models.spec import FLAGS, ModelSpec
+from enginekit.model import ModelRequest
+from enginekit.recipes.checks import _check
+from enginekit.recipes.basics import DEFAULT_TARGETS, Loc, _Problem, _problem, _target_text, parse_target_set
+from enginekit.requests import (
+    BuildRequest,
+    OPSET_MAX,
+    OPSET_MIN,
+    VerifyRequest,
+    image_size,
+    renamed,
+    tolerances,
+    workspace_bytes,
+)
+from enginekit.shapes import format_shape
+from enginekit.stages.int8 import CALIBRATION_METHODS
+
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
 VERIFY_ONLY = ("images", "image_count", "require_engine", "task_required", "tolerances", "report_dir", "junit",
                "data", "data_limit", "data_split", "recheck", "allow_unverifiable")  # VerifyRequest names
-DEFAULT_TARGETS = "default"  # a target set meaning: this GPU, else the backend's portable set
+
+
 CALIBRATION_OPTIONS = ("calib_data", "calib_count", "calib_method", "calib_cache", "exclude")  # BuildRequest names
-
-Loc = tuple[Union[str, int], ...]
-
-
-# --- schema ----------------------------------------------------------------------------
 
 
 class _Strict(BaseModel):
@@ -82,16 +80,12 @@ class ModelSection(_Strict):
     @field_validator("opset")
     @classmethod
     def _opset(cls, opset: int) -> int:
-        from enginekit.requests import OPSET_MAX, OPSET_MIN
-
         if not OPSET_MIN <= opset <= OPSET_MAX:
             raise _problem(("model", "opset"), f"opset {opset}: the exporter writes opsets {OPSET_MIN} to {OPSET_MAX}")
         return opset
 
     def declared(self) -> dict:
         """The declaration fields set here, validated (a UsageError names the flag)."""
-        from enginekit.families.torch_models.spec import FLAGS, ModelSpec
-
         return ModelSpec.of({k: getattr(self, k) for k in FLAGS if getattr(self, k) is not None}).given()
 
 
@@ -109,8 +103,6 @@ class Calibration(_Strict):
     @field_validator("method")
     @classmethod
     def _known_method(cls, method: Optional[str]) -> Optional[str]:
-        from enginekit.stages.int8 import CALIBRATION_METHODS
-
         if method is not None and method not in CALIBRATION_METHODS:
             raise _problem(("calibration", "method"),
                            f"unknown calibration method {method!r}: choose {', '.join(CALIBRATION_METHODS)}")
@@ -210,8 +202,6 @@ class Builder(_Strict):
     @field_validator("workspace")
     @classmethod
     def _size(cls, workspace: Optional[str]) -> Optional[str]:
-        from enginekit.requests import workspace_bytes
-
         if workspace is not None:
             try:
                 workspace_bytes(workspace, "workspace")
@@ -234,8 +224,6 @@ class RuntimeSection(_Strict):
     @field_validator("backend")
     @classmethod
     def _backend(cls, backend: str) -> str:
-        from enginekit.backends import choices
-
         if backend not in choices():
             raise _problem(("runtime", "backend"), f"unknown backend {backend!r}: choose {', '.join(choices())}")
         return backend
@@ -244,8 +232,6 @@ class RuntimeSection(_Strict):
     @classmethod
     def _input(cls, value: Optional[str]) -> Optional[str]:
         if value is not None:
-            from enginekit.requests import image_size
-
             try:
                 h, w = image_size(value, "input")
             except UsageError as exc:
@@ -283,9 +269,6 @@ class Recipe(_Strict):
     @classmethod
     def _backend_is_trt(cls, data: Any) -> Any:
         """``backend:`` (the TensorRT that builds, until it was named ``trt:``) is read as ``trt:``, said once."""
-        from enginekit import reporting
-        from enginekit.requests import renamed
-
         return renamed(data, "backend", "trt",
                        disagree=lambda old, new: _problem(("backend",), f"backend: {old} and trt: {new} disagree: keep "
                                                                         "trt: only (backend: is its old name)"),
@@ -341,15 +324,11 @@ class Recipe(_Strict):
         return self._path.stem
 
     def adapter(self):
-        from enginekit.families import resolve
-
         return resolve(self.variant, self.model.declared())
 
     @property
     def variant(self) -> str:
         """The model's name; a ``file.py:factory`` or program path relative to the recipe's folder."""
-        from enginekit.families.torch_models.sources import looks_like, parse
-
         v = self.model.variant
         if looks_like(v) and parse(v).kind in ("file", "export", "torchscript"):
             path, sep, factory = v.rpartition(":") if parse(v).kind == "file" else (v, "", "")
@@ -358,8 +337,6 @@ class Recipe(_Strict):
 
     def model_request(self):
         """The model this recipe builds (``enginekit.model.ModelRequest``; its weights relative to the file)."""
-        from enginekit.model import ModelRequest
-
         m = self.model
         return ModelRequest(self.variant, self._file(m.weights), m.random_init, m.seed, declared=m.declared())
 
@@ -387,8 +364,6 @@ class Recipe(_Strict):
         ships one plan per precision and picks the profile by input size, and the export and
         calibration are shared anyway. A profile that needs its own plan gets its own recipe.
         """
-        from enginekit.requests import BuildRequest
-
         return BuildRequest(**self._build_options(cell, overrides))
 
     def _build_options(self, cell: Union["Cell", str], overrides: Optional[dict] = None) -> dict:
@@ -441,8 +416,6 @@ class Recipe(_Strict):
 
     def gates(self):
         """The family's gates with the recipe's tolerances (``compare.comparison.Gates``)."""
-        from enginekit.compare.comparison import Gates
-
         return Gates(self.adapter(), self.tolerances())
 
     def tolerance(self, precision: str):
@@ -463,8 +436,6 @@ class Recipe(_Strict):
         ``overrides`` holds BuildRequest and VerifyRequest names; verify's ``tolerances``
         (``--tol``) come after the recipe's, so they win.
         """
-        from enginekit.requests import BuildRequest, VerifyRequest
-
         overrides = dict(overrides or {})
         given = {k: overrides.pop(k) for k in VERIFY_ONLY if k in overrides}
         build = self._build_options(cell, overrides)
@@ -488,8 +459,6 @@ class Recipe(_Strict):
         data["model"]["family"] = adapter.family
         data["input"] = adapter.input_name
         if not data["profiles"]:
-            from enginekit.shapes import format_shape
-
             data["profiles"] = [format_shape(adapter.default_input)]
         data["targets"] = [",".join(t) if t else DEFAULT_TARGETS for t in self.target_sets()]
         precisions = list(self.precisions) + [p for p in self.verification.tolerances if p not in self.precisions]
@@ -517,8 +486,6 @@ class Recipe(_Strict):
 
 def _given_tolerances(value: Any) -> Tolerances:
     """``--tol`` items given with a recipe (or a Tolerances), checked as a request checks them."""
-    from enginekit.requests import tolerances
-
     return tolerances(value)
 
 
@@ -539,440 +506,3 @@ class Cell:
         return self.target_cc or DEFAULT_TARGETS
 
 
-def _target_text(item: Any) -> Any:
-    if isinstance(item, (int, float)) and not isinstance(item, bool):
-        return str(item)
-    if isinstance(item, list):
-        return ",".join(str(x) for x in item)
-    return item
-
-
-def parse_target_set(text: str) -> Optional[tuple[str, ...]]:
-    """``"8.9,8.6"`` -> ``("8.6", "8.9")``; ``"default"`` (or empty) -> None."""
-    from enginekit.trt.flavours import cc_tuple, normalize_cc
-
-    text = str(text).strip()
-    if text in ("", DEFAULT_TARGETS):
-        return None
-    items = {normalize_cc(item) for item in text.split(",") if item.strip()}
-    return tuple(sorted(items, key=cc_tuple))
-
-
-# --- loading YAML with line numbers -----------------------------------------------------
-
-
-def _compose(text: str, file: str) -> tuple[Any, dict[Loc, int]]:
-    """Parse YAML into Python values and a map from each key path to its line (1-based)."""
-    if len(text) > MAX_RECIPE_CHARS:
-        raise UsageError(f"{file}: {len(text)} characters; a recipe is at most {MAX_RECIPE_CHARS}")
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is not None:
-            _check_depth(node, file)
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else 1
-        raise UsageError(f"{file}:{line}: malformed YAML: {exc.problem or exc.context}") from exc
-    except RecursionError as cause:  # the parser itself recurses per level: `[[[[...` ends here
-        raise UsageError(f"{file}: nested too deeply (a recipe nests at most {MAX_RECIPE_DEPTH} levels)") from cause
-    finally:
-        loader.dispose()
-    lines: dict[Loc, int] = {(): 1}
-    if node is not None:
-        _record_lines(node, (), lines, file)
-    return data, lines
-
-
-# A recipe is a few keys a few levels deep; anything far beyond is not a recipe.
-MAX_RECIPE_CHARS = 1 << 20
-MAX_RECIPE_DEPTH = 32
-# Values once YAML aliases are expanded: a shipped recipe has about 60. Aliases let a few hundred
-# bytes stand for billions of values (9 anchors of 9 aliases each: 9**9), which every later walk
-# of the document (line numbers, validation) would expand.
-MAX_RECIPE_VALUES = 10_000
-
-
-def _check_depth(root: yaml.Node, file: str) -> None:
-    """Refuse a document nested deeper than MAX_RECIPE_DEPTH, or holding more than
-    MAX_RECIPE_VALUES values with its aliases expanded (iteratively: no recursion; the count
-    stops the walk, so an alias bomb is refused in bounded time)."""
-    stack = [(root, 1)]
-    seen = 0
-    while stack:
-        node, depth = stack.pop()
-        seen += 1
-        if seen > MAX_RECIPE_VALUES:
-            raise UsageError(f"{file}: more than {MAX_RECIPE_VALUES} values once its aliases (*name) are expanded; "
-                             "a recipe is a few dozen keys")
-        if depth > MAX_RECIPE_DEPTH:
-            raise UsageError(f"{file}:{node.start_mark.line + 1}: nested deeper than {MAX_RECIPE_DEPTH} levels")
-        if isinstance(node, yaml.MappingNode):
-            stack.extend((v, depth + 1) for _, v in node.value)
-        elif isinstance(node, yaml.SequenceNode):
-            stack.extend((v, depth + 1) for v in node.value)
-
-
-def _record_lines(node: yaml.Node, path: Loc, lines: dict[Loc, int], file: str) -> None:
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = path + (key_node.value,)
-            if key in lines:  # YAML keeps the last of two equal keys: almost always a mistake
-                raise UsageError(f"{file}:{key_node.start_mark.line + 1}: key '{_dotted(key)}' is given twice")
-            lines[key] = key_node.start_mark.line + 1
-            _record_lines(value_node, key, lines, file)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            lines[path + (i,)] = item.start_mark.line + 1
-            _record_lines(item, path + (i,), lines, file)
-
-
-def _line_of(loc: Loc, lines: dict[Loc, int]) -> int:
-    """The line of ``loc``, else of its nearest enclosing key."""
-    for n in range(len(loc), -1, -1):
-        if tuple(loc[:n]) in lines:
-            return lines[tuple(loc[:n])]
-    return 1
-
-
-def _dotted(loc: Loc) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-# --- error messages ---------------------------------------------------------------------
-
-
-def _schema_levels(model: type[BaseModel] = Recipe, path: Loc = ()) -> dict[Loc, list[str]]:
-    """Each mapping level of the schema ('*' for free keys) -> the keys it accepts."""
-    levels = {path: list(model.model_fields)}
-    for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if typing.get_origin(annotation) is dict:
-            annotation, sub = typing.get_args(annotation)[1], path + (name, "*")
-        else:
-            sub = path + (name,)
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            levels.update(_schema_levels(annotation, sub))
-    return levels
-
-
-def _level_matches(pattern: Loc, loc: Loc) -> bool:
-    return len(pattern) == len(loc) and all(p == "*" or p == x for p, x in zip(pattern, loc))
-
-
-def _suggest(loc: Loc) -> Optional[str]:
-    """A known key close to the unknown one at ``loc``: same level first, then anywhere."""
-    parent, key = tuple(loc[:-1]), str(loc[-1])
-    levels = _schema_levels()
-    for pattern, keys in levels.items():
-        if _level_matches(pattern, parent):
-            close = difflib.get_close_matches(key, keys, n=1, cutoff=0.75)
-            if close:
-                return _dotted(parent + (close[0],))
-    anywhere = {name: pattern + (name,) for pattern, keys in levels.items() for name in keys if "*" not in pattern}
-    close = difflib.get_close_matches(key, list(anywhere), n=1, cutoff=0.75)
-    return _dotted(anywhere[close[0]]) if close else None
-
-
-def _error_loc(error: dict) -> Loc:
-    """Where an error points: a check's own key, else pydantic's location."""
-    if error["type"] == _CHECK:
-        return tuple(error["ctx"]["at"])
-    return tuple(error["loc"])
-
-
-def _describe(error: dict) -> str:
-    """One pydantic error -> 'key: what is wrong', in the recipe's words."""
-    loc = tuple(p for p in _error_loc(error) if p != "[key]")
-    kind = error["type"]
-    if kind == _CHECK:
-        return f"{_dotted(loc)}: {error['ctx']['message']}"
-    if kind == "extra_forbidden":
-        hint = _suggest(loc)
-        return f"unknown key '{_dotted(loc)}'" + (f" (did you mean {hint}?)" if hint else "")
-    if kind == "missing":
-        return f"missing key '{_dotted(loc)}'"
-    message = error["msg"][0].lower() + error["msg"][1:]
-    if kind.startswith(("literal_error", "enum")) or "[key]" in error["loc"]:
-        message += f" (got {error['input']!r})"
-    return f"{_dotted(loc)}: {message}"
-
-
-def _validation_error(exc: ValidationError, file: str, lines: dict[Loc, int]) -> UsageError:
-    """The first problem in file order, as one line naming file, line and key. Unknown keys
-    come first: a typo'd key also makes its intended key look missing."""
-    # Schema errors before checks: a check may only be failing because of a schema error elsewhere.
-    errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", e["type"] == _CHECK,
-                                                  _line_of(_error_loc(e), lines)))
-    first = errors[0]
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return UsageError(f"{file}:{_line_of(_error_loc(first), lines)}: {_describe(first)}{more}")
-
-
-# --- checks a schema cannot express -----------------------------------------------------
-
-
-class _Problem(Exception):
-    def __init__(self, loc: Loc, message: str):
-        super().__init__(message)
-        self.loc = loc
-        self.message = message
-
-
-_CHECK = "recipe_check"  # the pydantic error type of the checks above and in the schema's validators
-
-
-def _problem(loc: Loc, message: str) -> PydanticCustomError:
-    """A validator's error that names its own key: pydantic gives a field validator's error the
-    field's location, but a check may point into it (``precisions[1]``) or at another key."""
-    return PydanticCustomError(_CHECK, "{message}", {"message": message, "at": loc})
-
-
-def _check(recipe: Recipe) -> None:
-    """Everything a build would refuse later: model, shapes, targets, files, tolerances."""
-    adapter = _check_model(recipe)
-    _check_profiles(recipe, adapter)
-    _check_calibration(recipe)
-    _check_targets(recipe)
-    _check_verification(recipe, adapter)
-    _check_runtime(recipe, adapter)
-
-
-def _check_runtime(recipe: Recipe, adapter) -> None:
-    """``runtime.input`` is an input the model takes (a YOLO's sides are multiples of its stride)."""
-    size = recipe.runtime.input_size() if recipe.runtime is not None else None
-    if size is not None:
-        shape = (1, int(adapter.default_input[1]), *size)
-        _expect(("runtime", "input"), lambda: adapter.constraint.check(shape, what="size"))
-
-
-def _expect(loc: Loc, fn, *args):
-    """Run a check from elsewhere in enginekit; its UsageError becomes a problem at ``loc``."""
-    try:
-        return fn(*args)
-    except UsageError as exc:
-        raise _Problem(loc, str(exc)) from exc
-
-
-def _check_model(recipe: Recipe):
-    from enginekit.families import resolve
-
-    m = recipe.model
-    from enginekit.families.torch_models.spec import FLAGS, ModelSpec
-
-    for key in FLAGS:  # each declaration key on its own line first
-        if getattr(m, key) is not None:
-            _expect(("model", key), ModelSpec.of, {key: getattr(m, key)})
-    declared = _expect(("model",), m.declared)
-    adapter = _expect(("model", "variant"), resolve, recipe.variant, declared)
-    if m.family is not None and m.family != adapter.family:
-        raise _Problem(("model", "family"), f"{m.variant} is a {adapter.family} model, not {m.family}")
-    from enginekit.model import check_weights_choice
-
-    _expect(("model", "weights"), lambda: check_weights_choice(m.weights, m.random_init,
-                                                               names=("weights", "random_init: true")))
-    _expect(("model", "weights"), recipe.model_request)  # the weights file exists
-    if recipe.input is not None and recipe.input != adapter.input_name:
-        raise _Problem(("input",), f"{adapter.variant}'s input is '{adapter.input_name}', not '{recipe.input}'")
-    return adapter
-
-
-def _check_profiles(recipe: Recipe, adapter) -> None:
-    from enginekit.shapes import bind_to_model, parse_profile
-
-    parsed = []
-    for i, text in enumerate(recipe.profiles):
-        profile = _expect(("profiles", i), parse_profile, text)
-        bound = _expect(("profiles", i), profile.bind, [adapter.input_name])
-        rng = bound.inputs[adapter.input_name]
-        _expect(("profiles", i), lambda: adapter.constraint.check_range(rng, what="profile"))
-        parsed.append(profile)
-    _expect(("profiles",), bind_to_model, parsed, adapter)  # e.g. one H x W for YOLO
-
-
-def _check_calibration(recipe: Recipe) -> None:
-    c = recipe.calibration
-    if c.data is not None and not recipe._file(c.data).exists():
-        raise _Problem(("calibration", "data"), f"calibration data not found: {recipe._file(c.data)}")
-
-
-def _check_targets(recipe: Recipe) -> None:
-    from enginekit.trt.flavours import TRAITS
-
-    rtx = TRAITS["tensorrt-rtx"]
-    if not recipe.targets:
-        raise _Problem(("targets",), f"names no target set: write '{DEFAULT_TARGETS}' or like 8.6,8.9,12.0")
-    seen = []
-    for i, text in enumerate(recipe.targets):
-        targets = _expect(("targets", i), parse_target_set, text)
-        if targets in seen:
-            raise _Problem(("targets", i), f"target set {text} is listed twice")
-        seen.append(targets)
-        if targets is None:
-            continue
-        if recipe.trt != "tensorrt-rtx":
-            raise _Problem(("targets", i), f"compute capability targets ({text}) need trt: tensorrt-rtx; "
-                                           f"TensorRT builds only for the GPU it runs on ('{DEFAULT_TARGETS}')")
-        unsupported = [t for t in targets if t not in rtx.compute_capabilities]
-        if unsupported:
-            raise _Problem(("targets", i), f"{rtx.label} cannot target compute capability "
-                                           f"{', '.join(unsupported)}; supported: {', '.join(rtx.compute_capabilities)}")
-    if "fp8" in recipe.precisions:
-        from enginekit.trt.flavours import require_fp8
-
-        for i, text in enumerate(recipe.targets):
-            try:
-                require_fp8(parse_target_set(text), subject="precision fp8", no_targets="the default targets",
-                            fix="write targets like '8.9,12.0'")
-            except UsageError as exc:
-                raise _Problem(("targets", i), str(exc)) from exc
-
-
-def _check_verification(recipe: Recipe, adapter) -> None:
-    v = recipe.verification
-    if v.images is not None and not recipe._file(v.images).exists():
-        raise _Problem(("verification", "images"), f"images not found: {recipe._file(v.images)}")
-    if v.data is not None and not recipe._file(v.data).exists():
-        raise _Problem(("verification", "data"), f"dataset not found: {recipe._file(v.data)}")
-    gates = getattr(adapter, "task_gates", {})
-    known = sorted({metric for per_precision in gates.values() for metric in per_precision})
-    for precision, spec in v.tolerances.items():
-        for metric in spec.task:
-            if metric not in known:
-                raise _Problem(("verification", "tolerances", precision, "task", metric),
-                               f"unknown task metric {metric!r} for {adapter.family}: "
-                               f"choose {', '.join(known) or 'none (no task gates)'}")
-    _expect(("verification", "tolerances"), recipe.gates)  # every part named is one of the family's
-
-
-# --- finding and loading recipes --------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RecipeRef:
-    """A recipe file found on disk: shipped with enginekit, or local to the working directory."""
-
-    name: str
-    path: Path
-    origin: str  # "shipped" | "local"
-
-
-SHIPPED_PACKAGE_DIR = "shipped_recipes"  # package data of enginekit (pyproject's package-data)
-
-
-def shipped_dir() -> Path:
-    """The recipes installed with enginekit (``enginekit/shipped_recipes``), wheel or checkout alike.
-
-    The checkout's top-level ``recipes/`` is a link to this folder, so ``recipes/yolo12n.yaml``
-    names the same file in the Makefile, CI examples and error messages.
-    """
-    from importlib.resources import files
-
-    return Path(str(files("enginekit").joinpath(SHIPPED_PACKAGE_DIR)))
-
-
-def local_dir() -> Path:
-    return Path.cwd() / "recipes"
-
-
-def recipe_files(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if p.suffix in RECIPE_SUFFIXES and p.is_file())
-
-
-def list_recipes() -> list[RecipeRef]:
-    """Local recipes first, then shipped ones; a local recipe replaces the shipped one of its name
-    (listed once, built once)."""
-    refs: list[RecipeRef] = []
-    seen: set[Path] = set()
-    names: set[str] = set()
-    for origin, folder in (("local", local_dir()), ("shipped", shipped_dir())):
-        if folder.resolve() == shipped_dir().resolve():
-            origin = "shipped"  # run from the checkout itself
-        for path in recipe_files(folder):
-            if path.resolve() not in seen and path.stem not in names:
-                seen.add(path.resolve())
-                names.add(path.stem)
-                refs.append(RecipeRef(path.stem, path, origin))
-    return refs
-
-
-def find_recipe(name_or_path: str) -> Path:
-    """A recipe file: a path as given, else a recipe name (local before shipped)."""
-    path = Path(name_or_path)
-    if path.suffix in RECIPE_SUFFIXES or path.exists():
-        from enginekit.fsutil import refuse_special_file
-
-        refuse_special_file(path, "recipe")
-        if not path.is_file():
-            raise UsageError(f"recipe {path} is a folder, not a file" if path.is_dir() else f"recipe file not found: {path}")
-        return path
-    for ref in list_recipes():
-        if ref.name == name_or_path:
-            return ref.path
-    known = ", ".join(sorted({r.name for r in list_recipes()})) or "none"
-    raise UsageError(f"unknown recipe {name_or_path!r}: give a .yaml path or one of: {known}")
-
-
-def display_path(path: Path) -> str:
-    """``path`` relative to the working directory when it lies under it (as CI jobs need)."""
-    import os
-
-    cwd = Path.cwd()
-    # Links are kept as given first: recipes/ in the checkout links to the package's folder.
-    for absolute, base in ((Path(os.path.abspath(path)), Path(os.path.abspath(cwd))), (Path(path).resolve(), cwd.resolve())):
-        try:
-            return absolute.relative_to(base).as_posix()
-        except ValueError:
-            continue
-    return str(path)
-
-
-def load_recipe(name_or_path: Union[str, Path]) -> Recipe:
-    """Read and fully validate a recipe; any problem is one UsageError naming file, line and key."""
-    path = find_recipe(str(name_or_path))
-    file = str(name_or_path) if Path(str(name_or_path)).suffix in RECIPE_SUFFIXES else display_path(path)
-    try:
-        from enginekit.fsutil import read_text
-
-        text = read_text(path, limit=4 * MAX_RECIPE_CHARS, what="recipe")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read recipe {file}: {exc}") from exc
-    data, lines = _compose(text, file)
-    if not isinstance(data, dict):
-        raise UsageError(f"{file}:1: a recipe is a mapping of keys (model, profiles, precisions, ...)")
-    try:
-        return Recipe.model_validate(data, context={"path": path})
-    except ValidationError as exc:
-        raise _validation_error(exc, file, lines) from exc
-
-
-def collect_recipe_files(paths: list[str]) -> list[Path]:
-    """Files and folders (their *.yaml) and names -> recipe files; none given: every known recipe."""
-    if not paths:
-        return [ref.path for ref in list_recipes()]
-    files: list[Path] = []
-    for item in paths:
-        if Path(item).is_dir():
-            found = recipe_files(Path(item))
-            if not found:
-                raise UsageError(f"{item} holds no recipe (*.yaml)")
-            files.extend(found)
-        else:
-            files.append(find_recipe(item))
-    unique: list[Path] = []
-    for path in files:  # a file named twice (a folder and a file in it): once
-        if all(path.resolve() != other.resolve() for other in unique):
-            unique.append(path)
-    by_name: dict[str, Path] = {}
-    for path in unique:
-        if path.stem in by_name:  # two recipes of one name would be two CI jobs of one name
-            raise UsageError(f"two recipes are named {path.stem}: {display_path(by_name[path.stem])} and "
-                             f"{display_path(path)}; a recipe's name is its file's, and names one job")
-        by_name[path.stem] = path
-    return unique

@@ -168,7 +168,7 @@ def rel_l2(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 def test_int8_graph_runs_on_ort_close_to_fp32(yolo):
-    """The informative random yolo12n's outputs depend on the photograph (families/ultralytics/informative.py),
+    """The informative random yolo12n's outputs depend on the photograph (families/random_init.py),
     so INT8 is held to the family's INT8 limits on what it computes: boxes rel L2 <= 0.05, scores cosine >= 0.9."""
     from enginekit.families.ultralytics.base import _PART_TOLERANCES
 

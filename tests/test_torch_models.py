@@ -391,7 +391,7 @@ def test_random_init_resnet_keeps_fp16_rounding_small(monkeypatch):
     import torch
 
     from enginekit.families import resolve
-    from enginekit.families.torch_models import family
+    from enginekit.families import random_init as family
     from enginekit.images import load_images
 
     def rounding_error(gain: float) -> tuple[float, int]:

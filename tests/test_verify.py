@@ -56,7 +56,7 @@ def test_verify_passes_and_writes_reports(cache, tmp_path, precision):
 
 
 def test_random_yolo_is_informative_and_passes(cache, tmp_path):
-    """``--random-init`` YOLO weights depend on the image (families/ultralytics/informative.py): its boxes and
+    """``--random-init`` YOLO weights depend on the image (families/random_init.py): its boxes and
     scores are gated as a trained detector's are, on detections it finds at conf 0.25 (as Ultralytics builds
     it, it found none and this verify failed with "nothing to compare")."""
     outcome = verify(cache, "yolo12n", "fp32", tmp_path)

@@ -46,7 +46,7 @@ from enginekit.families.processing import parse_names
 from enginekit.families.torch_models.labels import read_classify_split, read_semantic_split
 from enginekit.families.torch_models.runtime import frame_class_map
 from enginekit.hashing import sha256_file
-from enginekit.images import load_images
+from enginekit.families.random_init import RANDOM_INIT_VERSION, informative_torch_model
 
 FAMILY = "pytorch"
 DEFAULT_SIZE = (224, 224)
@@ -54,14 +54,6 @@ DEFAULT_SIZE = (224, 224)
 #: the input's, if smaller), the tracing forward and simplify's equality check cost a fraction of the
 #: input's size (deeplabv3_resnet50 at 512 px: measured in benchmarks/any_model.py)
 TRACE_SIDE = 64
-#: ``--random-init``: BatchNorm statistics from these photographs (see ``informative_init``)
-INIT_PHOTOS = 4
-INIT_SIDE = 256
-RANDOM_INIT_VERSION = 3
-#: ``--random-init``: the scale of the last BatchNorm of each residual branch (``damp_residual_branches``)
-RESIDUAL_GAIN = 0.2
-#: ``--random-init`` of a classifier: the std of its logits over the classes on the photographs
-LOGIT_SPREAD = 2.0
 
 # Parity limits against the FP32 PyTorch reference, for any model (a family of one architecture measures
 # its own; these hold for the suite's and the benchmark's models with an informative random init):
@@ -279,7 +271,7 @@ class TorchModelAdapter(ModelAdapter):
         for p in module.parameters():
             p.requires_grad_(False)
         if random_init:
-            informative_init(module, self, seed)
+            informative_torch_model(module, self, seed)
         wrapped = wrap_outputs(module, self)
         # "model": the name as any working folder loads it again (a file's absolute path), for verify and load
         meta = {"model": self.portable_name, "declaration": json.dumps(self.resolved(), sort_keys=True),
@@ -383,95 +375,6 @@ def wrap_outputs(model, adapter):
     if not adapter.output_names:
         adapter.adopt_outputs(_discover(model, adapter))
     return _outputs_class()(model, adapter).eval()
-
-
-def informative_init(model, adapter, seed: int) -> None:
-    """Seeded random weights made informative: every BatchNorm layer normalises by its input's statistics
-    on the embedded photographs (layer after layer, one forward; Ultralytics' bus.jpg and zidane.jpg
-    first). As torchvision and timm build them, fresh BatchNorm layers (mean 0, variance 1) pass activations
-    that grow or shrink layer after layer, and the class map comes out one class whatever the image: no
-    check on it can fail. Normalised, the network carries the image (and a classifier's logits are spread:
-    ``_spread_logits``): class maps and top-1 classes change
-    with the photograph (``reference_varies`` in the task metrics shows it)."""
-    import torch
-
-    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    if not bns:
-        return
-    damp_residual_branches(model)
-    photos = load_images(None, limit=INIT_PHOTOS).images
-    dynamic = adapter.dynamic_axes[adapter.input_name].values()
-    h, w = adapter.default_input[2:]
-    if "height" in dynamic and "width" in dynamic:
-        h, w = min(h, INIT_SIDE), min(w, INIT_SIDE)
-    x = torch.from_numpy(np.concatenate([adapter.preprocess(p, (h, w)) for p in photos]))
-
-    def normalise(bn, inputs):
-        t = inputs[0]
-        dims = [d for d in range(t.dim()) if d != 1]
-        bn.running_mean.copy_(t.mean(dims))
-        bn.running_var.copy_(t.var(dims, unbiased=False))
-
-    hooks = [bn.register_forward_pre_hook(normalise) for bn in bns]
-    try:
-        with torch.no_grad():
-            out = model.eval()(x)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    if (adapter.spec.task or "raw") == "classify":
-        _spread_logits(model, out)
-
-
-def residual_branch_ends(model) -> list:
-    """The last BatchNorm of each residual branch of torchvision's and timm's ResNet blocks (the layer
-    torchvision's ``zero_init_residual`` and timm's ``zero_init_last`` set to zero)."""
-    ends = []
-    for block in model.modules():
-        names = [n for n in ("bn3", "bn2") if hasattr(block, n)]
-        if type(block).__name__ in ("Bottleneck", "BasicBlock") and names:
-            ends.append(getattr(block, names[0]))
-    return [m for m in ends if getattr(m, "weight", None) is not None]
-
-
-def damp_residual_branches(model) -> None:
-    """Scale the last BatchNorm of each residual branch by ``RESIDUAL_GAIN``. With unit-gain branches a fresh
-    deep ResNet is chaotic: through 16 blocks each adding a unit-variance branch, a rounding of 1e-3 grows to
-    a different class map (deeplabv3_resnet50 at 256 px with its weights and activations rounded to FP16 in
-    PyTorch: rel L2 0.079, mIoU 0.78), which no trained network does, so every FP16 and INT8 verdict on it
-    failed for a reason that was not the conversion's. Damped before the BatchNorm statistics are set (0.2:
-    rel L2 0.0056, pixel agreement 0.994, 17-21 classes per photograph, same emulation on 4 photographs),
-    the branches still carry the image and every weight still counts (zero, as the libraries' options do,
-    would leave the branches' weights out of every check)."""
-    import torch
-
-    with torch.no_grad():
-        for bn in residual_branch_ends(model):
-            if bool((bn.weight == 0).all()):  # a library's zero init (timm's zero_init_last): the branch counts too
-                bn.weight.fill_(1.0)
-            bn.weight.mul_(RESIDUAL_GAIN)
-
-
-def _spread_logits(model, out) -> None:
-    """A classifier's last linear layer scaled so its logits spread by ``LOGIT_SPREAD`` (std over classes) on
-    the photographs: a fresh head's logits lie within a few hundredths of each other, and over 1000 classes
-    the softmax's top-1 leads its second by less than ``compare.task_metrics.MIN_TOP1_MARGIN``, so there
-    would be nothing to compare."""
-    import torch
-
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    first = out if isinstance(out, torch.Tensor) else (
-        next(iter(out.values())) if isinstance(out, dict) else next(iter(out), None))
-    if not linears or not isinstance(first, torch.Tensor) or first.dim() != 2 or first.shape[1] < 2:
-        return
-    spread = float(first.std(1).mean())
-    if not spread > 0:
-        return
-    head = linears[-1]
-    with torch.no_grad():
-        head.weight.mul_(LOGIT_SPREAD / spread)
-        if head.bias is not None:
-            head.bias.mul_(LOGIT_SPREAD / spread)
 
 
 # -- the task classes -----------------------------------------------------------------------------------

@@ -16,109 +16,7 @@ from enginekit.families.evaluation import InstanceEvaluation, instance_gates
 from enginekit.families.registry import register
 from enginekit.families.ultralytics.base import StretchedInput, UltralyticsAdapter, ultralytics_model_dir
 from enginekit.families.ultralytics.runtime import RtdetrProcessor
-from enginekit.images import read_rgb
-
-# --random-init for RT-DETR. As Ultralytics builds it, an untrained RT-DETR computes nearly the same
-# thing everywhere: its fresh BatchNorm layers (running mean 0, variance 1) shrink the backbone's
-# features to ~1e-4 of their spread, so the encoder's scores tie to ~1e-6 and the decoder's to
-# ~1e-7 (every output score 0.0427..0.0429 on photographs, none above conf 0.25). Its 300 queries and
-# their order are then chosen by rounding, differently in PyTorch, ONNX Runtime and an engine, and
-# the task metrics compare nothing. Normalising every layer by the photographs' statistics alone
-# does not help: the random network is then chaotic (1e-5 of input noise moves the backbone's
-# output by 6e-3 and the decoder's scores by 0.2), and no FP16 or INT8 graph can agree with it.
-# _separate_rtdetr makes the seeded model a deterministic, smooth detector:
-#  1. every BatchNorm layer normalises its input by its statistics on two photographs (Ultralytics'
-#     bus.jpg and zidane.jpg, which ship with the Ultralytics version in the export key) and then
-#     shifts it to mean _BN_SHIFT (standard deviation 1): the activations after it (ReLU, SiLU)
-#     work near their linear part, so the network carries the image without amplifying noise
-#     (measured: 1e-3 of input noise, recall 1.0, score shift < 1e-3);
-#  2. the box heads' last layers (zero in Ultralytics' init: every box its anchor) seeded as
-#     nn.Linear initialises them, scaled by _BOX_SCALE, so boxes depend on the image and a graph
-#     that breaks them is seen;
-#  3. the encoder's score head and the one the decoder's evaluated layer uses: their weights made
-#     orthogonal to the mean of their input features (the part every position shares, which
-#     would otherwise make one class lead everywhere and leave FP16 logits as differences of
-#     large terms) and scaled so each class's logits spread by _ENC_SPREAD / _DEC_SPREAD (standard
-#     deviation over positions / queries); the decoder's bias set so the _DETECTIONS-th best score
-#     of each photograph averages conf 0.25.
-_RTDETR_INIT_VERSION = 1  # the tag in the weights identity: change it with anything below
-_RTDETR_INIT_SIZE = (320, 320)
-_BN_SHIFT = 4.0
-_ENC_SPREAD = 2.5
-_DEC_SPREAD = 4.0
-_DETECTIONS = 20
-_BOX_SCALE = 0.5
-
-
-def _separate_rtdetr(model, seed: int, preprocess):
-    import math
-
-    import torch
-    from ultralytics.nn.modules.head import RTDETRDecoder
-    from ultralytics.utils import ASSETS
-
-    head = model.model[-1]
-    if not isinstance(head, RTDETRDecoder):
-        return model
-    photos = [read_rgb(ASSETS / name) for name in ("bus.jpg", "zidane.jpg")]
-    x = torch.from_numpy(np.concatenate([preprocess(p, _RTDETR_INIT_SIZE) for p in photos if p is not None]))
-    g = torch.Generator().manual_seed(seed)
-    model.eval()
-    with torch.no_grad():
-        for mlp in (head.enc_bbox_head, *head.dec_bbox_head):
-            last = mlp.layers[-1]
-            bound = 1 / math.sqrt(last.in_features)
-            last.weight.copy_((torch.rand(last.weight.shape, generator=g) * 2 - 1) * bound * _BOX_SCALE)
-            last.bias.zero_()
-
-    def normalise(bn, inputs):  # before each BatchNorm runs: its statistics are its input's
-        t = inputs[0]
-        bn.running_mean.copy_(t.mean((0, 2, 3)))
-        bn.running_var.copy_(t.var((0, 2, 3), unbiased=False))
-        bn.weight.fill_(1.0)
-        bn.bias.fill_(_BN_SHIFT)
-
-    seen = {}
-
-    def keep(name):
-        def hook(_module, inputs, _output):
-            seen[name] = inputs[0].detach()
-        return hook
-
-    def spread(linear, features, target: float) -> torch.Tensor:
-        """Weights orthogonal to the features' mean (logits carry what varies, with no large terms
-        to cancel), scaled so each class's logits spread by ``target``; the centred logits."""
-        mean = features.mean(0)
-        unit = mean / mean.norm().clamp(min=1e-12)
-        linear.weight.sub_(linear.weight @ unit[:, None] * unit[None])
-        logits = features @ linear.weight.T
-        scale = target / float(logits.std(0).mean().clamp(min=1e-12))
-        linear.weight.mul_(scale)
-        linear.bias.zero_()
-        return logits * scale
-
-    eval_head = head.dec_score_head[head.decoder.eval_idx]
-    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    hooks = [bn.register_forward_pre_hook(normalise) for bn in bns]
-    hooks += [head.enc_score_head.register_forward_hook(keep("enc")), eval_head.register_forward_hook(keep("dec"))]
-    try:
-        with torch.no_grad():
-            model(x)  # 1: BatchNorm statistics, layer after layer; the encoder's features
-            for h in hooks[:len(bns)]:
-                h.remove()
-            spread(head.enc_score_head, seen["enc"][:, head.valid_mask[0, :, 0].bool()].flatten(0, 1), _ENC_SPREAD)
-            model(x)  # 2: the decoder's features at the queries the spread encoder picks
-            dec = seen["dec"]
-            logits = spread(eval_head, dec.flatten(0, 1), _DEC_SPREAD).view(len(dec), -1)
-            kth_best = float(torch.topk(logits, _DETECTIONS, dim=1).values[:, -1].mean())
-            eval_head.bias.fill_(math.log(0.25 / 0.75) - kth_best)
-    finally:
-        for h in hooks:
-            h.remove()
-    return model
-
-
-
+from enginekit.families.random_init import RTDETR_INIT_VERSION, separate_rtdetr
 
 def rtdetr_instances(output: np.ndarray, conf: float, *, hw: tuple[int, int] | None = None,
                      max_det: int = MAX_DET) -> list[Instances]:
@@ -162,7 +60,7 @@ class RtdetrAdapter(InstanceEvaluation, StretchedInput, UltralyticsAdapter):
     int8_exclude = (r"/model\.\d+/(decoder/)?(dec|enc)_(score|bbox)_head.*", r"/model\.\d+/decoder/.*",
                     r"/model\.\d+/enc_output/.*", r"/model\.\d+/(ma|fc1|fc2)/.*")
     task_gates = instance_gates("map50")
-    random_init_tag = f"separated{_RTDETR_INIT_VERSION}"
+    random_init_tag = f"separated{RTDETR_INIT_VERSION}"
 
     @classmethod
     def matches(cls, name: str) -> bool:
@@ -176,8 +74,8 @@ class RtdetrAdapter(InstanceEvaluation, StretchedInput, UltralyticsAdapter):
 
     def _random_init(self, model, seed: int):
         """Seeded weights whose detections are real: BatchNorm statistics of two photographs, spread
-        score heads, box heads that move boxes. See ``_separate_rtdetr``."""
-        return _separate_rtdetr(model, seed, self.preprocess)
+        score heads, box heads that move boxes. See ``random_init.separate_rtdetr``."""
+        return separate_rtdetr(model, seed, self.preprocess)
 
     def nms_refusal(self) -> str | None:
         return f"{self.variant} ends in RT-DETR's decoder, whose outputs are the kept boxes already (no NMS to add)"

@@ -49,7 +49,7 @@ from enginekit.families.ultralytics.base import (
     coco_names,
     ultralytics_model_dir,
 )
-from enginekit.families.ultralytics.informative import INFORMATIVE_TAG, make_informative
+from enginekit.families.random_init import INFORMATIVE_TAG, make_informative
 from enginekit.families.ultralytics.runtime import (
     ClassifyProcessor,
     ObbProcessor,
@@ -383,7 +383,7 @@ class YoloAdapter(_YoloInstances):
     # the operating point: Ultralytics predict's default confidence; conf_margin as every instance task
     # (a detection whose score crosses conf by less is a threshold flip, not lost or extra; 0: the plain rule)
     task_options = {"conf": 0.25, "conf_margin": 0.0}
-    #: detectors only: seeded weights whose outputs depend on the image (``informative.make_informative``). The
+    #: detectors only: seeded weights whose outputs depend on the image (``random_init.make_informative``). The
     #: other YOLO tasks keep Ultralytics' own random init: on it a classifier's FP32 graph differed from
     #: PyTorch by rel L2 5.9e-4 and a segmenter's FP32 masks flipped (mask mAP50 0.95), so their FP32 gates
     #: would fail on the init, not on the graph

@@ -418,3 +418,23 @@ def test_stereo_segmenter_one_batch_of_two_per_step(run_cli, tmp_path):
     for frame in doc["frames"]:
         (result,) = frame["results"].values()
         assert result["kind"] == "semantic" and result["image_shape"] == [96, 128]
+
+
+def test_the_python_api_predicts_what_the_command_does(run_cli, tmp_path):
+    """``enginekit.predict`` (a PredictRequest, as every other verb) finds on a photograph what ``enginekit predict
+    --json`` finds: the same labels and boxes, the run's events collected."""
+    import enginekit
+    from ultralytics.utils import ASSETS
+
+    photo = str(ASSETS / "zidane.jpg")
+    outcome = enginekit.predict("yolo12n", photo, random_init=True, backend="onnxruntime-cpu", quiet=True)
+    (record,) = outcome.records
+    found = record["results"]["yolo12n"]
+    r = run_cli("predict", "yolo12n", photo, "--random-init", "--backend", "onnxruntime-cpu", "--json")
+    assert r.code == 0, r.stderr
+    (cli,) = json.loads(r.stdout)["frames"]
+    assert found["found"] == cli["results"]["yolo12n"]["found"] and found["found"] != "nothing"
+    theirs = cli["results"]["yolo12n"]["detections"]
+    assert [d["class_id"] for d in found["detections"]] == [d["class_id"] for d in theirs]
+    assert np.allclose([d["box"] for d in found["detections"]], [d["box"] for d in theirs], atol=0.01)
+    assert outcome.events and outcome.document["frames"][0]["results"]["yolo12n"]["found"] == found["found"]

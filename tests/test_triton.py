@@ -238,7 +238,6 @@ def served(tmp_path_factory, trained_detector):
     if triton_home() is None:
         pytest.skip("nvidia-pytriton (the tritonserver binary) is not installed")
     from enginekit import api
-    from enginekit.flows.predict import run_predict
 
     work = tmp_path_factory.mktemp("triton")
     repo = work / "models"
@@ -257,10 +256,9 @@ def served(tmp_path_factory, trained_detector):
             ("shapes", "yolov8n", shapes, {"random_init": False, "weights": [trained_detector.weights]}),
             ("seg", "yolo11n-seg", [seg_image], {"random_init": False, "weights": [segmenter], "imgsz": "160"}),
             ("depth", "depth", [_photo("zidane.jpg")], {"random_init": True, "weights": [], "imgsz": "266"})):
-        summary = run_predict(name, [str(p) for p in images], save=None, backend="onnxruntime-cpu", precision="fp32",
-                              seed=0, conf=0.25, iou=0.7, max_frames=None, device=None, **opts)
+        outcome = api.predict(name, [str(p) for p in images], backend="onnxruntime-cpu", quiet=True, **opts)
         records = {}
-        for frame in summary["document"]["frames"]:
+        for frame in outcome.document["frames"]:
             (record,) = frame["results"].values()
             records[Path(frame["source"]).name] = record if model in ("seg", "depth") else record["detections"]
         expected[model] = records

@@ -1,6 +1,6 @@
 """enginekit: PyTorch vision models to verified TensorRT engines.
 
-The Python API mirrors the CLI verbs: ``export``, ``build``, ``verify``, ``tune``, ``deploy``, ``load`` (``enginekit.api``'s
+The Python API mirrors the CLI verbs: ``export``, ``build``, ``verify``, ``tune``, ``deploy``, ``predict``, ``load`` (``enginekit.api``'s
 functions, with their real signatures), reached through the package on first use: importing enginekit stays
 cheap. No submodule may take one of their names (``enginekit.build`` is the verb).
 """
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from enginekit._version import __version__
 
-__all__ = ["__version__", "export", "build", "verify", "tune", "deploy", "load"]
+__all__ = ["__version__", "export", "build", "verify", "tune", "deploy", "predict", "load"]
 
 
-_VERBS = ("export", "build", "verify", "tune", "deploy", "load")
+_VERBS = ("export", "build", "verify", "tune", "deploy", "predict", "load")
 
 
 def __getattr__(name: str):

@@ -18,18 +18,20 @@ from enginekit.flows import run
 from enginekit.flows.build import BuildOutcome
 from enginekit.flows.export import ExportResult
 from enginekit.flows.verify import VerifyOutcome
-from enginekit.requests import BuildRequest, DeployRequest, ExportRequest, TuneRequest, VerifyRequest, coerce
+from enginekit.requests import (BuildRequest, DeployRequest, ExportRequest, PredictRequest, TuneRequest, VerifyRequest,
+                                coerce)
 from enginekit.families.torch_models.spec import FLAGS
 from enginekit.flows.build import run_build
 from enginekit.flows.deploy import run_deploy
 from enginekit.flows.export import run_export
 from enginekit.flows.load import load as run_load
+from enginekit.flows.predict import PredictOutcome, run_predict
 from enginekit.flows.tune import run_tune
 from enginekit.flows.verify import run_verify
 from enginekit.store.settings import using
 
-__all__ = ["export", "build", "verify", "tune", "deploy", "ExportRequest", "BuildRequest", "VerifyRequest", "TuneRequest",
-           "DeployRequest",
+__all__ = ["export", "build", "verify", "tune", "deploy", "predict", "ExportRequest", "BuildRequest", "VerifyRequest",
+           "TuneRequest", "DeployRequest", "PredictRequest", "PredictOutcome",
            "ExportResult", "BuildOutcome", "VerifyOutcome"]
 
 
@@ -75,6 +77,16 @@ def deploy(target: DeployRequest | str | None = None, /, *, cache=None, quiet: b
     return run(run_deploy, coerce(DeployRequest, target, options, "target"), cache, quiet=quiet)
 
 
+def predict(models: PredictRequest | str | list | None = None, sources=None, /, *, cache=None, quiet: bool = False,
+            **options: Any) -> PredictOutcome:
+    """Every frame of ``sources`` (images, a folder, videos, cameras) through ``models``, on the streaming pipeline:
+    ``outcome.records`` (per frame what each model found), ``outcome.summary`` (frames/s, stage figures),
+    overlays and results.json in ``save``. Options: ``PredictRequest``'s."""
+    if sources is not None:
+        options = {"sources": sources, **options}
+    return run(run_predict, coerce(PredictRequest, models, options, "models"), cache, quiet=quiet)
+
+
 def load(target, precision: str = "fp32", backend: str = "auto", *, remote: str | None = None,
          remote_read_only: bool = False, **options: Any):
     """Frames -> predictions over an engine, ONNX Runtime or PyTorch (or any registered backend).
@@ -112,15 +124,17 @@ def _default(field):
     return value if value is None or isinstance(value, (bool, int, float, str)) else _Shown(repr(value))
 
 
-def _signature(fn, request_cls, first: str) -> None:
-    """``fn``'s signature for ``help()`` and editors: ``first`` (or a request) positionally, then every field of
-    ``request_cls`` by keyword with its type and default, then ``cache`` and ``quiet``."""
+def _signature(fn, request_cls, first: str, *more: str) -> None:
+    """``fn``'s signature for ``help()`` and editors: ``first`` (or a request) and ``more`` positionally, then every
+    field of ``request_cls`` by keyword with its type and default, then ``cache`` and ``quiet``."""
     import inspect
 
     P = inspect.Parameter
     params = [P(first, P.POSITIONAL_ONLY, default=None, annotation=f"{request_cls.__name__} | str | None")]
+    params += [P(name, P.POSITIONAL_ONLY, default=None, annotation=request_cls.model_fields[name].annotation)
+               for name in more]
     for name, field in request_cls.model_fields.items():
-        if name == first:
+        if name in (first, *more):
             continue
         params.append(P(name, P.KEYWORD_ONLY, default=_default(field), annotation=field.annotation))
     if hasattr(request_cls, "_imgsz"):  # --imgsz: a size for the input (export) or a profile (build)
@@ -134,6 +148,7 @@ _signature(build, BuildRequest, "target")
 _signature(verify, VerifyRequest, "target")
 _signature(tune, TuneRequest, "models")
 _signature(deploy, DeployRequest, "target")
+_signature(predict, PredictRequest, "models", "sources")
 
 
 def _load_signature() -> None:

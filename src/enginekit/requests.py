@@ -784,6 +784,57 @@ class TuneRequest(Options):
         return ModelRequest(self.models[index], w, self.random_init and w is None, self.seed, declared=dict(self.declared))
 
 
+class PredictRequest(Options):
+    """``enginekit predict``: every frame of one or several sources through one or several models, on the streaming
+    pipeline (``enginekit.flows.predict``). ``models``: a comma list (or a list) of names, files or cache keys;
+    ``sources``: one or several (images, a folder, videos, camera indices: one frame of each per step); ``weights``:
+    one per model, in order. The stream's settings (``drop`` ... ``pace``) are ``runtime.stream.StreamOptions``'s,
+    checked there; ``declared``: what a torch model enginekit cannot know by itself declares (one model)."""
+
+    models: str
+    sources: list[str]
+    save: Optional[Path] = None
+    backend: str = "auto"
+    precision: str = "fp32"
+    weights: list[Path] = []
+    random_init: bool = False
+    seed: int = Field(0, ge=0, le=SEED_MAX)
+    conf: float = 0.25
+    iou: float = 0.7
+    max_frames: Optional[int] = None
+    device: Optional[str] = None
+    gpu_letterbox: bool = False
+    imgsz: Optional[str] = None
+    declared: dict = {}
+    drop: str = "none"
+    queue: int = 2
+    every: dict[str, int] = {}
+    frames_per_step: int = 1
+    batch: Optional[int] = None
+    in_flight: int = 2
+    pace: Optional[float] = None
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models(cls, value: Any) -> Any:
+        return ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _sources(cls, value: Any) -> Any:
+        return [str(value)] if isinstance(value, (str, Path, int)) else [str(v) for v in value]
+
+    @field_validator("imgsz", mode="before")
+    @classmethod
+    def _imgsz_text(cls, value: Any) -> Any:
+        return None if value is None else str(value)
+
+    @field_validator("declared", mode="before")
+    @classmethod
+    def _declared(cls, value: Any) -> dict:
+        return declaration_fields(value)
+
+
 #: how a Triton server runs the network (``deploy triton --platform``): its TensorRT backend, its ONNX Runtime
 #: backend, or its Python backend with enginekit's runtime inside
 TRITON_PLATFORMS = ("onnxruntime", "tensorrt", "python")

@@ -57,23 +57,24 @@ def register(app: typer.Typer) -> None:
           enginekit predict yolo12n 0 1 --random-init --drop oldest
         """
         from enginekit.fsutil import check_output_path
-        from enginekit.runtime.stream import StreamOptions, parse_every
+        from enginekit.runtime.stream import parse_every
 
         check_output_path(save, "--save", folder=True)  # before any work
         if max_frames is not None and max_frames < 1:
             from enginekit.errors import UsageError
 
             raise UsageError(f"--max-frames {max_frames}: expected a positive whole number")
-        options = StreamOptions(drop=drop, queue=queue, every=parse_every(every), frames_per_step=frames_per_step,
-                                batch=batch, in_flight=in_flight, pace=pace)
-        quiet_third_party()
-        from enginekit.flows.predict import run_predict
+        from enginekit.requests import PredictRequest
 
-        summary = run_predict(models, sources, save=save, backend=backend, precision=precision,
-                              weights=weights or [], random_init=random_init, seed=seed, conf=conf, iou=iou,
-                              max_frames=max_frames, device=device, stream=options, gpu_letterbox=gpu_letterbox,
-                              imgsz=imgsz, declared=declared)
-        _render(summary, save, as_json, verbose)
+        request = PredictRequest(models=models, sources=sources, save=save, backend=backend, precision=precision,
+                                 weights=weights or [], random_init=random_init, seed=seed, conf=conf, iou=iou,
+                                 max_frames=max_frames, device=device, gpu_letterbox=gpu_letterbox, imgsz=imgsz,
+                                 declared=declared, drop=drop, queue=queue, every=parse_every(every),
+                                 frames_per_step=frames_per_step, batch=batch, in_flight=in_flight, pace=pace)
+        quiet_third_party()
+        from enginekit import api
+
+        _render(api.predict(request).summary, save, as_json, verbose)
 
 
 def _render(summary: dict, save: Path | None, as_json: bool = False, verbose: bool = False) -> None:

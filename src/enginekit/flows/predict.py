@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 from enginekit import reporting
 from enginekit.errors import UsageError
 from enginekit.fsutil import json_text
+from enginekit.requests import PredictRequest
 from enginekit.families import resolve
 from enginekit.flows.load import load
 from enginekit.runtime.sources import draw, open_source
@@ -61,14 +63,40 @@ def _frame_sink(kind: str, tmp: Path, stem: str, model: str, fps: float, prefixe
     return remember, close, repeat
 
 
-def run_predict(models: str, source, *, save: Path | None, backend: str, precision: str, weights: list[Path],
-                random_init: bool, seed: int, conf: float, iou: float, max_frames: int | None, device: str | None,
-                stream=None, gpu_letterbox: bool = False, imgsz=None, declared: dict | None = None):
-    """Every frame of ``source`` (one source, or a list: several cameras, one frame of each per step) through
-    the models, on the streaming pipeline (``enginekit.runtime.stream``; ``stream``: its StreamOptions).
-    ``declared``: what a torch model enginekit cannot know by itself declares (``--task``, ``--classes``...; one
-    model).
-    Returns the summary: frames, frames/s, per-model stage means, and the stream's figures."""
+@dataclass
+class PredictOutcome:
+    """What ``predict`` found: ``summary`` (frames, frames/s, per-model stage means, the stream's figures,
+    ``records``: per frame what each model found; ``document``: results.json's), and the run's ``events``."""
+
+    summary: dict
+    events: list = field(default_factory=list)
+
+    @property
+    def records(self) -> list[dict]:
+        return self.summary["records"]
+
+    @property
+    def document(self) -> dict:
+        return self.summary["document"]
+
+
+def run_predict(request: PredictRequest, cache=None) -> PredictOutcome:
+    """Every frame of the request's sources (several: one frame of each per step) through its models, on the
+    streaming pipeline (``enginekit.runtime.stream``), overlays and results.json into ``save``."""
+    r = request
+    summary = _predict(r.models, r.sources, save=r.save, backend=r.backend, precision=r.precision,
+                       weights=list(r.weights), random_init=r.random_init, seed=r.seed, conf=r.conf, iou=r.iou,
+                       max_frames=r.max_frames, device=r.device,
+                       stream=StreamOptions(drop=r.drop, queue=r.queue, every=dict(r.every),
+                                            frames_per_step=r.frames_per_step, batch=r.batch, in_flight=r.in_flight,
+                                            pace=r.pace),
+                       gpu_letterbox=r.gpu_letterbox, imgsz=r.imgsz, declared=dict(r.declared), cache=cache)
+    return PredictOutcome(summary)
+
+
+def _predict(models: str, source, *, save: Path | None, backend: str, precision: str, weights: list[Path],
+             random_init: bool, seed: int, conf: float, iou: float, max_frames: int | None, device: str | None,
+             stream=None, gpu_letterbox: bool = False, imgsz=None, declared: dict | None = None, cache=None):
     names = [m.strip() for m in models.split(",") if m.strip()]
     if not names:
         raise UsageError("no model given")
@@ -92,7 +120,7 @@ def run_predict(models: str, source, *, save: Path | None, backend: str, precisi
         w = weights[i] if i < len(weights) else None
         p = load(name, precision=precision, backend=backend, weights=w, random_init=random_init and w is None,
                  seed=seed, device=device, conf=conf, iou=iou, gpu_letterbox=gpu_letterbox, imgsz=imgsz,
-                 **(declared or {}))
+                 cache=cache, **(declared or {}))
         reporting.note(f"{p.model}: {p.backend} on {p.device}, {p.precision} ({p.reason})")
         predictors.append(p)
     stems = _stems(opened)

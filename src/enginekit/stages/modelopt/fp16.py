@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginekit.stages.modelopt.versions import MODELOPT_SERIES, _in_series, installed
+from enginekit.stages.modelopt.versions import MODELOPT_SERIES, _in_series, installed, swapped
 
 
 _AUTOCAST_LOCK = threading.Lock()  # the AutoCast swap: one conversion at a time
@@ -101,15 +101,8 @@ def autocast(shortcuts: bool = True) -> Iterator[AutocastRun]:
         patches.append((ReferenceRunner, "run", _reference_run(ReferenceRunner.run, run)))
         patches.append((PrecisionConverter, "_cleanup_no_consumer_nodes", _cleanup_no_consumer_nodes))
         patches.append((onnx_utils, "remove_redundant_casts", _remove_redundant_casts))
-    with _AUTOCAST_LOCK:
-        originals = [(owner, name, vars(owner)[name]) for owner, name, _ in patches]
-        for owner, name, replacement in patches:
-            setattr(owner, name, replacement)
-        try:
-            yield run
-        finally:
-            for owner, name, original in originals:
-                setattr(owner, name, original)
+    with swapped(patches, _AUTOCAST_LOCK):
+        yield run
 
 
 def _stable_subgraph(original: Callable) -> Callable:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from enginekit.stages.modelopt.fp16 import shortcuts_allowed
-from enginekit.stages.modelopt.versions import problem
+from enginekit.stages.modelopt.versions import problem, swapped
 
 
 QUANTIZE_INTERNALS = (
@@ -87,15 +87,8 @@ def quantize_shortcuts(enabled: bool = True, output: Path | None = None) -> Iter
     ]
     if output is not None:
         patches.append((onnx.checker, "check_model", _unchecked(vars(onnx.checker)["check_model"], Path(output))))
-    with _QUANTIZE_LOCK:
-        originals = [(owner, name, vars(owner)[name]) for owner, name, _ in patches]
-        for owner, name, replacement in patches:
-            setattr(owner, name, replacement)
-        try:
-            yield run
-        finally:
-            for owner, name, original in originals:
-                setattr(owner, name, original)
+    with swapped(patches, _QUANTIZE_LOCK):
+        yield run
 
 
 _QUANTIZE_LOCK = threading.RLock()  # the helper swaps are process-wide: one quantization at a time

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 
 from enginekit.errors import CapabilityError
@@ -93,3 +94,18 @@ def check() -> None:
     reason = _checked()
     if reason is not None:
         raise CapabilityError(reason)
+
+
+@contextlib.contextmanager
+def swapped(patches, lock) -> Iterator[None]:
+    """Each ``(owner, name, replacement)`` of ``patches`` set for the length of the block, under ``lock`` (the
+    swaps are process-wide: one at a time), and the originals put back after, whatever happens."""
+    with lock:
+        originals = [(owner, name, vars(owner)[name]) for owner, name, _ in patches]
+        for owner, name, replacement in patches:
+            setattr(owner, name, replacement)
+        try:
+            yield
+        finally:
+            for owner, name, original in originals:
+                setattr(owner, name, original)

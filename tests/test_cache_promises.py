@@ -17,6 +17,7 @@ import pytest
 
 from conftest import assert_one_line_error
 from enginekit.cache import Cache, holding_entries
+from enginekit.cache.inuse import in_use
 
 PARTS = {"stage": "export", "model": "tiny", "n": 1}
 
@@ -109,8 +110,8 @@ def test_a_marker_of_an_ended_run_keeps_nothing(tmp_path):
     cache = Cache(tmp_path / "c", remote=None)
     with holding_entries():
         entry, _ = cache.get_or_create("onnx-export", PARTS, produce)
-        assert cache._in_use("onnx-export", entry.key)
-    assert not cache._in_use("onnx-export", entry.key)
+        assert in_use(cache.root, "onnx-export", entry.key)
+    assert not in_use(cache.root, "onnx-export", entry.key)
     folder = tmp_path / "c" / ".inuse" / f"onnx-export-{entry.key}"
     folder.mkdir(parents=True)
     (folder / "12345-dead").write_text("")  # a killed run's marker: no lock held on it

@@ -183,11 +183,16 @@ def test_build_and_verify_read_the_old_flag_backend_as_trt(run_cli, tmp_path):
     assert any("--trt tensorrt-rtx" in w for w in seen.warnings), seen.warnings
     with pytest.raises(UsageError, match="disagree"):
         engine_request({**base, "trt": "tensorrt", "backend": "tensorrt-rtx"})
-    # through the command line: the old flag, an unknown flavour: the warning, then the one error line, exit 2
-    result = run_cli("build", "yolo12n", "--random-init", "--backend", "trt", env={"ENGINEKIT_CACHE": str(tmp_path / "c")})
+    # through the command line: the old flag read (its warning), then what the flavour refuses, exit 2
+    env = {"ENGINEKIT_CACHE": str(tmp_path / "c")}
+    result = run_cli("build", "yolo12n", "--random-init", "--backend", "tensorrt-rtx", "--target-cc", "9.0", env=env)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.code == 2 and "unknown TensorRT flavour 'trt'" in lines[-1] and lines[-1].startswith("error:"), result.stderr
-    assert "it is --trt now" in result.stderr
+    assert result.code == 2 and "9.0" in lines[-1] and lines[-1].startswith("error:"), result.stderr
+    assert "it is --trt now (--trt tensorrt-rtx)" in result.stderr
+    # a value no flavour has: the one error line, nothing before it
+    result = run_cli("build", "yolo12n", "--random-init", "--backend", "trt", env=env)
+    assert [line for line in result.stderr.splitlines() if line.strip()] == \
+        ["error: unknown TensorRT flavour 'trt': choose auto, tensorrt, tensorrt-rtx (--backend is --trt's old name)"]
     result = run_cli("verify", "yolo12n", "--random-init", "--trt", "tensorrt", "--backend", "tensorrt-rtx",
                      env={"ENGINEKIT_CACHE": str(tmp_path / "c")})
     assert result.code == 2 and "disagree" in result.stderr, result.stderr

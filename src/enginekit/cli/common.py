@@ -280,9 +280,14 @@ def engine_request(engine: dict) -> dict:
 
 
 def old_backend_notice(old: str) -> None:
-    """``--backend`` given to build or verify: said once, read as ``--trt``."""
+    """``--backend`` given to build or verify: said once, read as ``--trt`` (a value no flavour has: the one error
+    line, no warning before it)."""
     from enginekit import reporting
+    from enginekit.errors import UsageError
+    from enginekit.trt.flavours import FLAVOURS
 
+    if old not in FLAVOURS:
+        raise UsageError(f"unknown TensorRT flavour {old!r}: choose {', '.join(FLAVOURS)} (--backend is --trt's old name)")
     reporting.warning(f"--backend on build and verify names the TensorRT that builds: it is --trt now (--trt {old}); "
                       "--backend goes in a later release")
 

@@ -8,13 +8,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (PANEL_BUILD, PANEL_GATES, PANEL_REPORTS, PANEL_RUN, ImgszOpt, BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, OutputsOpt, ProfileOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt, builds_an_engine, declared_of, engine_request, NmsOpt, ForceOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt,
+from enginekit.cli.common import (declares_a_model, PANEL_BUILD, PANEL_GATES, PANEL_REPORTS, PANEL_RUN, ImgszOpt, ProfileOpt, builds_an_engine, engine_request, NmsOpt, ForceOpt, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt, SeedOpt, TrustOpt, WeightsOpt,
                                   handles_errors, quiet_third_party)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("build")
     @handles_errors
+    @declares_a_model
     @builds_an_engine
     def build_cmd(
         target: Annotated[str, typer.Argument(help="A model (as export's), an ONNX file, or a recipe .yaml (flags override its keys).")],
@@ -35,16 +36,8 @@ def register(app: typer.Typer) -> None:
         force: ForceOpt = False,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
-        task: TaskOpt = None,
-        outputs: OutputsOpt = None,
-        size: SizeOpt = None,
-        dynamic: DynamicOpt = None,
-        mean: MeanOpt = None,
-        std: StdOpt = None,
-        resize: ResizeOpt = None,
-        bgr: BgrOpt = False,
-        classes: ClassesOpt = None,
         engine: dict = {},
+        declared: dict = None,
     ) -> None:
         """Build a TensorRT engine (strongly typed: precision lives in the graph), cached by content.
 
@@ -76,7 +69,7 @@ def register(app: typer.Typer) -> None:
         request = BuildRequest(
             target=target, profiles=profile or [], imgsz=imgsz, precision=precision, **engine_request(engine), weights=weights,
             random_init=random_init, seed=seed, explain=explain, verify=not no_verify, force=force,
-            repair=repair, tolerances=tol or [], nms=nms, declared=declared_of(locals()),
+            repair=repair, tolerances=tol or [], nms=nms, declared=declared,
         )
         quiet_third_party()
         outcome = api.build(request)

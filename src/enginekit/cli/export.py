@@ -7,13 +7,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (ImagesOpt, RecheckOpt, PANEL_BUILD, PANEL_GATES, PANEL_INPUT, PANEL_REPORTS, ImgszOpt, BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, MODEL_HELP, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt, declared_of, NmsOpt, ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
+from enginekit.cli.common import (declares_a_model, ImagesOpt, RecheckOpt, PANEL_BUILD, PANEL_GATES, PANEL_INPUT, PANEL_REPORTS, ImgszOpt, MODEL_HELP, NmsOpt, ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
                                   quiet_third_party)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("export")
     @handles_errors
+    @declares_a_model
     def export_cmd(
         model: Annotated[str, typer.Argument(help=MODEL_HELP)],
         input: Annotated[Optional[str], typer.Option("--input", "-i", rich_help_panel=PANEL_INPUT, help="Input NxCxHxW (default: the family's, 1x3x640x640).")] = None,
@@ -32,15 +33,7 @@ def register(app: typer.Typer) -> None:
         report: Annotated[Optional[Path], typer.Option("--report", rich_help_panel=PANEL_REPORTS, help="The parity report as JSON.")] = None,
         force: ForceOpt = False,
         recheck: RecheckOpt = False,
-        task: TaskOpt = None,
-        outputs: OutputsOpt = None,
-        size: SizeOpt = None,
-        dynamic: DynamicOpt = None,
-        mean: MeanOpt = None,
-        std: StdOpt = None,
-        resize: ResizeOpt = None,
-        bgr: BgrOpt = False,
-        classes: ClassesOpt = None,
+        declared: dict = None,
     ) -> None:
         """Export a model to a simplified ONNX graph and check it against PyTorch.
 
@@ -65,7 +58,7 @@ def register(app: typer.Typer) -> None:
         check_output_path(report, "--report")
         request = ExportRequest(model=model, input=input, imgsz=imgsz, fp16=fp16, output=output, weights=weights,
                                 random_init=random_init, seed=seed, opset=opset, simplifier=simplifier, images=images,
-                                rel_l2=rel_l2, force=force, recheck=recheck, nms=nms, declared=declared_of(locals()))
+                                rel_l2=rel_l2, force=force, recheck=recheck, nms=nms, declared=declared)
         quiet_third_party()
         result = api.export(request)
         from enginekit.cli.render import parity_table

@@ -137,6 +137,10 @@ def given_flags(params: dict) -> dict:
     ctx = _click_context()
     given = {}
     for name, value in params.items():
+        if name == "declared":  # --task, --outputs...: over the recipe's model declaration (validated, only those given)
+            if value:
+                given["declared"] = dict(value)
+            continue
         if name in _NOT_OVERRIDES:
             continue
         source = ctx.get_parameter_source(name) if ctx is not None else None
@@ -149,18 +153,9 @@ def given_flags(params: dict) -> dict:
 
             old_backend_notice(value)
             given["flavour"] = value
-        elif name in _DECLARATION:  # --task, --outputs...: over the recipe's model declaration
-            given.setdefault("declared", {})[name] = value
         else:
             given[_FLAG_TO_KWARG.get(name, name)] = value
-    if "declared" in given:
-        from enginekit.cli.common import declared_of
-
-        given["declared"] = declared_of(given["declared"])
     return given
-
-
-_DECLARATION = ("task", "outputs", "size", "dynamic", "mean", "std", "resize", "bgr", "classes")
 
 
 def _click_context():

@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (ImagesOpt, RecheckOpt, PANEL_BUILD, PANEL_GATES, PANEL_IMAGES, PANEL_MODEL, PANEL_REPORTS, ImgszOpt, ProfileOpt, builds_an_engine, engine_request, ENGINE_OPTIONS, BgrOpt, ClassesOpt, DynamicOpt, MeanOpt, OutputsOpt, ResizeOpt, SizeOpt, StdOpt, TaskOpt,
-                                  declared_of, NmsOpt, failure_summary, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt,
+from enginekit.cli.common import (declares_a_model, ImagesOpt, RecheckOpt, PANEL_BUILD, PANEL_GATES, PANEL_IMAGES, PANEL_MODEL, PANEL_REPORTS, ImgszOpt, ProfileOpt, builds_an_engine, engine_request, ENGINE_OPTIONS,
+                                  NmsOpt, failure_summary, RandomInitOpt, RemoteOpt, RemoteReadOnlyOpt,
                                   SeedOpt, TrustOpt, WeightsOpt,
                                   handles_errors, quiet_third_party)
 
@@ -16,6 +16,7 @@ from enginekit.cli.common import (ImagesOpt, RecheckOpt, PANEL_BUILD, PANEL_GATE
 def register(app: typer.Typer) -> None:
     @app.command("verify")
     @handles_errors
+    @declares_a_model
     @builds_an_engine
     def verify_cmd(
         target: Annotated[Optional[str], typer.Argument(help="Nothing (every cached engine), a cache key, a model, an ONNX or engine file.", show_default=False)] = None,
@@ -44,16 +45,8 @@ def register(app: typer.Typer) -> None:
         junit: Annotated[Optional[Path], typer.Option("--junit", rich_help_panel=PANEL_REPORTS, help="JUnit XML file (a test case per check).")] = None,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
-        task: TaskOpt = None,
-        outputs: OutputsOpt = None,
-        size: SizeOpt = None,
-        dynamic: DynamicOpt = None,
-        mean: MeanOpt = None,
-        std: StdOpt = None,
-        resize: ResizeOpt = None,
-        bgr: BgrOpt = False,
-        classes: ClassesOpt = None,
         engine: dict = {},
+        declared: dict = None,
     ) -> None:
         """Check engines and the ONNX graphs they came from against the PyTorch model.
 
@@ -103,7 +96,7 @@ def register(app: typer.Typer) -> None:
                 raise UsageError(f"{', '.join(ignored)} appl{'ies' if len(ignored) == 1 else 'y'} to verify of a model "
                                  f"name; {what} is checked as it was made: drop {'it' if len(ignored) == 1 else 'them'}")
             build_options = {"profiles": profile or [], "imgsz": imgsz, "weights": weights, "random_init": random_init, "seed": seed,
-                             "declared": declared_of(locals())}
+                             "declared": declared}
             if kind == "model":
                 build_options.update(**engine_request(engine), repair=repair, tolerances=(tol or []) if repair else [],
                                      nms=nms)

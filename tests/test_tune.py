@@ -262,3 +262,21 @@ def test_tune_two_models_writes_one_recipe_each(run_cli, tmp_path):
     assert set(recipes) == {"yolo12n.yaml", "yolov8n.yaml"}
     assert recipes["yolov8n.yaml"].runtime.every == 2 and recipes["yolov8n.yaml"].profiles == ["1x3x128x128"]
     assert recipes["yolo12n.yaml"].runtime.every == 1
+
+
+def test_verify_checks_tune_candidates_on_frames_of_the_users_source(tmp_path):
+    """With --source, each candidate's gates run on frames of it (what the model will see: a segmenter trained on
+    its own scenes finds nothing on the embedded photographs, and its task gate there compares nothing)."""
+    import cv2
+
+    from enginekit.flows.tune.flow import CHECK_FRAMES, _check_frames
+    from enginekit.images import write_video
+
+    video = write_video(tmp_path / "v.mp4", 30, (96, 128))
+    folder = _check_frames(str(video), tmp_path / "check")
+    frames = sorted(folder.glob("*.png"))
+    assert len(frames) == CHECK_FRAMES
+    images = [cv2.imread(str(f)) for f in frames]
+    assert all(i.shape == (96, 128, 3) for i in images)
+    assert len({i.tobytes() for i in images}) == CHECK_FRAMES  # frames spread over the video, not one repeated
+    assert _check_frames(None, tmp_path / "none") is None and _check_frames("0", tmp_path / "cam") is None

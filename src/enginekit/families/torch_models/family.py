@@ -427,8 +427,9 @@ class TorchSemantic(SemanticEvaluation, TorchModelAdapter):
 
     def nothing_to_compare(self, task):
         if task.get("reference_varies", 1.0) == 0.0:
-            return ("the random-weight reference gives the same class map on every photograph: a check on it could "
-                    "not fail; use trained weights (--weights) or photographs of what the model sees (--images)")
+            return ("the reference gives the same class map on every photograph (random weights, or nothing in them the "
+                    "model knows): a check on it could not fail; use trained weights (--weights) or photographs of "
+                    "what the model sees (--images)")
         return SemanticEvaluation.nothing_to_compare(self, task)
 
 

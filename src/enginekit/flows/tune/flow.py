@@ -69,7 +69,7 @@ def run_tune(request, cache=None) -> TuneOutcome:
                 source = write_video(Path(tmp) / "tune.mp4", frames, DEFAULT_VIDEO_HW)
                 st.detail = f"{DEFAULT_VIDEO_HW[1]}x{DEFAULT_VIDEO_HW[0]}, {frames} frames from the embedded photographs"
             described = f"a {DEFAULT_VIDEO_HW[1]}x{DEFAULT_VIDEO_HW[0]} MPEG-4 video made from the embedded photographs"
-        measurer = Measurer(request, source, cache)
+        measurer = Measurer(request, source, cache, images=_check_frames(request.source, Path(tmp) / "check"))
         count = sum(len(c) for c in per_model)
         reporting.note(f"{count} candidate(s) for {', '.join(request.models)}; targets {targets.describe()}"
                        + (f"; budget {request.budget_minutes:g} min" if request.budget_minutes else ""))
@@ -87,6 +87,27 @@ def run_tune(request, cache=None) -> TuneOutcome:
     if chosen is not None and request.write_recipe is not None:
         outcome.recipes = write_recipes(request, chosen, targets, outcome.machine)
     return outcome
+
+
+#: frames of the user's source that verify checks each candidate on (the gates then see what the model will see)
+CHECK_FRAMES = 4
+
+
+def _check_frames(source: str | None, folder: Path) -> Path | None:
+    """Up to ``CHECK_FRAMES`` frames of a video or folder the user tunes on, spread over its first 100, written to
+    ``folder`` for verify's ``images``; None for the default video (made from the embedded photographs verify
+    checks on anyway) and for a camera (its frames are not there to read twice)."""
+    if source is None or source.isdigit():
+        return None
+    import cv2
+
+    frames = [image for _, image in open_source(source, max_frames=100)]
+    chosen = frames[::max(1, len(frames) // CHECK_FRAMES)][:CHECK_FRAMES]
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, image in enumerate(chosen):
+        cv2.imwrite(str(folder / f"frame{i}.png"), image)
+    reporting.note(f"verify checks each candidate on {len(chosen)} frame(s) of {source}", level=1)
+    return folder
 
 
 def _check_every(request) -> None:

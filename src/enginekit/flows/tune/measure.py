@@ -22,10 +22,12 @@ from enginekit.runtime.stream import Stream, StreamOptions
 class Measurer:
     """Builds (through the cache), verifies and streams candidates on this machine."""
 
-    def __init__(self, request, source: Path, cache=None):
+    def __init__(self, request, source: Path, cache=None, images: Path | None = None):
+        """``images``: frames of the user's source that verify checks on (None: the embedded photographs)."""
         self.request = request
         self.source = source
         self.cache = cache
+        self.images = images
         self.verified: dict[tuple, tuple[str, str]] = {}  # (model, backend kind, precision, input) -> verdict
 
     # loading ---------------------------------------------------------------------------------------------
@@ -63,9 +65,9 @@ class Measurer:
             shape = f"3x{s.input[0]}x{s.input[1]}"
             profiles = [f"1x{shape}" if s.batch == 1 else f"1x{shape}:{s.batch}x{shape}:{s.batch}x{shape}"]
             request = VerifyRequest(target=s.model, precision=s.precision, task_required=not model.random_init,
-                                    build_options={**weights, "profiles": profiles})
+                                    images=self.images, build_options={**weights, "profiles": profiles})
         else:
-            request = VerifyRequest(target=str(predictor.source), precision=s.precision,
+            request = VerifyRequest(target=str(predictor.source), precision=s.precision, images=self.images,
                                     task_required=not model.random_init, build_options=weights)
         with reporting.stage(f"verify {s.model} {s.precision} {s.size}") as st:
             outcome = run(run_verify, request, self.cache, quiet=True)

@@ -123,7 +123,20 @@ def declaration_fields(value: Any) -> dict:
     return ModelSpec.of(value).given()
 
 
-class _ModelOptions(Options):
+class _Declares(Options):
+    """A request for a model the user may declare: ``declared`` holds what the user declares of a model enginekit
+    cannot know by itself (``--task``, ``--outputs``, ``--size``, ``--dynamic``, ``--mean``/``--std``,
+    ``--resize``, ``--bgr``, ``--classes``): the fields of ``families.torch_models.spec.ModelSpec`` that were set."""
+
+    declared: dict = {}
+
+    @field_validator("declared", mode="before")
+    @classmethod
+    def _declared(cls, value: Any) -> dict:
+        return declaration_fields(value)
+
+
+class _ModelOptions(_Declares):
     """Weights options shared by the verbs that may load a PyTorch model."""
 
     weights: Optional[Path] = None
@@ -131,15 +144,6 @@ class _ModelOptions(Options):
     seed: int = Field(0, ge=0, le=SEED_MAX)
     #: NMS in the graph, as Ultralytics' ``nms=True`` export: detectors without an end-to-end head
     nms: bool = False
-    #: what the user declares of a model enginekit cannot know by itself (``--task``, ``--outputs``,
-    #: ``--size``, ``--dynamic``, ``--mean``/``--std``, ``--resize``, ``--bgr``, ``--classes``): the fields of
-    #: ``families.torch_models.spec.ModelSpec`` that were set
-    declared: dict = {}
-
-    @field_validator("declared", mode="before")
-    @classmethod
-    def _declared(cls, value: Any) -> dict:
-        return declaration_fields(value)
 
     @model_validator(mode="after")
     def _weights_or_random(self):
@@ -616,7 +620,7 @@ def image_size(text: str, what: str = "--input") -> tuple[int, int]:
     return dims[-2], dims[-1]
 
 
-class TuneRequest(Options):
+class TuneRequest(_Declares):
     """``enginekit tune``: the settings of one or several models that meet a frame budget on this machine.
 
     Targets (at least one): ``p50``/``p95``/``p99`` in milliseconds per step (``25``, ``"25ms"``) and
@@ -643,13 +647,6 @@ class TuneRequest(Options):
     frames: int = Field(60, ge=4)  # timed steps per candidate
     device: Optional[str] = None
     write_recipe: Optional[Path] = None
-    #: what a torch model enginekit cannot know by itself declares (``--task``, ``--classes``...; one model)
-    declared: dict = {}
-
-    @field_validator("declared", mode="before")
-    @classmethod
-    def _declared(cls, value: Any) -> dict:
-        return declaration_fields(value)
 
     @model_validator(mode="after")
     def _declares_one_model(self):
@@ -784,7 +781,7 @@ class TuneRequest(Options):
         return ModelRequest(self.models[index], w, self.random_init and w is None, self.seed, declared=dict(self.declared))
 
 
-class PredictRequest(Options):
+class PredictRequest(_Declares):
     """``enginekit predict``: every frame of one or several sources through one or several models, on the streaming
     pipeline (``enginekit.flows.predict``). ``models``: a comma list (or a list) of names, files or cache keys;
     ``sources``: one or several (images, a folder, videos, camera indices: one frame of each per step); ``weights``:
@@ -805,7 +802,6 @@ class PredictRequest(Options):
     device: Optional[str] = None
     gpu_letterbox: bool = False
     imgsz: Optional[str] = None
-    declared: dict = {}
     drop: str = "none"
     queue: int = 2
     every: dict[str, int] = {}
@@ -829,18 +825,13 @@ class PredictRequest(Options):
     def _imgsz_text(cls, value: Any) -> Any:
         return None if value is None else str(value)
 
-    @field_validator("declared", mode="before")
-    @classmethod
-    def _declared(cls, value: Any) -> dict:
-        return declaration_fields(value)
-
 
 #: how a Triton server runs the network (``deploy triton --platform``): its TensorRT backend, its ONNX Runtime
 #: backend, or its Python backend with enginekit's runtime inside
 TRITON_PLATFORMS = ("onnxruntime", "tensorrt", "python")
 
 
-class DeployRequest(Options):
+class DeployRequest(_Declares):
     """``enginekit deploy triton``: a Triton model repository for one model (``enginekit.flows.deploy``).
 
     ``target``: a model name or recipe (exported or built through the cache, parity-checked), or an ONNX file
@@ -867,13 +858,6 @@ class DeployRequest(Options):
     profiles: list[str] = []  # tensorrt: the engine's profiles (MIN:OPT:MAX); default: batch 1 to max_batch
     python_env: Optional[Path] = None  # the environment the Python models run in (default: this one)
     allow_unverified: bool = False
-    #: what a model enginekit cannot know by itself declares (``--task``, ``--classes``...), as export's
-    declared: dict = {}
-
-    @field_validator("declared", mode="before")
-    @classmethod
-    def _declared(cls, value: Any) -> dict:
-        return declaration_fields(value)
 
     @field_validator("platform")
     @classmethod

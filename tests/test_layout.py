@@ -96,6 +96,64 @@ def test_imports_only_go_down():
     assert not problems, "\n".join(problems)
 
 
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(("enginekit", *parts))
+
+
+def import_cycles() -> list[list[str]]:
+    """Groups of modules that import one another (Tarjan's strongly connected components of the module graph,
+    every import counted: top, function-local, type-only)."""
+    names = {module_name(p): p for p in modules()}
+    graph: dict[str, set[str]] = {m: set() for m in names}
+    for m, path in names.items():
+        for _, _, name in imported_components(path):
+            target = name
+            while target not in names and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in names and target != m:
+                graph[m].add(target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_modules_import_one_another():
+    """Levels say which way imports go between components; within a component (and a level) no two modules may
+    import each other either, directly or round a circle: the dependency graph is a tree a reader can follow."""
+    cycles = import_cycles()
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
 def _terminal_writes(tree: ast.AST) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(tree):
@@ -323,3 +381,18 @@ def test_importing_enginekit_is_cheap():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
+    """import_cycles compares something: two modules importing each other (one inside a function) are found."""
+    import sys
+
+    here = sys.modules[__name__]
+    pkg = tmp_path / "enginekit"
+    (pkg / "flows").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "flows" / "__init__.py").write_text("")
+    (pkg / "flows" / "a.py").write_text("from enginekit.flows.b import x\n")
+    (pkg / "flows" / "b.py").write_text("def x():\n    from enginekit.flows import a\n")
+    monkeypatch.setattr(here, "SRC", pkg)
+    assert import_cycles() == [["enginekit.flows.a", "enginekit.flows.b"]]

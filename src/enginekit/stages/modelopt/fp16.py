@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from enginekit.stages.modelopt.versions import MODELOPT_SERIES, _in_series, installed, swapped
+from enginekit.stages.modelopt.versions import MODELOPT_SERIES, _in_series, installed, missing_internal, swapped
 
 
 _AUTOCAST_LOCK = threading.Lock()  # the AutoCast swap: one conversion at a time
@@ -55,12 +54,9 @@ def _autocast_problem() -> str | None:
     versions = installed()
     if not _in_series(versions.get("nvidia-modelopt"), MODELOPT_SERIES):
         return f"written for nvidia-modelopt {' or '.join(MODELOPT_SERIES)}, not {versions.get('nvidia-modelopt')}"
-    for module, name in AUTOCAST_INTERNALS:
-        try:
-            if not hasattr(importlib.import_module(module), name):
-                return f"{module}.{name} is missing"
-        except ImportError as exc:
-            return f"cannot import {module}: {exc}"
+    missing = missing_internal(AUTOCAST_INTERNALS)
+    if missing is not None:
+        return missing
     from modelopt.onnx.autocast.precisionconverter import PrecisionConverter
     from modelopt.onnx.autocast.referencerunner import ReferenceRunner
 

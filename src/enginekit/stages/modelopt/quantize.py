@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from enginekit.stages.modelopt.fp16 import shortcuts_allowed
-from enginekit.stages.modelopt.versions import problem, swapped
+from enginekit.stages.modelopt.versions import missing_internal, problem, swapped
 
 
 QUANTIZE_INTERNALS = (
@@ -44,12 +43,9 @@ def _quantize_problem() -> str | None:
     reason = problem()
     if reason is not None:
         return reason
-    for module, name in QUANTIZE_INTERNALS:
-        try:
-            if not hasattr(importlib.import_module(module), name):
-                return f"{module}.{name} is missing"
-        except ImportError as exc:
-            return f"cannot import {module}: {exc}"
+    missing = missing_internal(QUANTIZE_INTERNALS)
+    if missing is not None:
+        return missing
     from onnxruntime.quantization.onnx_model import ONNXModel
 
     if not callable(getattr(ONNXModel, "replace_input_of_all_nodes", None)):

@@ -109,3 +109,15 @@ def swapped(patches, lock) -> Iterator[None]:
         finally:
             for owner, name, original in originals:
                 setattr(owner, name, original)
+
+
+def missing_internal(internals) -> str | None:
+    """The first ``(module, name)`` of ``internals`` that is not there (or a module that does not import), as one
+    phrase; None when every one is: where a shortcut stands aside and ModelOpt runs its own way."""
+    for module, name in internals:
+        try:
+            if not hasattr(importlib.import_module(module), name):
+                return f"{module}.{name} is missing"
+        except ImportError as exc:
+            return f"cannot import {module}: {exc}"
+    return None

@@ -624,7 +624,8 @@ def test_help_and_version_still_work():
 def test_opset_range_matches_the_exporter():
     import torch.onnx._constants as constants
 
-    from enginekit.requests import OPSET_MAX, OPSET_MIN, ExportRequest
+    from enginekit.options import OPSET_MAX, OPSET_MIN
+    from enginekit.requests import ExportRequest
 
     assert (OPSET_MIN, OPSET_MAX) == (constants.ONNX_MIN_OPSET, constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET)
     for bad in (3, 6, 21, 99):

@@ -22,6 +22,7 @@ LEVELS: list[tuple[str, ...]] = [
     ("verification",),
     ("recipes",),
     ("requests",),
+    ("options",),  # each shared option declared once: what requests, recipes and the CLI make of it
     ("pipeline",),
     ("model",),
     ("stages",),

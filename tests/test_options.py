@@ -39,7 +39,8 @@ VERBS = [
 ]
 
 
-def command(path: str):
+def params(path: str) -> dict:
+    """The options of command ``path`` (``"deploy triton"``), by parameter name."""
     from enginekit.cli import app
 
     cmd = typer.main.get_command(app)
@@ -48,7 +49,11 @@ def command(path: str):
         assert isinstance(cmd, TyperGroup)
         cmd = cmd.get_command(ctx, part)
         ctx = Context(cmd, parent=ctx, info_name=part)
-    return [p.name for p in cmd.get_params(ctx) if p.name != "help" and p.param_type_name == "option"]
+    return {p.name: p for p in cmd.get_params(ctx) if p.name != "help" and p.param_type_name == "option"}
+
+
+def command(path: str) -> list[str]:
+    return list(params(path))
 
 
 def field_of(request: type, path: str) -> bool:
@@ -78,3 +83,87 @@ def test_the_table_itself_can_fail():
     assert not field_of(rq.BuildRequest, "no_such_field")
     assert not field_of(rq.VerifyRequest, "build.no_such_field")
     assert field_of(rq.VerifyRequest, "build.flavour") and field_of(rq.BuildRequest, "calib_count")
+
+
+# -- one declaration: options.py's Option is the flag, the help line, the request field and the recipe key ----------
+SHARED = [("build", o) for o in (*rq.BY_FIELD.values(),) if o.field != "opset"] + [
+    ("verify", o) for o in rq.BY_FIELD.values() if o.field != "opset"] + [("export", rq.OPSET)]
+
+
+@pytest.mark.parametrize("verb, option", SHARED, ids=[f"{v}-{o.flag}" for v, o in SHARED])
+def test_a_shared_option_is_its_declaration_on_the_command_line(verb, option):
+    """The flag, its help line and panel come from the Option; the request's field has its default."""
+    param = params(verb)[option.parameter]
+    assert tuple(param.opts) + tuple(param.secondary_opts) == option.flags
+    assert param.help == option.help
+    assert param.rich_help_panel == option.panel
+    request = {"build": rq.BuildRequest, "verify": rq.BuildRequest, "export": rq.ExportRequest}[verb]
+    assert request.model_fields[option.field].default == option.default
+
+
+#: a value other than the default for each option a recipe key holds, as written in the recipe and as the request has it
+HELD_VALUES = {"random_init": (True, True), "seed": (7, 7), "opset": (17, 17),
+               "profiles": (["1x3x320x320"], ["1x3x320x320"]), "flavour": ("tensorrt-rtx", "tensorrt-rtx"),
+               "workspace": ("2G", "2G"), "opt_level": (2, 2), "calib_data": ("imgs", "imgs"), "calib_count": (3, 3),
+               "calib_method": ("max", "max"), "calib_cache": ("c.cache", "c.cache"),
+               "exclude": (["/model.22/.*"], ["/model.22/.*"])}
+
+
+def test_every_option_a_recipe_holds_reaches_the_build_request(tmp_path):
+    """Each option with a recipe key (options.py) goes from that key into BuildRequest's field, with no mapping
+    written by hand: a key the schema lacks, or a value that does not arrive, fails naming the option."""
+    import yaml
+
+    from enginekit.recipes import load_recipe
+    from enginekit.recipes.schema import HELD
+
+    held = {o.field for o in HELD}
+    assert held == set(HELD_VALUES) | {"weights"}, held  # weights: below, with random_init off
+    (tmp_path / "imgs").mkdir()
+    data: dict = {"model": {"variant": "yolo12n"}, "precisions": ["int8"]}
+    for option in HELD:
+        if option.field in HELD_VALUES:
+            node = data
+            for key in option.recipe[:-1]:
+                node = node.setdefault(key, {})
+            node[option.recipe[-1]] = HELD_VALUES[option.field][0]
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+    request = load_recipe(path).build_request("int8")
+    for field, (_, expected) in HELD_VALUES.items():
+        got = getattr(request, field)
+        if rq.BY_FIELD[field].is_path:  # a path in a recipe is relative to its file
+            assert got == tmp_path / expected, field
+        else:
+            assert got == expected, field
+
+
+@pytest.mark.parametrize("field, recipe_text, bad", [
+    ("opt_level", "builder:\n  opt_level: 9\n", 9),
+    ("workspace", "builder:\n  workspace: '0'\n", "0"),
+    ("calib_method", "calibration:\n  method: magic\n", "magic"),
+    ("exclude", "calibration:\n  exclude: ['(']\n", ["("]),
+    ("seed", "model: {variant: yolo12n, random_init: true, seed: -1}\n", -1),
+    ("opset", "model: {variant: yolo12n, random_init: true, opset: 99}\n", 99),
+    ("flavour", "trt: trt\n", "trt"),
+])
+def test_a_bad_value_is_refused_alike_by_the_request_and_the_recipe(tmp_path, field, recipe_text, bad):
+    """One check per option: the request names the flag, the recipe file, line and key, and the message after that
+    is the same."""
+    from enginekit.errors import UsageError
+    from enginekit.recipes import load_recipe
+
+    option = rq.BY_FIELD[field]
+    with pytest.raises(UsageError) as by_request:
+        rq.BuildRequest(target="yolo12n", random_init=True, precision="int8", **{field: bad})
+    text = str(by_request.value)
+    assert text.startswith(f"{option.flag}: "), text
+    path = tmp_path / "r.yaml"
+    model = "" if recipe_text.startswith("model:") else "model: {variant: yolo12n, random_init: true}\n"
+    path.write_text(model + "precisions: [int8]\n" + recipe_text)
+    with pytest.raises(UsageError) as by_recipe:
+        load_recipe(path)
+    key = ".".join(option.recipe)
+    said = str(by_recipe.value)
+    assert f": {key}" in said, said
+    assert said.endswith(text.partition(": ")[2]), (said, text)

@@ -15,35 +15,28 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Any, Optional
+from typing import Annotated, Any, Callable, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
 from enginekit import precisions
 from enginekit.compare.tolerances import Tolerances
 from enginekit.errors import UsageError
-from enginekit.trt.flavours import FLAVOURS
 from enginekit.backends import names
 from enginekit.families import registered, resolve
 from enginekit.families.torch_models.sources import PROGRAM_SUFFIXES
 from enginekit.families.torch_models.spec import ModelSpec
 from enginekit.fsutil import check_output_path
 from enginekit.model import ModelRequest, check_weights_choice
-from enginekit.shapes import parse_profile, parse_shape
-from enginekit.stages.int8 import CALIBRATION_METHODS
+from enginekit.shapes import parse_shape
+from enginekit.options import (BY_FIELD, CALIB_CACHE, CALIB_COUNT, CALIB_DATA, CALIB_METHOD, EXCLUDE, NMS, OPSET,
+                               OPT_LEVEL, PROFILES, RANDOM_INIT, SEED, TARGET_CC, TRT, WEIGHTS, WORKSPACE, Option,
+                               workspace_problem)
 from enginekit.units import parse_size
 
 SIMPLIFIERS = ("onnxsim", "onnxslim")
-SEED_MAX = 2**32 - 1
-# Opsets the exporter writes: torch.onnx's TorchScript exporter (stages/export.py, dynamo=False)
-# takes ONNX_MIN_OPSET..ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET (tests check these against torch).
-OPSET_MIN, OPSET_MAX = 7, 20
-
-
-def _opset(value: int) -> int:
-    if not OPSET_MIN <= value <= OPSET_MAX:
-        raise UsageError(f"--opset {value}: the exporter writes opsets {OPSET_MIN} to {OPSET_MAX}")
-    return value
 
 
 def _output(value: Any, what: str, *, folder: bool = False) -> Any:
@@ -53,19 +46,38 @@ def _output(value: Any, what: str, *, folder: bool = False) -> Any:
     return value
 
 
-
-# TensorRT takes a workspace limit as a 64-bit size: larger is no machine's and overflows its binding.
-WORKSPACE_MAX = 2**63 - 1
-
-
 def workspace_bytes(text: str, what: str = "--workspace") -> int:
     """A builder workspace limit (``"4G"``) in bytes: more than 0, at most what TensorRT takes."""
-    size = parse_size(text)
-    if size <= 0:
-        raise UsageError(f"{what} {text}: a workspace of no bytes leaves the builder no memory; give like 4G")
-    if size > WORKSPACE_MAX:
-        raise UsageError(f"{what} {text}: more than TensorRT takes (at most {WORKSPACE_MAX} bytes, 8 EiB); give like 4G")
-    return size
+    problem = workspace_problem(text)
+    if problem:
+        raise UsageError(f"{what} {text}: {problem}")
+    return parse_size(text)
+
+
+def _checked(option: Option) -> Callable[[Any], Any]:
+    """``option``'s check as a pydantic validator: its ValueError becomes an error of type ``option`` whose message is
+    the check's own (a request's error names the flag, a recipe's the key)."""
+    def check(value: Any) -> Any:
+        try:
+            return option.check(value)
+        except ValueError as exc:
+            raise PydanticCustomError("option", "{message}", {"message": str(exc)}) from None
+
+    return check
+
+
+def typed(option: Option, *, as_text: bool = False) -> Any:
+    """The type of a field that holds ``option`` (``options.py``): its type, default, limits and check.
+    ``as_text``: a path kept as written (a recipe's, relative to its file)."""
+    kind = Optional[str] if as_text and option.is_path else option.type
+    extras: list[Any] = [Field(option.default, **option.limits)]
+    if getattr(kind, "__origin__", None) is list:  # checked item by item (an error names the item: exclude[1])
+        item = kind.__args__[0]
+        kind = list[Annotated[item, AfterValidator(_checked(option))]] if option.check else kind
+        extras.insert(0, BeforeValidator(lambda v: [] if v is None else list(v) if isinstance(v, tuple) else v))
+    elif option.check is not None:
+        extras.append(AfterValidator(_checked(option)))
+    return Annotated[(kind, *extras)]
 
 
 def _choice(value: Any, choices: tuple[str, ...], what: str) -> Any:
@@ -89,14 +101,14 @@ def unknown_name(name: str, known) -> str:
 def _one_line(exc: ValidationError, known=()) -> str:
     error = exc.errors()[0]
     loc = [str(p) for p in error["loc"] if not isinstance(p, int)]
-    where = _flag(loc[-1]) if loc else "options"
+    where = (BY_FIELD[loc[-1]].flag if loc[-1] in BY_FIELD else _flag(loc[-1])) if loc else "options"
     if error["type"] == "extra_forbidden":
         return unknown_name(loc[-1], known) if loc else "unknown option"
     message = error["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
     message = message[0].lower() + message[1:]
-    if error["type"] not in ("missing", "value_error"):
+    if error["type"] not in ("missing", "value_error", "option"):
         message += f" (got {error.get('input')!r})"
     return f"{where}: {message}"
 
@@ -139,11 +151,11 @@ class _Declares(Options):
 class _ModelOptions(_Declares):
     """Weights options shared by the verbs that may load a PyTorch model."""
 
-    weights: Optional[Path] = None
-    random_init: bool = False
-    seed: int = Field(0, ge=0, le=SEED_MAX)
+    weights: typed(WEIGHTS)
+    random_init: typed(RANDOM_INIT)
+    seed: typed(SEED)
     #: NMS in the graph, as Ultralytics' ``nms=True`` export: detectors without an end-to-end head
-    nms: bool = False
+    nms: typed(NMS)
 
     @model_validator(mode="after")
     def _weights_or_random(self):
@@ -207,7 +219,7 @@ class ExportRequest(_ModelOptions):
     input: Optional[str] = None  # NxCxHxW; default: the family's
     fp16: bool = False
     output: Optional[Path] = None
-    opset: int = Field(18, ge=7)
+    opset: typed(OPSET)
     simplifier: str = "onnxsim"
     images: Optional[Path] = None
     rel_l2: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
@@ -224,11 +236,6 @@ class ExportRequest(_ModelOptions):
     @classmethod
     def _simplifier(cls, value: str) -> str:
         return _choice(value, SIMPLIFIERS, "simplifier")
-
-    @field_validator("opset")
-    @classmethod
-    def _opset(cls, value: int) -> int:
-        return _opset(value)
 
     @field_validator("output")
     @classmethod
@@ -251,19 +258,19 @@ class BuildRequest(_ModelOptions):
     """``enginekit build``: a model name or an ONNX file -> a cached engine."""
 
     target: str
-    profiles: list[str] = []
+    profiles: typed(PROFILES)
     precision: str = "fp32"
     #: the TensorRT flavour that builds (``--trt``): auto, tensorrt or tensorrt-rtx; ``backend=`` is its old name
-    flavour: str = "auto"
-    target_cc: Optional[str] = None
-    workspace: Optional[str] = None
-    opt_level: Optional[int] = Field(None, ge=0, le=5)
-    calib_data: Optional[Path] = None
-    calib_count: int = Field(8, ge=1)
-    calib_method: Optional[str] = None  # None: the family's (ModelAdapter.int8_calibration)
-    calib_cache: Optional[Path] = None
-    exclude: list[str] = []
-    opset: int = Field(18, ge=7)
+    flavour: typed(TRT)
+    target_cc: typed(TARGET_CC)
+    workspace: typed(WORKSPACE)
+    opt_level: typed(OPT_LEVEL)
+    calib_data: typed(CALIB_DATA)
+    calib_count: typed(CALIB_COUNT)
+    calib_method: typed(CALIB_METHOD)  # None: the family's (ModelAdapter.int8_calibration)
+    calib_cache: typed(CALIB_CACHE)
+    exclude: typed(EXCLUDE)
+    opset: typed(OPSET)
     force: bool = False
     explain: bool = False
     verify: bool = True
@@ -276,11 +283,6 @@ class BuildRequest(_ModelOptions):
         """``imgsz`` (``320`` or ``384x640``) is a profile of batch 1 at that size."""
         return _imgsz_into(data, "profiles", lambda shape: [shape])
 
-    @field_validator("profiles", "exclude", mode="before")
-    @classmethod
-    def _list(cls, value: Any) -> Any:
-        return [] if value is None else list(value) if isinstance(value, tuple) else value
-
     @field_validator("tolerances", mode="before")
     @classmethod
     def _tolerances(cls, value: Any) -> Tolerances:
@@ -291,28 +293,11 @@ class BuildRequest(_ModelOptions):
     def _precision(cls, value: str) -> str:
         return precisions.get(value).name
 
-    @field_validator("opset")
-    @classmethod
-    def _opset(cls, value: int) -> int:
-        return _opset(value)
-
     @model_validator(mode="before")
     @classmethod
     def _backend_is_flavour(cls, data: Any) -> Any:
         """``backend=`` (the old name of ``flavour``, one release) is read as ``flavour``."""
         return flavour_from_backend(data)
-
-    @field_validator("flavour")
-    @classmethod
-    def _flavour(cls, value: str) -> str:
-        return _choice(value, FLAVOURS, "TensorRT flavour")
-
-    @field_validator("profiles")
-    @classmethod
-    def _profiles(cls, value: list[str]) -> list[str]:
-        for text in value:
-            parse_profile(text)
-        return value
 
     @field_validator("calib_cache")
     @classmethod
@@ -326,30 +311,6 @@ class BuildRequest(_ModelOptions):
             raise UsageError(f"--calib-cache {value}: {parent} {'is not a folder' if parent.exists() else 'does not exist'}"
                              " (the cache file is written into a folder that exists)")
         return _output(value, "--calib-cache")
-
-    @field_validator("calib_method")
-    @classmethod
-    def _method(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and value not in CALIBRATION_METHODS:
-            raise UsageError(f"unknown calibration method {value!r}: choose {', '.join(CALIBRATION_METHODS)}")
-        return value
-
-    @field_validator("exclude")
-    @classmethod
-    def _regexes(cls, value: list[str]) -> list[str]:
-        for pattern in value:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise UsageError(f"--exclude: bad regex {pattern!r}: {exc}") from exc
-        return value
-
-    @field_validator("workspace")
-    @classmethod
-    def _size(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None:
-            workspace_bytes(value)
-        return value
 
     @model_validator(mode="after")
     def _repair_needs(self) -> "BuildRequest":
@@ -631,7 +592,7 @@ class TuneRequest(_Declares):
     models: list[str]
     weights: list[Optional[Path]] = []  # per model, in the order of ``models`` (None: random init)
     random_init: bool = False
-    seed: int = Field(0, ge=0, le=SEED_MAX)
+    seed: typed(SEED)
     p50: Optional[float] = None
     p95: Optional[float] = None
     p99: Optional[float] = None
@@ -795,7 +756,7 @@ class PredictRequest(_Declares):
     precision: str = "fp32"
     weights: list[Path] = []
     random_init: bool = False
-    seed: int = Field(0, ge=0, le=SEED_MAX)
+    seed: typed(SEED)
     conf: float = 0.25
     iou: float = 0.7
     max_frames: Optional[int] = None
@@ -854,7 +815,7 @@ class DeployRequest(_Declares):
     iou: float = Field(0.7, ge=0, le=1, allow_inf_nan=False)
     weights: Optional[Path] = None
     random_init: bool = False
-    seed: int = Field(0, ge=0, le=SEED_MAX)
+    seed: typed(SEED)
     profiles: list[str] = []  # tensorrt: the engine's profiles (MIN:OPT:MAX); default: batch 1 to max_batch
     python_env: Optional[Path] = None  # the environment the Python models run in (default: this one)
     allow_unverified: bool = False

@@ -6,11 +6,14 @@ import contextlib
 import functools
 import os
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
 from enginekit.errors import EnginekitError
+from enginekit.options import (ENGINE, NMS, OPSET, PANEL_BUILD, PANEL_CALIB, PANEL_GATES, PANEL_IMAGES, PANEL_INPUT,
+                               PANEL_MODEL, PANEL_REPORTS, PANEL_RUN, PANEL_STORE, PANEL_STREAM, PROFILES, RANDOM_INIT,
+                               SEED, TRT, WEIGHTS, Option)
 
 
 def handles_errors(fn: Callable) -> Callable:
@@ -136,33 +139,30 @@ def quiet_third_party() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-# Help panels by concern, shared by every verb (``--help`` at 80 columns: one short line per option; the details
-# live in docs/, which says where)
-PANEL_MODEL = "Model and weights"
-PANEL_INPUT = "Input"
-PANEL_BUILD = "Precision and build"
-PANEL_CALIB = "Calibration (INT8)"
-PANEL_GATES = "Gates"
-PANEL_IMAGES = "Images and labels"
-PANEL_REPORTS = "Reports"
-PANEL_STORE = "Team store"
-PANEL_RUN = "Running"
-PANEL_STREAM = "Stream"
+def cli_option(option: Option) -> Any:
+    """The Typer option of ``option`` (options.py: flags, help, panel), as a parameter's annotation; a list option
+    repeats its flag (``--exclude A --exclude B``) and is None when not given."""
+    kind = Optional[option.type] if getattr(option.type, "__origin__", None) is list else option.type
+    return Annotated[kind, typer.Option(*option.flags, rich_help_panel=option.panel, help=option.help,
+                                        hidden=option.hidden)]
+
+
+def cli_default(option: Option) -> Any:
+    """The default of ``option``'s parameter: a list's is None (not given), the request's default applies."""
+    return None if isinstance(option.default, list) else option.default
+
 
 ImgszOpt = Annotated[Optional[str], typer.Option(
     "--imgsz", rich_help_panel=PANEL_INPUT, help="Input size N or HxW (Ultralytics' imgsz), batch 1.")]
-WeightsOpt = Annotated[Optional[Path], typer.Option(
-    "--weights", "-w", rich_help_panel=PANEL_MODEL,
-    help="Local weights: .pt, .pth, .safetensors or a model folder (docs/models.md).")]
+WeightsOpt = cli_option(WEIGHTS)
 TrustOpt = Annotated[bool, typer.Option(
     "--trust-checkpoint", rich_help_panel=PANEL_MODEL,
     help="Load a .pt outside the allowlist (runs its code: docs/models.md).")]
-RandomInitOpt = Annotated[bool, typer.Option(
-    "--random-init", rich_help_panel=PANEL_MODEL, help="Seeded random weights (no download).")]
-SeedOpt = Annotated[int, typer.Option("--seed", rich_help_panel=PANEL_MODEL, help="Seed of --random-init and test inputs.")]
+RandomInitOpt = cli_option(RANDOM_INIT)
+SeedOpt = cli_option(SEED)
+OpsetOpt = cli_option(OPSET)
 ForceOpt = Annotated[bool, typer.Option("--force", rich_help_panel=PANEL_RUN, help="Rebuild even on a cache hit.")]
-NmsOpt = Annotated[bool, typer.Option(
-    "--nms", rich_help_panel=PANEL_MODEL, help="NMS in the graph, as Ultralytics' nms=True (detectors).")]
+NmsOpt = cli_option(NMS)
 RemoteOpt = Annotated[Optional[str], typer.Option(
     "--remote", rich_help_panel=PANEL_STORE,
     help="Team store s3://BUCKET/PREFIX or file:///PATH ('none': off).")]
@@ -208,35 +208,14 @@ InFlightOpt = Annotated[int, typer.Option(
     "--in-flight", rich_help_panel=PANEL_STREAM, help="Steps at once: 1 least latency, 2 stages overlap.")]
 
 # What building an engine takes (build's options; verify takes the same to find or build the engine build would):
-# declared once here, added to a command by ``builds_an_engine``.
-ProfileOpt = Annotated[Optional[list[str]], typer.Option(
-    "--profile", "-p", rich_help_panel=PANEL_INPUT, help="Engine profile NxCxHxW or min:opt:max; repeat for more profiles.")]
-TrtOpt = Annotated[str, typer.Option(
-    "--trt", rich_help_panel=PANEL_BUILD,
-    help="The TensorRT that builds: auto (TensorRT where it runs, else TensorRT-RTX), tensorrt or tensorrt-rtx.")]
+# declared once in options.py (ENGINE), added to a command by ``builds_an_engine``.
+ProfileOpt = cli_option(PROFILES)
 OldBackendOpt = Annotated[Optional[str], typer.Option("--backend", hidden=True, help="--trt's old name (this release only).")]
-TargetCcOpt = Annotated[Optional[str], typer.Option(
-    "--target-cc", rich_help_panel=PANEL_BUILD, help="TensorRT-RTX compute capabilities, e.g. 8.6,8.9,12.0.")]
-WorkspaceOpt = Annotated[Optional[str], typer.Option(
-    "--workspace", rich_help_panel=PANEL_BUILD, help="Builder workspace limit, e.g. 4G.")]
-OptLevelOpt = Annotated[Optional[int], typer.Option(
-    "--opt-level", rich_help_panel=PANEL_BUILD, help="Builder optimization level 0..5.")]
-CalibDataOpt = Annotated[Optional[Path], typer.Option(
-    "--calib-data", rich_help_panel=PANEL_CALIB, help="Images, dataset YAML, video or .npy/.npz.")]
-CalibCountOpt = Annotated[int, typer.Option("--calib-count", rich_help_panel=PANEL_CALIB, help="Calibration inputs.")]
-CalibMethodOpt = Annotated[Optional[str], typer.Option(
-    "--calib-method", rich_help_panel=PANEL_CALIB, help="max, entropy, percentile... (default: the family's).")]
-CalibCacheOpt = Annotated[Optional[Path], typer.Option(
-    "--calib-cache", rich_help_panel=PANEL_CALIB, help="Calibration cache to read (if it exists) or write.")]
-ExcludeOpt = Annotated[Optional[list[str]], typer.Option(
-    "--exclude", rich_help_panel=PANEL_CALIB, help="Node regex kept out of INT8 (repeatable).")]
 
 #: build's builder and calibration options, (parameter, annotation, default, BuildRequest field), in help's order
-ENGINE_OPTIONS = (("trt", TrtOpt, "auto", "flavour"), ("backend", OldBackendOpt, None, "flavour"),
-                  ("target_cc", TargetCcOpt, None, "target_cc"), ("workspace", WorkspaceOpt, None, "workspace"),
-                  ("opt_level", OptLevelOpt, None, "opt_level"), ("calib_data", CalibDataOpt, None, "calib_data"),
-                  ("calib_count", CalibCountOpt, 8, "calib_count"), ("calib_method", CalibMethodOpt, None, "calib_method"),
-                  ("calib_cache", CalibCacheOpt, None, "calib_cache"), ("exclude", ExcludeOpt, None, "exclude"))
+ENGINE_OPTIONS = ((TRT.parameter, cli_option(TRT), cli_default(TRT), TRT.field),
+                  ("backend", OldBackendOpt, None, "flavour"),
+                  *((o.parameter, cli_option(o), cli_default(o), o.field) for o in ENGINE[1:]))
 
 MODEL_HELP = ("yolo12n, depth, best.pt, torchvision:NAME, timm:NAME, file.py:factory, module:factory or a "
               ".pt2/TorchScript program (docs/models.md).")

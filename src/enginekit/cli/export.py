@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from enginekit.cli.common import (declares_a_model, ImagesOpt, RecheckOpt, PANEL_BUILD, PANEL_GATES, PANEL_INPUT, PANEL_REPORTS, ImgszOpt, MODEL_HELP, NmsOpt, ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
+from enginekit.cli.common import (declares_a_model, ImagesOpt, RecheckOpt, PANEL_BUILD, PANEL_GATES, PANEL_INPUT, PANEL_REPORTS, ImgszOpt, OpsetOpt, MODEL_HELP, NmsOpt, ForceOpt, RandomInitOpt, SeedOpt, TrustOpt, WeightsOpt, handles_errors,
                                   quiet_third_party)
 
 
@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         random_init: RandomInitOpt = False,
         seed: SeedOpt = 0,
         nms: NmsOpt = False,
-        opset: Annotated[int, typer.Option("--opset", rich_help_panel=PANEL_BUILD, help="ONNX opset.")] = 18,
+        opset: OpsetOpt = 18,
         simplifier: Annotated[str, typer.Option("--simplifier", rich_help_panel=PANEL_BUILD, help="onnxsim or onnxslim.")] = "onnxsim",
         images: ImagesOpt = None,
         rel_l2: Annotated[Optional[float], typer.Option("--rel-l2", rich_help_panel=PANEL_GATES, help="The final graph's rel L2 limit.")] = None,

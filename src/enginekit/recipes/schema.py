@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
@@ -22,18 +21,10 @@ from enginekit.families.torch_models.spec import FLAGS, ModelSpec
 from enginekit.model import ModelRequest
 from enginekit.recipes.checks import _check
 from enginekit.recipes.basics import DEFAULT_TARGETS, Loc, _Problem, _problem, _target_text, parse_target_set
-from enginekit.requests import (
-    BuildRequest,
-    OPSET_MAX,
-    OPSET_MIN,
-    VerifyRequest,
-    image_size,
-    renamed,
-    tolerances,
-    workspace_bytes,
-)
+from enginekit.options import (CALIB_CACHE, CALIB_COUNT, CALIB_DATA, CALIB_METHOD, ENGINE, EXCLUDE, OPSET, OPT_LEVEL,
+                               PROFILES, RANDOM_INIT, SEED, TRT, WEIGHTS, WORKSPACE, MODEL, Option)
+from enginekit.requests import BuildRequest, VerifyRequest, image_size, renamed, tolerances, typed
 from enginekit.shapes import format_shape
-from enginekit.stages.int8 import CALIBRATION_METHODS
 
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
@@ -43,7 +34,8 @@ VERIFY_ONLY = ("images", "image_count", "require_engine", "task_required", "tole
                "data", "data_limit", "data_split", "recheck", "allow_unverifiable")  # VerifyRequest names
 
 
-CALIBRATION_OPTIONS = ("calib_data", "calib_count", "calib_method", "calib_cache", "exclude")  # BuildRequest names
+HELD = tuple(option for option in (*MODEL, OPSET, PROFILES, *ENGINE) if option.recipe)  # options a recipe key holds
+CALIBRATION_OPTIONS = tuple(o.field for o in ENGINE if o.recipe and o.recipe[0] == "calibration")  # BuildRequest names
 
 
 class _Strict(BaseModel):
@@ -60,10 +52,10 @@ class ModelSection(_Strict):
     # (relative to the recipe file), package.module:factory, program.pt2
     variant: str
     family: Optional[str] = None  # yolo | depth-anything-v2 | pytorch: checked against the variant, filled in
-    weights: Optional[str] = None  # local checkpoint, relative to the recipe file (--weights)
-    random_init: bool = False  # seeded random weights, no download: CI and offline use (--random-init)
-    seed: int = 0  # --seed
-    opset: int = 18  # ONNX opset of the export (--opset)
+    weights: typed(WEIGHTS, as_text=True)  # local checkpoint, relative to the recipe file (--weights)
+    random_init: typed(RANDOM_INIT)  # seeded random weights, no download: CI and offline use (--random-init)
+    seed: typed(SEED)  # --seed
+    opset: typed(OPSET)  # ONNX opset of the export (--opset)
 
     # what the model's outputs mean and how its inputs are made (--task, --outputs, ...); torchvision's and
     # timm's common heads come declared; checked as the flags are
@@ -77,13 +69,6 @@ class ModelSection(_Strict):
     channels: Optional[str] = None  # rgb | bgr
     classes: Optional[int] = None  # torchvision/timm: build with this many classes
 
-    @field_validator("opset")
-    @classmethod
-    def _opset(cls, opset: int) -> int:
-        if not OPSET_MIN <= opset <= OPSET_MAX:
-            raise _problem(("model", "opset"), f"opset {opset}: the exporter writes opsets {OPSET_MIN} to {OPSET_MAX}")
-        return opset
-
     def declared(self) -> dict:
         """The declaration fields set here, validated (a UsageError names the flag)."""
         return ModelSpec.of({k: getattr(self, k) for k in FLAGS if getattr(self, k) is not None}).given()
@@ -94,29 +79,11 @@ class Calibration(_Strict):
 
     # an image folder, a dataset YAML (its train split), a video (frames sampled evenly) or a .npy/.npz;
     # default: photographs in installed packages
-    data: Optional[str] = None
-    count: int = Field(8, gt=0)  # --calib-count
-    method: Optional[str] = None  # --calib-method; None: the family's default
-    cache: Optional[str] = None  # --calib-cache: read if it exists, else written
-    exclude: list[str] = []  # --exclude: node-name regexes kept out of INT8 (on top of the family's)
-
-    @field_validator("method")
-    @classmethod
-    def _known_method(cls, method: Optional[str]) -> Optional[str]:
-        if method is not None and method not in CALIBRATION_METHODS:
-            raise _problem(("calibration", "method"),
-                           f"unknown calibration method {method!r}: choose {', '.join(CALIBRATION_METHODS)}")
-        return method
-
-    @field_validator("exclude")
-    @classmethod
-    def _regexes(cls, patterns: list[str]) -> list[str]:
-        for i, pattern in enumerate(patterns):
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise _problem(("calibration", "exclude", i), f"bad regex {pattern!r}: {exc}") from exc
-        return patterns
+    data: typed(CALIB_DATA, as_text=True)
+    count: typed(CALIB_COUNT)  # --calib-count
+    method: typed(CALIB_METHOD)  # --calib-method; None: the family's default
+    cache: typed(CALIB_CACHE, as_text=True)  # --calib-cache: read if it exists, else written
+    exclude: typed(EXCLUDE)  # --exclude: node-name regexes kept out of INT8 (on top of the family's)
 
 
 class PartToleranceSpec(_Strict):
@@ -193,21 +160,11 @@ class Verification(_Strict):
 class Builder(_Strict):
     """TensorRT builder options."""
 
-    workspace: Optional[str] = None  # --workspace, e.g. 4G
-    opt_level: Optional[int] = Field(None, ge=0, le=5)  # --opt-level
+    workspace: typed(WORKSPACE)  # --workspace, e.g. 4G
+    opt_level: typed(OPT_LEVEL)  # --opt-level
     # --repair: an fp16/int8 graph that fails parity keeps its fewest offending nodes in FP32
     # (gated by verification.tolerances)
     repair: bool = False
-
-    @field_validator("workspace")
-    @classmethod
-    def _size(cls, workspace: Optional[str]) -> Optional[str]:
-        if workspace is not None:
-            try:
-                workspace_bytes(workspace, "workspace")
-            except UsageError as exc:
-                raise _problem(("builder", "workspace"), str(exc)) from exc
-        return workspace
 
 
 class RuntimeSection(_Strict):
@@ -253,11 +210,11 @@ class Recipe(_Strict):
     model: ModelSection
     input: Optional[str] = None  # the model's input tensor; filled in (and checked) from the family
     # One TensorRT optimization profile each (--profile): NxCxHxW or min:opt:max.
-    profiles: list[str] = []
+    profiles: typed(PROFILES)
     precisions: list[str] = ["fp32"]  # --precision
     calibration: Calibration = Calibration()
     verification: Verification = Verification()
-    trt: Literal["auto", "tensorrt", "tensorrt-rtx"] = "auto"  # --trt: the TensorRT that builds (``backend:`` until now)
+    trt: typed(TRT)  # --trt: the TensorRT that builds (``backend:`` until now)
     # One engine (and one CI job) per entry: "8.6,8.9,12.0" is ONE engine that runs on all three.
     targets: list[str] = [DEFAULT_TARGETS]  # --target-cc
     builder: Builder = Builder()
@@ -369,27 +326,10 @@ class Recipe(_Strict):
     def _build_options(self, cell: Union["Cell", str], overrides: Optional[dict] = None) -> dict:
         if isinstance(cell, str):
             cell = Cell(cell, self.cells(overrides)[0].targets)
-        m, c = self.model, self.calibration
-        options = {
-            "target": self.variant,
-            "declared": m.declared(),
-            "profiles": list(self.profiles),
-            "precision": cell.precision,
-            "flavour": self.trt,
-            "target_cc": cell.target_cc,
-            "workspace": self.builder.workspace,
-            "opt_level": self.builder.opt_level,
-            "calib_data": self._file(c.data),
-            "calib_count": c.count,
-            "calib_method": c.method,
-            "calib_cache": self._file(c.cache),
-            "exclude": list(c.exclude),
-            "weights": self._file(m.weights),
-            "random_init": m.random_init,
-            "seed": m.seed,
-            "opset": m.opset,
-            "verify": self.verification.on_build,
-        }
+        options = {"target": self.variant, "declared": self.model.declared(), "precision": cell.precision,
+                   "target_cc": cell.target_cc, "verify": self.verification.on_build}
+        for option in HELD:  # the options a recipe key holds (options.py): read from their keys
+            options[option.field] = self.held(option)
         if self.builder.repair:  # passed only when asked for, like the flag
             options.update(repair=True, tolerances=self.tolerances())
         extra = {k: v for k, v in (overrides or {}).items() if k not in ("precision", "target_cc")}
@@ -475,6 +415,13 @@ class Recipe(_Strict):
             tol = gates.parity(precision, part)
             parts[part] = {k: v for k, v in tol.to_json().items() if v is not None}
         return {"parts": parts, "task": {k: v[1] for k, v in gates.task(precision).items()}}
+
+    def held(self, option: Option) -> Any:
+        """The value of ``option`` (options.py) in this recipe: at its key, a path relative to the recipe's folder."""
+        value: Any = self
+        for key in option.recipe:
+            value = getattr(value, key)
+        return self._file(value) if option.is_path else list(value) if isinstance(value, list) else value
 
     def _file(self, value: Optional[str]) -> Optional[Path]:
         """A path written in the recipe is relative to the recipe's folder."""

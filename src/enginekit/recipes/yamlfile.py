@@ -152,7 +152,7 @@ def _describe(error: dict) -> str:
     if kind == "missing":
         return f"missing key '{_dotted(loc)}'"
     message = error["msg"][0].lower() + error["msg"][1:]
-    if kind.startswith(("literal_error", "enum")) or "[key]" in error["loc"]:
+    if kind.startswith(("literal_error", "enum", "greater_than", "less_than")) or "[key]" in error["loc"]:
         message += f" (got {error['input']!r})"
     return f"{_dotted(loc)}: {message}"
 

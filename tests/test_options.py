@@ -36,6 +36,8 @@ VERBS = [
                               "budget": "budget_minutes"}, {"as_json"}),
     ("deploy triton", rq.DeployRequest, {"profile": "profiles"}, set()),
     ("predict", rq.PredictRequest, {}, {"as_json", "verbose"}),
+    ("bench", rq.BenchRequest, {"batch": "batches", "backend": "backends", "imgsz": "input", "plot_path": "plot"},
+     {"as_json"}),
 ]
 
 

@@ -18,8 +18,9 @@ from enginekit.flows import run
 from enginekit.flows.build import BuildOutcome
 from enginekit.flows.export import ExportResult
 from enginekit.flows.verify import VerifyOutcome
-from enginekit.requests import (BuildRequest, DeployRequest, ExportRequest, PredictRequest, TuneRequest, VerifyRequest,
-                                coerce)
+from enginekit.bench.flow import BenchOutcome, run_bench
+from enginekit.requests import (BenchRequest, BuildRequest, DeployRequest, ExportRequest, PredictRequest, TuneRequest,
+                                VerifyRequest, coerce)
 from enginekit.families.torch_models.spec import FLAGS
 from enginekit.flows.build import run_build
 from enginekit.flows.deploy import run_deploy
@@ -30,8 +31,8 @@ from enginekit.flows.tune import run_tune
 from enginekit.flows.verify import run_verify
 from enginekit.store.settings import using
 
-__all__ = ["export", "build", "verify", "tune", "deploy", "predict", "ExportRequest", "BuildRequest", "VerifyRequest",
-           "TuneRequest", "DeployRequest", "PredictRequest", "PredictOutcome",
+__all__ = ["export", "build", "verify", "tune", "deploy", "predict", "bench", "ExportRequest", "BuildRequest",
+           "VerifyRequest", "TuneRequest", "DeployRequest", "PredictRequest", "BenchRequest", "PredictOutcome", "BenchOutcome",
            "ExportResult", "BuildOutcome", "VerifyOutcome"]
 
 
@@ -85,6 +86,15 @@ def predict(models: PredictRequest | str | list | None = None, sources=None, /, 
     if sources is not None:
         options = {"sources": sources, **options}
     return run(run_predict, coerce(PredictRequest, models, options, "models"), cache, quiet=quiet)
+
+
+def bench(models: BenchRequest | str | list | None = None, /, *, cache=None, quiet: bool = False,
+          **options: Any) -> BenchOutcome:
+    """Latency and throughput of ``models`` (a name, a comma list or a list) on the runners that run here, fed the
+    same seeded inputs: ``outcome.reports`` (per model, a row per runner and batch: p50/p90/p95/p99, img/s, or why it
+    was skipped), ``outcome.e2e`` (``e2e=True``: per frame through ``load``), ``outcome.stream`` (``stream=True``),
+    ``outcome.to_json()`` (``bench --json``'s document). Options: ``BenchRequest``'s."""
+    return run(run_bench, coerce(BenchRequest, models, options, "models"), cache, quiet=quiet)
 
 
 def load(target, precision: str = "fp32", backend: str = "auto", *, remote: str | None = None,
@@ -149,6 +159,7 @@ _signature(verify, VerifyRequest, "target")
 _signature(tune, TuneRequest, "models")
 _signature(deploy, DeployRequest, "target")
 _signature(predict, PredictRequest, "models", "sources")
+_signature(bench, BenchRequest, "models")
 
 
 def _load_signature() -> None:

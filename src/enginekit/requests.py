@@ -25,6 +25,7 @@ from enginekit import precisions
 from enginekit.compare.tolerances import Tolerances
 from enginekit.errors import UsageError
 from enginekit.backends import names
+from enginekit.backends.registry import parse_backends
 from enginekit.families import registered, resolve
 from enginekit.families.torch_models.sources import PROGRAM_SUFFIXES
 from enginekit.families.torch_models.spec import ModelSpec
@@ -856,3 +857,120 @@ class DeployRequest(_Declares):
         if self.profiles and self.platform != "tensorrt":
             raise UsageError(f"--profile shapes a TensorRT engine: it has no effect with --platform {self.platform}")
         return self
+
+
+def _comma_list(value: Any) -> Any:
+    """``"a,b"`` (the CLI's form) -> ``["a", "b"]``, blanks and repeats dropped; a list stays."""
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",")]
+    return list(dict.fromkeys(v for v in value if str(v).strip())) if isinstance(value, (list, tuple)) else value
+
+
+class BenchRequest(Options):
+    """``enginekit bench``: latency and throughput of one model (or several, each timed, and with ``e2e`` or
+    ``stream`` their pipeline) on the runners that run here, fed the same seeded inputs (``enginekit.bench``)."""
+
+    models: list[str]
+    batches: list[int] = []  # --batch 1,8,16; empty: the N of ``input``, else 1
+    input: Optional[str] = None  # HxW, CxHxW or NxCxHxW; None: the family's
+    precision: str = "fp32"  # of the ONNX graphs and engines (torch rows name their own)
+    backends: list[str] = []  # runners (torch-fp16, onnxruntime-cpu...) or words for several (torch, ort); []: bench's
+    warmup: int = 10
+    iters: int = 50
+    include_copies: bool = False
+    threads: Optional[int] = None
+    e2e: bool = False  # per frame through enginekit.load beside the network-only rows
+    image: Optional[Path] = None  # e2e's photograph (default: one an installed package ships)
+    stream: bool = False  # stream a video through the runtime's pipeline
+    source: Optional[str] = None  # stream's video, folder or camera (default: one made from the photographs)
+    every: list[str] = []  # stream: MODEL=N, a model's cadence
+    frames_per_step: int = Field(1, ge=1)
+    drop: str = "none"
+    in_flight: int = Field(2, ge=1)
+    plot: Optional[Path] = None  # a PNG (SVG, PDF, JPEG) of latency and throughput against batch size
+    weights: typed(WEIGHTS)
+    random_init: typed(RANDOM_INIT)
+    seed: typed(SEED)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _imgsz(cls, data: Any) -> Any:
+        """``imgsz`` (``640`` or ``384x640``) is ``input`` HxW; both given is refused."""
+        if isinstance(data, dict) and data.get("imgsz") is not None:
+            data = dict(data)
+            imgsz = data.pop("imgsz")
+            if data.get("input") is not None:
+                raise UsageError(f"--imgsz {imgsz} and --input {data['input']} both give the input size: give one")
+            data["input"] = "x".join(map(str, image_size(imgsz, "--imgsz")))
+        elif isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k != "imgsz"}
+        return data
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models(cls, value: Any) -> Any:
+        return _comma_list(value)
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _backends(cls, value: Any) -> Any:
+        """Runner names and words for several (``torch,ort``) -> runner names in report order."""
+        if value is None or (isinstance(value, (list, tuple)) and not value):
+            return []
+        return parse_backends(value if isinstance(value, str) else ",".join(map(str, value)))
+
+    @field_validator("batches", mode="before")
+    @classmethod
+    def _batches(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            try:
+                value = [int(part) for part in value.split(",") if part.strip()]
+            except ValueError:
+                raise UsageError(f"malformed --batch {value!r}: expected positive integers like 1,8,16") from None
+            if not value:
+                raise UsageError("malformed --batch: expected positive integers like 1,8,16")
+        if isinstance(value, (list, tuple)):
+            if any(int(b) <= 0 for b in value):
+                raise UsageError(f"malformed --batch {','.join(map(str, value))}: expected positive integers like 1,8,16")
+            value = sorted({int(b) for b in value})
+        return value
+
+    @field_validator("every", mode="before")
+    @classmethod
+    def _every(cls, value: Any) -> Any:
+        if isinstance(value, dict):  # {"depth": 3}, as predict and tune take it
+            return [f"{k}={v}" for k, v in value.items()]
+        return [] if value is None else value
+
+    @field_validator("plot")
+    @classmethod
+    def _plot(cls, value: Optional[Path]) -> Optional[Path]:
+        if value is not None:
+            _output(value, "--plot")
+            if value.suffix.lower() not in PLOT_SUFFIXES:
+                raise UsageError(f"--plot {value}: give a picture file name ending in {', '.join(PLOT_SUFFIXES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _belongs(self) -> "BenchRequest":
+        if not self.models:
+            raise UsageError("no model given: e.g. enginekit bench yolo12n")
+        for model in self.models:
+            resolve(model)
+        if len(self.models) > 1 and (self.plot is not None or self.weights is not None):
+            raise UsageError(f"--{'plot' if self.plot is not None else 'weights'} takes one model, not {len(self.models)}")
+        if self.image is not None and not self.e2e:
+            raise UsageError("--image is the photograph --e2e decodes: add --e2e")
+        if not self.stream:
+            given = [flag for flag, value in (("--source", self.source), ("--every", self.every)) if value]
+            if given:
+                raise UsageError(f"{given[0]} belongs to --stream: add --stream")
+        elif self.source is not None and not self.source.isdigit() and not Path(self.source).exists():
+            raise UsageError(f"--source {self.source}: not found (a video, a folder of images or a camera index)")
+        check_weights_choice(self.weights, self.random_init)
+        return self
+
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")

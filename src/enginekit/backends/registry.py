@@ -122,3 +122,31 @@ def shorthands() -> dict[str, tuple[str, ...]]:
 def distributions() -> tuple[str, ...]:
     """The distributions whose versions a report records, once each."""
     return tuple(dict.fromkeys(d for b in BACKENDS for d in b.distributions))
+
+
+def runner_names() -> list[str]:
+    """Every runner (a backend's variant, ``enginekit.backends``), in the order rows are reported."""
+    return list(variants())
+
+
+def parse_backends(text: str) -> list[str]:
+    """``"torch,onnxruntime-cpu"`` -> runner names in report order; UsageError for unknown names.
+
+    A word is a runner (torch-fp16, onnxruntime-cpu, tensorrt-rtx...) or stands for several
+    (torch: its three; onnxruntime or ort: both ONNX Runtime runners).
+    """
+    runners, words = runner_names(), shorthands()
+    chosen: set[str] = set()
+    for item in (part.strip().lower() for part in text.split(",")):
+        if not item:
+            continue
+        if item in words:
+            chosen.update(words[item])
+        elif item in runners:
+            chosen.add(item)
+        else:
+            known = ", ".join(list(words) + runners)
+            raise UsageError(f"unknown backend {item!r}: choose from {known}")
+    if not chosen:
+        raise UsageError(f"--backend names no backend: try {BENCH_DEFAULT}")
+    return [name for name in runners if name in chosen]

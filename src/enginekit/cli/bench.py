@@ -64,132 +64,34 @@ def register(app: typer.Typer) -> None:
 
           enginekit bench yolo12n,depth --random-init --e2e
         """
-        from enginekit import bench
+        from enginekit import api
+        from enginekit.requests import BenchRequest
 
-        input = _one_size(input, imgsz)
-        models = _models(model, plot_path, weights)
-        _check_plot_path(plot_path)
-        image_path, image_hw = _image(e2e, image)
-        stream_options = _stream_options(stream, source, every, frames_per_step, drop, in_flight, models)
-        settings = [_settings(m, batch, input, precision, backend, warmup, iters, include_copies, threads,
-                              weights, random_init, seed) for m in models]
+        request = BenchRequest(models=model, batches=batch, input=input, imgsz=imgsz, precision=precision,
+                               backends=backend, warmup=warmup, iters=iters, include_copies=include_copies,
+                               threads=threads, e2e=e2e, image=image, stream=stream, source=source, every=every or [],
+                               frames_per_step=frames_per_step, drop=drop, in_flight=in_flight, plot=plot_path,
+                               weights=weights, random_init=random_init, seed=seed)
         quiet_third_party()
-        plans = [bench.prepare(s) for s in settings]
-        reports, e2e_rows = _measure_with_progress(plans, image_path)
-        streamed = _stream_with_progress(plans, reports, source, stream_options) if stream_options else None
+        outcome = api.bench(request)
         if as_json:
-            data = _json(reports, e2e_rows, image_path, image_hw)
-            if streamed is not None:
-                from enginekit.bench.stream import stream_json
-
-                data["stream"] = stream_json(*streamed)
-            typer.echo(json_text(data, indent=2))
+            typer.echo(json_text(outcome.to_json(), indent=2))
         else:
-            for report in reports:
+            for report in outcome.reports:
                 _render(report)
-            if e2e_rows is not None:
-                _render_e2e(e2e_rows, image_path, image_hw, settings[0])
-            if streamed is not None:
-                _render_stream(*streamed)
-        _write_plot(reports[0], plot_path)
-        if not any(r.measured for r in reports):
+            if outcome.e2e is not None:
+                _render_e2e(outcome.e2e, outcome.image, outcome.image_hw, outcome.settings[0])
+            if outcome.stream is not None:
+                _render_stream(*outcome.stream)
+        if outcome.plot is not None:
+            from enginekit.cli.render import console
+
+            console.print(f"  wrote {outcome.plot}")
+        if not outcome.measured:
             from enginekit.errors import CapabilityError
 
-            first = reports[0].rows[0].reason if reports[0].rows else "no backend"
+            first = outcome.reports[0].rows[0].reason if outcome.reports[0].rows else "no backend"
             raise CapabilityError(f"no backend could run here (first reason: {first})")
-
-
-def _one_size(input: Optional[str], imgsz: Optional[str]) -> Optional[str]:
-    """``--imgsz N`` or ``HxW`` is ``--input HxW``; both given is refused."""
-    if imgsz is None:
-        return input
-    if input is not None:
-        from enginekit.errors import UsageError
-
-        raise UsageError(f"--imgsz {imgsz} and --input {input} both give the input size: give one")
-    from enginekit.requests import image_size
-
-    return "x".join(map(str, image_size(imgsz, "--imgsz")))
-
-
-def _settings(model, batch, input, precision, backend, warmup, iters, include_copies, threads, weights,
-              random_init, seed):
-    """Flags -> BenchSettings, validated before any model or library loads."""
-    from enginekit.bench import BenchSettings, parse_backends, parse_batches, parse_image_shape
-
-    image_shape, input_batch = parse_image_shape(input) if input else (None, None)
-    batches = parse_batches(batch) if batch else [input_batch or 1]
-    return BenchSettings(model, tuple(batches), image_shape, precision, tuple(parse_backends(backend)), warmup,
-                         iters, include_copies, threads, weights, random_init, seed)
-
-
-def _models(text: str, plot_path, weights) -> list[str]:
-    """The comma list of models, each one a name the families know (checked before any work)."""
-    from enginekit.errors import UsageError
-    from enginekit.families import resolve
-
-    models = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
-    if not models:
-        raise UsageError("no model given: e.g. enginekit bench yolo12n")
-    if len(models) > 1 and (plot_path is not None or weights is not None):
-        raise UsageError(f"--{'plot' if plot_path is not None else 'weights'} takes one model, not {len(models)}")
-    for m in models:
-        resolve(m)
-    return models
-
-
-def _image(e2e: bool, image: Optional[Path]):
-    """--e2e's photograph and its H x W, read once before any model loads; (None, None) without --e2e."""
-    from enginekit.errors import UsageError
-
-    if not e2e:
-        if image is not None:
-            raise UsageError("--image is the photograph --e2e decodes: add --e2e")
-        return None, None
-    from enginekit.bench.e2e import check_image, default_image
-
-    path = image if image is not None else default_image()
-    return path, check_image(path)
-
-
-def _stream_options(stream: bool, source, every, frames_per_step, drop, in_flight, models):
-    """--stream's options, checked before any model loads; None without --stream."""
-    from enginekit.errors import UsageError
-
-    given = [flag for flag, value in (("--source", source), ("--every", every)) if value]
-    if not stream:
-        if given:
-            raise UsageError(f"{given[0]} belongs to --stream: add --stream")
-        return None
-    from enginekit.runtime.stream import StreamOptions, parse_every
-
-    if source is not None and not source.isdigit() and not Path(source).exists():
-        raise UsageError(f"--source {source}: not found (a video, a folder of images or a camera index)")
-    from enginekit.families import resolve
-
-    aliases = {}  # what --every may call a model -> its variant, the name its rows carry
-    for m in models:
-        adapter = resolve(m)
-        for alias in (m, adapter.variant, adapter.family):
-            aliases.setdefault(alias, adapter.variant)
-    cadence = {}
-    for key, n in parse_every(every).items():
-        if key not in aliases:
-            raise UsageError(f"--every {key}={n}: no such model here (models: {', '.join(models)})")
-        cadence[aliases[key]] = n
-    return StreamOptions(drop=drop, every=cadence, frames_per_step=frames_per_step, in_flight=in_flight)
-
-
-def _stream_with_progress(plans, reports, source, options):
-    from enginekit import reporting
-    from enginekit.bench.stream import measure_stream, total_runs
-
-    if source is not None:
-        from enginekit.runtime.sources import open_source
-
-        open_source(source, max_frames=1)  # a source that does not open: one line, before any streaming
-    with reporting.progress("streaming", total_runs(plans)) as progress:
-        return measure_stream(plans, reports, source, options, tick=progress.advance)
 
 
 def _render_stream(rows, described) -> None:
@@ -215,34 +117,6 @@ def _render_stream(rows, described) -> None:
     for row in (r for r in rows if r.status != "ok"):
         tag = "[yellow]skipped[/]" if row.status == "skipped" else "[red]failed[/]"
         out.print(f"  {tag} {' + '.join(row.models)} streamed on {row.backend}: {row.reason}")
-
-
-def _measure_with_progress(plans, image_path):
-    from enginekit import bench, reporting
-
-    total = sum(bench.total_runs(p) for p in plans)
-    if image_path is not None:
-        from enginekit.bench.e2e import total_runs
-
-        total += total_runs(plans)
-    with reporting.progress("timing", total) as progress:
-        reports = [bench.measure(p, tick=progress.advance) for p in plans]
-        if image_path is None:
-            return reports, None
-        from enginekit.bench.e2e import measure_e2e
-
-        return reports, measure_e2e(plans, reports, image_path, tick=progress.advance)
-
-
-def _json(reports, e2e_rows, image_path, image_hw) -> dict:
-    """One model: its report (plus "end_to_end" with --e2e); several: {"models": [reports], "end_to_end"}."""
-    data = reports[0].to_json() if len(reports) == 1 else {
-        "enginekit_version": reports[0].to_json()["enginekit_version"], "models": [r.to_json() for r in reports]}
-    if e2e_rows is not None:
-        from enginekit.bench.e2e import e2e_json
-
-        data["end_to_end"] = e2e_json(e2e_rows, image_path, image_hw)
-    return data
 
 
 def _render_e2e(rows, image_path, image_hw, settings) -> None:
@@ -322,31 +196,3 @@ def _collapsed(rows):
     for row in rows:
         shown.setdefault((row.backend, row.status, row.reason), (row, []))[1].append(row.batch)
     return [(row, ",".join(map(str, batches))) for row, batches in shown.values()]
-
-
-_PLOT_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
-
-
-def _check_plot_path(plot_path: Optional[Path]) -> None:
-    """Before any measuring: a plot path that can be written, with a picture format's suffix."""
-    if plot_path is None:
-        return
-    from enginekit.errors import UsageError
-    from enginekit.fsutil import check_output_path
-
-    check_output_path(plot_path, "--plot")
-    if plot_path.suffix.lower() not in _PLOT_SUFFIXES:
-        raise UsageError(f"--plot {plot_path}: give a picture file name ending in {', '.join(_PLOT_SUFFIXES)}")
-
-
-def _write_plot(report, plot_path: Optional[Path]) -> None:
-    from enginekit.cli.render import console
-
-    if plot_path is not None:
-        if report.measured:
-            from enginekit.bench import plot
-
-            plot(report, plot_path)
-            console.print(f"  wrote {plot_path}")
-        else:
-            console.print("  [yellow]no plot:[/] nothing was measured")

@@ -249,7 +249,7 @@ def test_onnx_nms_layer_on_tensorrt_rtx_is_refused_before_any_work(graphs, tmp_p
     path = tmp_path / "with_layer.onnx"
     onnx.save(model, str(path))
     r = run_cli("build", str(path), "--backend", "tensorrt-rtx", "--profile", "1x3x640x640")
-    assert_one_line_error(r, 3, "TensorRT-RTX", "NonMaxSuppression", "--backend tensorrt")
+    assert_one_line_error(r, 3, "TensorRT-RTX", "NonMaxSuppression", "--trt tensorrt")
     assert not any(tmp_path.glob("*.engine")) and not any(tmp_path.glob("*.plan"))
 
 

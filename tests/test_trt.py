@@ -461,7 +461,7 @@ def test_default_targets(rtx, fake_tensorrt):
     fake_tensorrt("11.4.0.1")
     trt11 = resolve_flavour("tensorrt")
     assert default_targets(trt11, RTX_GPU) == ("8.9",)
-    with pytest.raises(UsageError, match="needs --backend tensorrt-rtx"):
+    with pytest.raises(UsageError, match="needs --trt tensorrt-rtx"):
         validate_targets(trt11, "8.6", RTX_GPU)
 
 

@@ -366,7 +366,7 @@ class Stages:
 
         self.cache.get_or_create("calibration", parts, produce, subject=self.subject)
 
-    def engine(self, source: Artifact, profiles: list, backend, options, precision: dict,
+    def engine(self, source: Artifact, profiles: list, flavour, options, precision: dict,
                verify=None, chain: list[Artifact] | None = None, extra: dict | None = None) -> tuple[Entry, str]:
         """Build (or find) the engine of ``source``: cache entry with engine.plan, manifest, parity.json.
 
@@ -374,14 +374,14 @@ class Stages:
         is built from; it runs only when the engine is built.
         """
         gpu = gpu_info()
-        targets = resolve_targets(backend, options.target_cc, gpu)
-        parts = engine_key_parts(source.sha256, precision, profiles, backend, targets, gpu, options)
+        targets = resolve_targets(flavour, options.target_cc, gpu)
+        parts = engine_key_parts(source.sha256, precision, profiles, flavour, targets, gpu, options)
 
         def produce(tmp: Path) -> dict:
-            with reporting.stage(f"build ({backend.label})") as s:
+            with reporting.stage(f"build ({flavour.label})") as s:
                 # TensorRT 10/11: the timing cache kept for this GPU (an entry of its own), read and updated
-                with kept_timing_cache(self.cache, backend, gpu) as timing_cache:
-                    result = build_engine(source.path, profiles, backend, options, timing_cache=timing_cache)
+                with kept_timing_cache(self.cache, flavour, gpu) as timing_cache:
+                    result = build_engine(source.path, profiles, flavour, options, timing_cache=timing_cache)
                 (tmp / PLAN_FILE).write_bytes(result.plan)
                 s.detail = f"{len(result.plan) / 2**20:.1f} MiB for {', '.join(result.targets) or result.gpu}"
             parity = verify(source.path) if verify is not None else {"checked": False, "reason": "no reference model"}
@@ -437,15 +437,15 @@ def timed(produce):
     return run
 
 
-def engine_key_parts(onnx_sha: str, precision: dict, profiles: list, backend, targets, gpu, options) -> dict:
+def engine_key_parts(onnx_sha: str, precision: dict, profiles: list, flavour, targets, gpu, options) -> dict:
     """The engine cache key: everything that determines the plan (the README's "How it works")."""
-    target = {"compute_capabilities": list(targets)} if backend.traits.supports_compute_capability_targets else {
+    target = {"compute_capabilities": list(targets)} if flavour.traits.supports_compute_capability_targets else {
         "gpu": gpu.name if gpu else None, "compute_capability": gpu.compute_capability if gpu else None}
     return {
         "onnx": onnx_sha,
         "precision": precision,
         "profiles": [p.to_json() for p in profiles],
-        "backend": {"name": backend.name, "version": backend.version},
+        "backend": {"name": flavour.name, "version": flavour.version},
         "target": target,
         "options": options.to_json(),
     }

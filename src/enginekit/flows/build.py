@@ -54,13 +54,13 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     r = request
     mode = get_precision(r.precision)
     parsed = [parse_profile(p) for p in r.profiles]
-    be = resolve_flavour(r.flavour)
+    flavour = resolve_flavour(r.flavour)
     options = BuildOptions(
         workspace_bytes=workspace_bytes(r.workspace) if r.workspace else None,
         optimization_level=r.opt_level,
         target_cc=r.target_ccs,
     )
-    targets = resolve_targets(be, options.target_cc, gpu_info())  # refuse bad --target-cc before any work
+    targets = resolve_targets(flavour, options.target_cc, gpu_info())  # refuse bad --target-cc before any work
     if mode.min_compute_capability is not None:  # fp8
         require_fp8(targets)
     model = None
@@ -85,7 +85,7 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         if get_metadata(graph).get("nms") == "True":
             check_nms_batch(bound, get_metadata(graph), source_path.name)
         if holds_op(graph.graph, "NonMaxSuppression"):  # enginekit's NMS graphs hold none; another tool's may
-            require_nms(be, f"{source_path.name}, which holds ONNX NonMaxSuppression")
+            require_nms(flavour, f"{source_path.name}, which holds ONNX NonMaxSuppression")
         chain = [Artifact.given(source_path)]
     else:
         pipe = Stages(model or r.model_request, cache, force=r.force)
@@ -96,7 +96,7 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         if r.explain:
             explain(pipe, "onnx-export", pipe.export_parts(export_shape, r.opset))
 
-        found = engine_by_identity(cache, pipe, r, bound, be, targets, pipe.export_parts(export_shape, r.opset))
+        found = engine_by_identity(cache, pipe, r, bound, flavour, targets, pipe.export_parts(export_shape, r.opset))
         if found is not None and found.entry is not None:
             return BuildOutcome(found.entry.file("engine.plan"), found.entry, found.status, [], resolution=found.reason)
         chain = [pipe.export(export_shape, r.opset)]
@@ -139,10 +139,10 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
         extra["repair"] = repair_record
     if r.explain:
         gpu = gpu_info()
-        parts = engine_key_parts(source.sha256, mode.key(method, exclude, calibration, repaired_nodes), bound, be,
-                                 resolve_targets(be, options.target_cc, gpu), gpu, options)
+        parts = engine_key_parts(source.sha256, mode.key(method, exclude, calibration, repaired_nodes), bound, flavour,
+                                 resolve_targets(flavour, options.target_cc, gpu), gpu, options)
         explain(pipe, "engine", parts)
-    entry, status = pipe.engine(source, bound, be, options, mode.key(method, exclude, calibration, repaired_nodes),
+    entry, status = pipe.engine(source, bound, flavour, options, mode.key(method, exclude, calibration, repaired_nodes),
                                 verify_fn, chain, extra=extra or None)
 
     publish_build(cache, chain, entry)

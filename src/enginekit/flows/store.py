@@ -32,7 +32,7 @@ class Resolution:
     status: str = "hit"  # hit (the local cache) | pulled (from the store)
 
 
-def engine_by_identity(cache, pipe, request, bound, backend, targets, export_parts: dict) -> Resolution | None:
+def engine_by_identity(cache, pipe, request, bound, flavour, targets, export_parts: dict) -> Resolution | None:
     """For ``build``: on a client that reads the store (``ENGINEKIT_REMOTE_MODE=read``, a deploy
     machine), a request a deploy machine makes (``by_identity_applies``) whose first stage this
     machine has not made is served by identity (other library versions than the builder's never
@@ -44,7 +44,7 @@ def engine_by_identity(cache, pipe, request, bound, backend, targets, export_par
         return None
     if cache.has("onnx-export", key_for(export_parts)):
         return None  # this machine builds: its own chain decides, key by key
-    resolution = resolve_engine(cache, identity_for(pipe, request, bound), wanted_here(backend, targets))
+    resolution = resolve_engine(cache, identity_for(pipe, request, bound), wanted_here(flavour, targets))
     if resolution.entry is not None:
         reporting.note(("explain engine: " if request.explain else "") + resolution.reason)
     else:
@@ -57,9 +57,9 @@ def identity_for(pipe, request, bound: list) -> dict:
                          [p.to_json() for p in bound], bool(request.nms))
 
 
-def wanted_here(backend, targets) -> "object":
+def wanted_here(flavour, targets) -> "object":
     gpu = gpu_info()
-    return Wanted(backend.name, str(backend.version), tuple(targets), str(gpu) if gpu else None)
+    return Wanted(flavour.name, str(flavour.version), tuple(targets), str(gpu) if gpu else None)
 
 
 def by_identity_applies(request) -> bool:
@@ -231,13 +231,13 @@ def pull_recipe(cache, path: str, overrides: dict | None = None) -> list:
     found = []
     for cell in recipe.cells(overrides):
         request = recipe.build_request(cell, overrides)
-        backend = resolve_flavour(request.flavour)
-        targets = resolve_targets(backend, request.target_ccs, gpu_info())
+        flavour = resolve_flavour(request.flavour)
+        targets = resolve_targets(flavour, request.target_ccs, gpu_info())
         pipe = Stages(request.model_request, cache)
         bound, _, _ = bind_to_model([parse_profile(p) for p in request.profiles], pipe.adapter)
         identity = identity_for(pipe, request, bound)
         with reporting.stage(f"pull {recipe.name} {cell.precision} {cell.targets_label}") as s:
-            resolution = resolve_engine(cache, identity, wanted_here(backend, targets))
+            resolution = resolve_engine(cache, identity, wanted_here(flavour, targets))
             s.status = resolution.status if resolution.entry is not None else "miss"
         if resolution.entry is None:
             raise CapabilityError(resolution.reason)

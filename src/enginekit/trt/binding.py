@@ -6,7 +6,7 @@ is first imported) chooses what ``polygraphy.mod.trt_importer.lazy_import_trt()`
 modules of ``polygraphy.backend.trt`` (loaders, config, runner, util), ``polygraphy.backend.tensorrt_rtx``
 and ``polygraphy.datatype.tensorrt`` keep that lazy module in a global named ``trt``. Setting the
 environment variable after ``import polygraphy`` (enginekit's references import it early) changes
-nothing, and one process may build with TensorRT and run a TensorRT-RTX engine. ``bind(backend)``
+nothing, and one process may build with TensorRT and run a TensorRT-RTX engine. ``bind(flavour)``
 therefore sets the flag and gives every such global a lazy module of the chosen backend again.
 
 TensorRT logs through one ``ILogger`` per module and process (it warns when builders get different
@@ -114,7 +114,7 @@ def quiet_polygraphy() -> Iterator[None]:
 _bound: dict[str, ModuleType] = {}
 
 
-def bind(backend: "Flavour") -> ModuleType:
+def bind(flavour: "Flavour") -> ModuleType:
     """Point Polygraphy's TensorRT backend at ``backend``'s module; returns ``polygraphy.backend.trt``.
 
     Idempotent and cheap once bound; rebinding to the other module (TensorRT <-> TensorRT-RTX) in
@@ -123,8 +123,8 @@ def bind(backend: "Flavour") -> ModuleType:
     from polygraphy import config
     from polygraphy.mod import trt_importer
 
-    config.USE_TENSORRT_RTX = backend.traits.module == RTX_MODULE
-    if _bound.get("module") is not backend.module:
+    config.USE_TENSORRT_RTX = flavour.traits.module == RTX_MODULE
+    if _bound.get("module") is not flavour.module:
         for name, module in list(sys.modules.items()):
             held = getattr(module, "trt", None) if name.startswith("polygraphy.") else None
             if type(held).__name__ == "LazyModule":
@@ -133,10 +133,10 @@ def bind(backend: "Flavour") -> ModuleType:
         import polygraphy.backend.trt as poly_trt
         from polygraphy.backend.trt import util as trt_util
 
-        trt_util.TRT_LOGGER = trt_logger(backend.module)
+        trt_util.TRT_LOGGER = trt_logger(flavour.module)
         bound_version = str(poly_trt.loader.trt.__version__)
-    if bound_version != backend.version:
-        raise CapabilityError(f"polygraphy uses TensorRT {bound_version}, not {backend.label}: "
+    if bound_version != flavour.version:
+        raise CapabilityError(f"polygraphy uses TensorRT {bound_version}, not {flavour.label}: "
                               "build and run with one TensorRT per process")
-    _bound["module"] = backend.module
+    _bound["module"] = flavour.module
     return poly_trt

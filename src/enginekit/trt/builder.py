@@ -190,26 +190,26 @@ def _safe_say(say: Progress, message: str) -> None:
 # --- the network ----------------------------------------------------------------------
 
 
-def network_loader(poly: ModuleType, backend: Flavour, onnx_path: Path) -> Any:
+def network_loader(poly: ModuleType, flavour: Flavour, onnx_path: Path) -> Any:
     """Polygraphy's ``NetworkFromOnnxPath`` for ``backend``: strongly typed, by the flag only where
     the backend needs it (TensorRT 11 and TensorRT-RTX networks are strongly typed by default)."""
     # parse_from_file, not bytes: the parser finds external weight files next to the model.
-    return poly.NetworkFromOnnxPath(str(onnx_path), strongly_typed=backend.traits.strongly_typed_flag_needed)
+    return poly.NetworkFromOnnxPath(str(onnx_path), strongly_typed=flavour.traits.strongly_typed_flag_needed)
 
 
-def _parse(poly: ModuleType, backend: Flavour, onnx_path: Path) -> tuple[Any, Any, Any]:
+def _parse(poly: ModuleType, flavour: Flavour, onnx_path: Path) -> tuple[Any, Any, Any]:
     """(builder, network, parser): the parser stays referenced, it owns the weights."""
     from polygraphy.exception import PolygraphyException
 
     try:
-        return network_loader(poly, backend, onnx_path)()
+        return network_loader(poly, flavour, onnx_path)()
     except PolygraphyException as cause:
-        raise UsageError(f"cannot build from {onnx_path.name}: {_parse_failure(backend, onnx_path)}") from cause
+        raise UsageError(f"cannot build from {onnx_path.name}: {_parse_failure(flavour, onnx_path)}") from cause
 
 
-def _parse_failure(backend: Flavour, onnx_path: Path) -> str:
+def _parse_failure(flavour: Flavour, onnx_path: Path) -> str:
     """Why the ONNX parser refused the file, from its first error (Polygraphy only logs them)."""
-    trt = backend.module
+    trt = flavour.module
     logger = trt_logger(trt)
     with capturing(logger):
         network = trt.Builder(logger).create_network(0)
@@ -290,7 +290,7 @@ def _uses_fp8(trt: ModuleType, network: Any) -> bool:
 # --- the builder configuration -----------------------------------------------------------
 
 
-def config_loader(poly: ModuleType, backend: Flavour, builder: Any, profiles: Sequence[Profile],
+def config_loader(poly: ModuleType, flavour: Flavour, builder: Any, profiles: Sequence[Profile],
                   options: BuildOptions, targets: Sequence[str], *, timing_cache: Path | None = None,
                   monitor: Any = None) -> Any:
     """Polygraphy's ``CreateConfig`` (``CreateConfigRTX`` for compute-capability targets) for a build.
@@ -299,7 +299,7 @@ def config_loader(poly: ModuleType, backend: Flavour, builder: Any, profiles: Se
     ``IBuilderConfig`` of the backend says what TensorRT itself would do, and that is passed on,
     so a plan is the one TensorRT's defaults give.
     """
-    trt = backend.module
+    trt = flavour.module
     fresh = builder.create_builder_config()
     kwargs: dict[str, Any] = {
         "profiles": [_polygraphy_profile(poly, p) for p in profiles],
@@ -311,7 +311,7 @@ def config_loader(poly: ModuleType, backend: Flavour, builder: Any, profiles: Se
         kwargs["memory_pool_limits"] = {trt.MemoryPoolType.WORKSPACE: options.workspace_bytes}
     if options.optimization_level is not None:
         kwargs["builder_optimization_level"] = options.optimization_level
-    if backend.traits.supports_compute_capability_targets:
+    if flavour.traits.supports_compute_capability_targets:
         from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
 
         return CreateConfigRTX(compute_capabilities=[cc_tuple(cc) for cc in targets], **kwargs)
@@ -319,43 +319,43 @@ def config_loader(poly: ModuleType, backend: Flavour, builder: Any, profiles: Se
     return poly.CreateConfig(tf32=tf32 is not None and fresh.get_flag(tf32), **kwargs)
 
 
-def _check_config(config: Any, backend: Flavour, profiles: Sequence[Profile], targets: Sequence[str],
+def _check_config(config: Any, flavour: Flavour, profiles: Sequence[Profile], targets: Sequence[str],
                   logger: Any) -> None:
     """What Polygraphy does not check: every profile was taken, every target set."""
     added = config.num_optimization_profiles
     if profiles and added < len(profiles):
         reason = tidy_message(logger.errors[0]) if logger.errors else "invalid shapes"
         raise UsageError(f"profile {profiles[added]} was refused: {reason}")
-    if backend.traits.supports_compute_capability_targets:
+    if flavour.traits.supports_compute_capability_targets:
         for index, cc in enumerate(targets):
-            member = getattr(backend.module.ComputeCapability, "SM" + cc.replace(".", ""))
+            member = getattr(flavour.module.ComputeCapability, "SM" + cc.replace(".", ""))
             if index >= config.num_compute_capabilities or config.get_compute_capability(index) != member:
-                raise CapabilityError(f"{backend.label} refused target compute capability {cc}")
+                raise CapabilityError(f"{flavour.label} refused target compute capability {cc}")
 
 
-def _create_config(poly: ModuleType, backend: Flavour, network: tuple, profiles: Sequence[Profile],
+def _create_config(poly: ModuleType, flavour: Flavour, network: tuple, profiles: Sequence[Profile],
                    options: BuildOptions, targets: Sequence[str], timing_cache: Path | None,
                    say: Progress, logger: Any) -> tuple[Any, Any]:
     """(IBuilderConfig, progress monitor): the monitor must outlive the build."""
     from polygraphy.exception import PolygraphyException
 
     builder, trt_network = network[0], network[1]
-    monitor = _progress_monitor(backend.module, say)
+    monitor = _progress_monitor(flavour.module, say)
     load = timing_cache if timing_cache is not None and timing_cache.is_file() and timing_cache.stat().st_size else None
     logger.errors.clear()
     try:
-        config = config_loader(poly, backend, builder, profiles, options, targets, timing_cache=load,
+        config = config_loader(poly, flavour, builder, profiles, options, targets, timing_cache=load,
                                monitor=monitor)(builder, trt_network)
     except PolygraphyException as exc:  # an invalid profile, a setting this TensorRT lacks
         reason = tidy_message(logger.errors[0]) if logger.errors else first_line(exc)
-        raise UsageError(f"{backend.label} refused the build settings: {reason}") from exc
+        raise UsageError(f"{flavour.label} refused the build settings: {reason}") from exc
     except Exception:  # noqa: BLE001  a timing cache TensorRT cannot read
         if load is None:
             raise
         _safe_say(say, f"timing cache {load.name} is unusable here; starting a new one")
         load.unlink()
-        return _create_config(poly, backend, network, profiles, options, targets, timing_cache, say, logger)
-    _check_config(config, backend, profiles, targets, logger)
+        return _create_config(poly, flavour, network, profiles, options, targets, timing_cache, say, logger)
+    _check_config(config, flavour, profiles, targets, logger)
     if timing_cache is not None:
         _safe_say(say, f"timing cache: {'loaded ' + timing_cache.name if load else 'new'}")
     return config, monitor
@@ -373,16 +373,16 @@ def _refused_target(errors: Sequence[str]) -> str | None:
     return None
 
 
-def _build_failure(backend: Flavour, logger: Any) -> UsageError:
+def _build_failure(flavour: Flavour, logger: Any) -> UsageError:
     errors = [e for e in logger.errors if e.strip()]
     reason = tidy_message(errors[0]) if errors else "no message from the builder"
-    return UsageError(f"{backend.label} could not build the engine: {reason}")
+    return UsageError(f"{flavour.label} could not build the engine: {reason}")
 
 
 def build_engine(
     onnx_path: Path,
     profiles: list[Profile],
-    backend: Flavour,
+    flavour: Flavour,
     options: BuildOptions = BuildOptions(),
     timing_cache: Path | None = None,
     progress: Progress | None = None,
@@ -398,38 +398,38 @@ def build_engine(
     if not onnx_path.is_file():
         raise UsageError(f"ONNX file not found: {onnx_path}")
     gpu = gpu_info()
-    if backend.traits.needs_gpu_to_build and gpu is None:
+    if flavour.traits.needs_gpu_to_build and gpu is None:
         raise CapabilityError(
-            f"{backend.label} needs an NVIDIA GPU to build; TensorRT-RTX builds without one "
-            "(--backend tensorrt-rtx)"
+            f"{flavour.label} needs an NVIDIA GPU to build; TensorRT-RTX builds without one "
+            "(--trt tensorrt-rtx)"
         )
-    targets = resolve_targets(backend, options.target_cc, gpu)
-    if timing_cache is not None and not backend.traits.has_timing_cache:
-        _safe_say(say, f"timing cache: {backend.traits.label} keeps none, skipped")
+    targets = resolve_targets(flavour, options.target_cc, gpu)
+    if timing_cache is not None and not flavour.traits.has_timing_cache:
+        _safe_say(say, f"timing cache: {flavour.traits.label} keeps none, skipped")
         timing_cache = None
-    poly = bind(backend)
-    logger = trt_logger(backend.module)
+    poly = bind(flavour)
+    logger = trt_logger(flavour.module)
     with capturing(logger), quiet_polygraphy(), warnings.catch_warnings():
-        if not backend.traits.has_timing_cache:
+        if not flavour.traits.has_timing_cache:
             warnings.filterwarnings("ignore", _RTX_TIMING_CACHE_WARNING, DeprecationWarning)
         _safe_say(say, f"parsing {onnx_path.name}")
-        network = _parse(poly, backend, onnx_path)
+        network = _parse(poly, flavour, onnx_path)
         io = network_io(network[1])
         bound = _bind_profiles(network[1], profiles)
-        if _uses_fp8(backend.module, network[1]) and fp8_unsupported(targets):
+        if _uses_fp8(flavour.module, network[1]) and fp8_unsupported(targets):
             require_fp8(targets, subject=f"{onnx_path.name} has FP8 tensors, which",
                         fix="choose --target-cc 8.9,12.0")
-        plan, seconds, targets, dropped = _build(poly, backend, network, bound, options, targets,
+        plan, seconds, targets, dropped = _build(poly, flavour, network, bound, options, targets,
                                                  timing_cache, say, logger)
     _safe_say(say, f"built in {seconds:.1f} s, plan {len(plan) / 2**20:.1f} MiB")
     return BuildResult(
         plan=plan,
         build_seconds=seconds,
         io=io,
-        backend=backend.name,
-        backend_version=backend.version,
+        backend=flavour.name,
+        backend_version=flavour.version,
         targets=targets,
-        gpu=gpu if backend.traits.needs_gpu_to_build else None,
+        gpu=gpu if flavour.traits.needs_gpu_to_build else None,
         options=options,
         profiles=bound,
         timing_cache_used=timing_cache is not None,
@@ -437,7 +437,7 @@ def build_engine(
     )
 
 
-def _build(poly: ModuleType, backend: Flavour, network: tuple, profiles: list[Profile], options: BuildOptions,
+def _build(poly: ModuleType, flavour: Flavour, network: tuple, profiles: list[Profile], options: BuildOptions,
            targets: tuple[str, ...], timing_cache: Path | None, say: Progress,
            logger: Any) -> tuple[bytes, float, tuple[str, ...], tuple[str, ...]]:
     """(plan, seconds, targets built for, default targets dropped)."""
@@ -445,10 +445,10 @@ def _build(poly: ModuleType, backend: Flavour, network: tuple, profiles: list[Pr
 
     dropped: list[str] = []
     while True:
-        config, monitor = _create_config(poly, backend, network, profiles, options, targets, timing_cache,
+        config, monitor = _create_config(poly, flavour, network, profiles, options, targets, timing_cache,
                                          say, logger)
         where = f"compute capability {', '.join(targets)}" if targets else "this GPU"
-        _safe_say(say, f"building with {backend.label} for {where}")
+        _safe_say(say, f"building with {flavour.label} for {where}")
         logger.errors.clear()
         started = time.perf_counter()
         try:
@@ -470,7 +470,7 @@ def _build(poly: ModuleType, backend: Flavour, network: tuple, profiles: list[Pr
             dropped.append(refused)
             targets = tuple(t for t in targets if t != refused)
             continue
-        raise _build_failure(backend, logger)
+        raise _build_failure(flavour, logger)
 
 
 # --- will an engine run here? --------------------------------------------------------
@@ -487,29 +487,29 @@ def _built_label(built: BuiltFor) -> str:
 
 
 def can_run_here(
-    backend: Flavour | None,
+    flavour: Flavour | None,
     built: BuiltFor | Mapping[str, Any],
     gpu: GpuInfo | None | Literal["detect"] = "detect",
 ) -> tuple[bool, str]:
-    """Whether an engine (described by its manifest) runs with ``backend`` on this GPU.
+    """Whether an engine (described by its manifest) runs with ``flavour`` on this GPU.
 
-    ``backend`` is the installed one (None: none installed). The reason is one line, fit to
+    ``flavour`` is the installed one (None: none installed). The reason is one line, fit to
     show in place of TensorRT's own deserialization error.
     """
     built = built if isinstance(built, BuiltFor) else BuiltFor.from_json(built)
     what = _built_label(built)
     row = TRAITS.get(built.backend)
     if row is None:
-        return False, f"{what}: a backend enginekit does not know"
+        return False, f"{what}: a TensorRT flavour enginekit does not know"
     if gpu == "detect":
         gpu = gpu_info()
     if gpu is None:
         return False, f"{what}; this machine has no GPU"
-    if backend is None:
+    if flavour is None:
         return False, f"{what}, but {row.label} is not installed: {row.pip_install}"
-    if backend.traits.family != row.family or backend.version != built.version:
+    if flavour.traits.family != row.family or flavour.version != built.version:
         # Plans carry a version tag: another TensorRT (or patch release) refuses them.
-        return False, f"{what}, but {backend.label} is installed: rebuild it with this one"
+        return False, f"{what}, but {flavour.label} is installed: rebuild it with this one"
     if row.supports_compute_capability_targets:
         if gpu.compute_capability not in built.targets:
             return False, f"{what}; this machine's GPU, {gpu}, is not among them"

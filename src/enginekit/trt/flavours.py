@@ -37,7 +37,7 @@ class FlavourTraits:
     """What one backend (a module at some major versions) can and cannot do."""
 
     name: str  # row name, recorded in manifests and cache keys: "tensorrt-10"
-    family: str  # what --backend names: "tensorrt" or "tensorrt-rtx"
+    family: str  # what --trt names: "tensorrt" or "tensorrt-rtx"
     label: str  # for messages: "TensorRT", "TensorRT-RTX"
     module: str  # import name
     majors: tuple[int, ...]  # module major versions this row describes
@@ -198,14 +198,14 @@ def resolve_flavour(requested: str = "auto") -> Flavour:
     else TensorRT-RTX, else TensorRT all the same (its build then says a GPU is missing).
     """
     if requested not in FLAVOURS:
-        raise UsageError(f"unknown backend {requested!r}: choose one of {', '.join(FLAVOURS)}")
+        raise UsageError(f"unknown TensorRT flavour {requested!r}: choose one of {', '.join(FLAVOURS)}")
     if requested != "auto":
         try:
             return _load(requested)
         except ModuleNotFoundError as exc:
             row = _family_traits(requested)[0]
             raise CapabilityError(
-                f"backend {requested} is not installed ({row.module}: {first_line(exc)}); "
+                f"TensorRT flavour {requested} is not installed ({row.module}: {first_line(exc)}); "
                 f"install it with: {row.pip_install}"
             ) from exc
     found: dict[str, Flavour] = {}
@@ -244,58 +244,58 @@ def normalize_cc(text: str) -> str:
     return f"{int(match.group(1))}.{match.group(2)}"
 
 
-def default_targets(backend: Flavour, gpu: GpuInfo | None) -> tuple[str, ...]:
+def default_targets(flavour: Flavour, gpu: GpuInfo | None) -> tuple[str, ...]:
     """Targets when the user names none: this GPU if the backend can target it, else portable.
 
     TensorRT proper always builds for the GPU it runs on, so its "targets" only record it.
     """
-    if not backend.traits.supports_compute_capability_targets:
+    if not flavour.traits.supports_compute_capability_targets:
         return (gpu.compute_capability,) if gpu else ()
-    if gpu is not None and gpu.compute_capability in backend.traits.compute_capabilities:
+    if gpu is not None and gpu.compute_capability in flavour.traits.compute_capabilities:
         return (gpu.compute_capability,)
     return PORTABLE_RTX_TARGETS
 
 
 def validate_targets(
-    backend: Flavour, requested: str | Sequence[str], gpu: GpuInfo | None = None
+    flavour: Flavour, requested: str | Sequence[str], gpu: GpuInfo | None = None
 ) -> tuple[str, ...]:
     """``--target-cc 8.6,8.9,12.0`` -> sorted, de-duplicated targets the backend supports."""
     items = requested.split(",") if isinstance(requested, str) else list(requested)
     targets = sorted({normalize_cc(item) for item in items if item.strip()}, key=cc_tuple)
     if not targets:
         raise UsageError("--target-cc names no compute capability: write it like 8.6,8.9,12.0")
-    traits = backend.traits
+    traits = flavour.traits
     if not traits.supports_compute_capability_targets:
         if gpu is not None and targets == [gpu.compute_capability]:
             return tuple(targets)
         here = f"this GPU ({gpu})" if gpu else "the GPU it runs on"
         raise UsageError(
             f"{traits.label} builds only for {here}; --target-cc {','.join(targets)} "
-            "needs --backend tensorrt-rtx"
+            "needs --trt tensorrt-rtx"
         )
     unsupported = [t for t in targets if t not in traits.compute_capabilities]
     if unsupported:
         raise UsageError(
-            f"{backend.label} cannot target compute capability {', '.join(unsupported)}; "
+            f"{flavour.label} cannot target compute capability {', '.join(unsupported)}; "
             f"supported: {', '.join(traits.compute_capabilities)}"
         )
     return tuple(targets)
 
 
 def resolve_targets(
-    backend: Flavour, requested: str | Sequence[str] | None, gpu: GpuInfo | None
+    flavour: Flavour, requested: str | Sequence[str] | None, gpu: GpuInfo | None
 ) -> tuple[str, ...]:
     """The targets a build uses: the validated request, or the defaults."""
     if requested is None or (not isinstance(requested, str) and len(requested) == 0):
-        return default_targets(backend, gpu)
-    return validate_targets(backend, requested, gpu)
+        return default_targets(flavour, gpu)
+    return validate_targets(flavour, requested, gpu)
 
 
-def require_nms(backend: "Flavour", what: str) -> None:
+def require_nms(flavour: "Flavour", what: str) -> None:
     """Refuse, before any work, a graph ending in NMS on a backend that cannot build it."""
-    if not backend.traits.builds_nms:
-        raise CapabilityError(f"{backend.label} cannot build {what}: its builder has no NonMaxSuppression layer; "
-                              "build it with --backend tensorrt (TensorRT 10/11), or run the ONNX graph")
+    if not flavour.traits.builds_nms:
+        raise CapabilityError(f"{flavour.label} cannot build {what}: its builder has no NonMaxSuppression layer; "
+                              "build it with --trt tensorrt (TensorRT 10/11), or run the ONNX graph")
 
 
 def fp8_unsupported(targets: Sequence[str]) -> list[str]:
@@ -330,5 +330,5 @@ def require_fp8(
 
 
 def plan_family(magic: bytes) -> str:
-    """The backend family (``--backend``) that wrote a plan, by its first four bytes (TensorRT-RTX's are ``vtrt``)."""
+    """The TensorRT family (``--trt``) that wrote a plan, by its first four bytes (TensorRT-RTX's are ``vtrt``)."""
     return "tensorrt-rtx" if magic == b"vtrt" else "tensorrt"

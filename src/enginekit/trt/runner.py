@@ -28,9 +28,9 @@ def _profile_for(shape: tuple[int, ...], profiles: list[dict], input_name: str) 
 
 
 @contextlib.contextmanager
-def _activated(plan: Path, backend: Flavour):
+def _activated(plan: Path, flavour: Flavour):
     """An active polygraphy ``TrtRunner`` over ``plan``, deactivated on leaving."""
-    bind(backend)  # POLYGRAPHY_USE_TENSORRT_RTX is read once, when polygraphy is first imported
+    bind(flavour)  # POLYGRAPHY_USE_TENSORRT_RTX is read once, when polygraphy is first imported
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
     runner = TrtRunner(EngineFromBytes(lambda: plan_bytes(plan)))  # after an Ultralytics header, if any
@@ -41,12 +41,12 @@ def _activated(plan: Path, backend: Flavour):
         runner.deactivate()
 
 
-def engine_runner(plan: Path, backend: Flavour, profiles: list[dict], input_name: str):
+def engine_runner(plan: Path, flavour: Flavour, profiles: list[dict], input_name: str):
     """A context manager yielding ``run(feed) -> outputs`` over the engine."""
 
     @contextlib.contextmanager
     def _run() -> Iterator[Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]]:
-        with _activated(plan, backend) as runner:
+        with _activated(plan, flavour) as runner:
             current = [0]
 
             def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -62,7 +62,7 @@ def engine_runner(plan: Path, backend: Flavour, profiles: list[dict], input_name
 
 
 @contextlib.contextmanager
-def repeat_runner(plan: Path, backend: Flavour, feed: dict[str, np.ndarray], *,
+def repeat_runner(plan: Path, flavour: Flavour, feed: dict[str, np.ndarray], *,
                   include_copies: bool) -> Iterator[Callable[[], None]]:
     """Yield ``run()``: one synchronous inference of ``feed`` (the engine's first profile).
 
@@ -70,7 +70,7 @@ def repeat_runner(plan: Path, backend: Flavour, feed: dict[str, np.ndarray], *,
     Otherwise the inputs are copied to the GPU once (as torch CUDA tensors) and the outputs
     stay there, so a run is the engine's work plus polygraphy's per-call bookkeeping.
     """
-    with _activated(plan, backend) as runner:
+    with _activated(plan, flavour) as runner:
         if include_copies:
             def run() -> None:
                 runner.infer(feed, check_inputs=False, copy_outputs_to_host=True)

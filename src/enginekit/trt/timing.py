@@ -36,17 +36,17 @@ FILE = "timing.cache"
 Merge = Callable[[Flavour, Path, Path], bool]
 
 
-def timing_cache_parts(backend: Flavour, gpu: GpuInfo) -> dict:
-    """The key of the timing cache kept for builds with ``backend`` on ``gpu``."""
-    return {"backend": {"name": backend.name, "version": backend.version}, "gpu": gpu.to_json()}
+def timing_cache_parts(flavour: Flavour, gpu: GpuInfo) -> dict:
+    """The key of the timing cache kept for builds with ``flavour`` on ``gpu``."""
+    return {"backend": {"name": flavour.name, "version": flavour.version}, "gpu": gpu.to_json()}
 
 
-def merge_timing_caches(backend: Flavour, into: Path, other: Path) -> bool:
+def merge_timing_caches(flavour: Flavour, into: Path, other: Path) -> bool:
     """Combine the timing cache ``other`` into the one at ``into`` (rewritten); False if TensorRT refused.
 
     Polygraphy merges only into the file a build saves to; this merges two builds' copies.
     """
-    trt = backend.module
+    trt = flavour.module
     logger = trt_logger(trt)
     with capturing(logger):
         config = trt.Builder(logger).create_builder_config()
@@ -59,18 +59,18 @@ def merge_timing_caches(backend: Flavour, into: Path, other: Path) -> bool:
 
 
 @contextlib.contextmanager
-def kept_timing_cache(cache: Cache, backend: Flavour, gpu: GpuInfo | None,
+def kept_timing_cache(cache: Cache, flavour: Flavour, gpu: GpuInfo | None,
                       merge: Merge = merge_timing_caches) -> Iterator[Path | None]:
-    """A private copy of the timing cache kept for (``backend``, ``gpu``), for one build to read and rewrite.
+    """A private copy of the timing cache kept for (``flavour``, ``gpu``), for one build to read and rewrite.
 
     The path does not exist when nothing is kept yet. When the block ends without an exception,
     what the build wrote replaces the entry. None (and nothing stored) where the backend keeps no
     timing cache or there is no GPU.
     """
-    if not backend.traits.has_timing_cache or gpu is None:
+    if not flavour.traits.has_timing_cache or gpu is None:
         yield None
         return
-    parts = timing_cache_parts(backend, gpu)
+    parts = timing_cache_parts(flavour, gpu)
     key = key_for(parts)
     with tempfile.TemporaryDirectory(prefix="enginekit-timing-") as folder:
         work = Path(folder) / FILE
@@ -82,16 +82,16 @@ def kept_timing_cache(cache: Cache, backend: Flavour, gpu: GpuInfo | None,
         reporting.note(f"timing cache for {gpu}: " + (f"entry {key[:10]}" if loaded else "none kept yet"), level=1)
         yield work
         if work.is_file() and work.stat().st_size:
-            _publish(cache, parts, key, work, loaded, backend, gpu, merge)
+            _publish(cache, parts, key, work, loaded, flavour, gpu, merge)
 
 
-def _publish(cache: Cache, parts: dict, key: str, work: Path, loaded: str | None, backend: Flavour,
+def _publish(cache: Cache, parts: dict, key: str, work: Path, loaded: str | None, flavour: Flavour,
              gpu: GpuInfo, merge: Merge) -> None:
     """Replace the entry with ``work``, first merging in what another build published meanwhile."""
     with cache.lock(KIND, key):
         current = cache.lookup(KIND, key)
         theirs = current.entry.manifest["files"][FILE]["sha256"] if current.entry is not None else None
-        if theirs is not None and theirs != loaded and not merge(backend, work, current.entry.file(FILE)):
+        if theirs is not None and theirs != loaded and not merge(flavour, work, current.entry.file(FILE)):
             reporting.warning(f"timing cache for {gpu}: another build's new timings could not be merged; "
                               "this build's replace them")
         if sha256_file(work) == theirs:
@@ -101,5 +101,5 @@ def _publish(cache: Cache, parts: dict, key: str, work: Path, loaded: str | None
             shutil.copyfile(work, tmp / FILE)
             return {"bytes": work.stat().st_size}
 
-        cache.get_or_create(KIND, parts, produce, force=True, subject=f"{backend.label} on {gpu}")
+        cache.get_or_create(KIND, parts, produce, force=True, subject=f"{flavour.label} on {gpu}")
     reporting.note(f"timing cache for {gpu}: kept ({work.stat().st_size / 1024:.0f} KiB)", level=1)

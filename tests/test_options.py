@@ -15,7 +15,7 @@ from enginekit.families.torch_models.spec import FLAGS
 #: options that set how the command runs, not what it makes: the team store (``--remote``), trusting a pickle,
 #: how the result is shown or where a copy goes
 RUN_SETTINGS = {"trust_checkpoint", "remote", "remote_read_only"}
-DECLARATION = {*FLAGS, "bgr"} - {"channels"}  # --task ... --classes: the request's ``declared``
+DECLARED = {*FLAGS, "bgr"} - {"channels"}  # --task ... --classes: the request's ``declared``
 
 #: (command, request, {option parameter: field it sets, where the names differ}, {options that are the command's own})
 VERBS = [
@@ -30,7 +30,7 @@ VERBS = [
       **{name: f"build.{name}" for name in ("weights", "random_init", "seed", "nms", "repair", "target_cc",
                                                     "workspace", "opt_level", "calib_data", "calib_count",
                                                     "calib_method", "calib_cache", "exclude")},
-      **{name: "build.declared" for name in DECLARATION}},
+      **{name: "build.declared" for name in DECLARED}},
      set()),
     ("tune", rq.TuneRequest, {"backend": "backends", "precision": "precisions", "input": "inputs", "batch": "batches",
                               "budget": "budget_minutes"}, {"as_json"}),
@@ -72,7 +72,7 @@ def test_every_option_is_one_field_of_its_request(verb, request_type, renamed, o
     for name in options:
         if name in RUN_SETTINGS or name in own:
             continue
-        target = renamed.get(name, "declared" if name in DECLARATION else name)
+        target = renamed.get(name, "declared" if name in DECLARED else name)
         if not field_of(request_type, target):
             problems.append(f"{verb} --{name.replace('_', '-')}: no field {target!r} of {request_type.__name__}")
     problems += [f"{verb}: {name} is listed here and is no option of it"
@@ -169,3 +169,19 @@ def test_a_bad_value_is_refused_alike_by_the_request_and_the_recipe(tmp_path, fi
     said = str(by_recipe.value)
     assert f": {key}" in said, said
     assert said.endswith(text.partition(": ")[2]), (said, text)
+
+
+@pytest.mark.parametrize("verb", ["export", "build", "verify", "tune", "predict", "deploy triton"])
+def test_the_declaration_is_options_py_on_every_command_that_takes_it(verb):
+    """--task ... --classes: each Option's flag, help and panel on every command that takes the declaration; the
+    Options are the declaration's names (families.torch_models.spec) and a recipe's model: keys."""
+    from enginekit.options import DECLARATION
+    from enginekit.recipes.schema import ModelSection
+
+    assert {o.field for o in DECLARATION} == DECLARED
+    found = params(verb)
+    for option in DECLARATION:
+        param = found[option.parameter]
+        assert (tuple(param.opts), param.help, param.rich_help_panel) == (option.flags, option.help, option.panel)
+        assert option.recipe is None or option.recipe[1] in ModelSection.model_fields, option
+

@@ -31,6 +31,9 @@ PANEL_REPORTS = "Reports"
 PANEL_STORE = "Team store"
 PANEL_RUN = "Running"
 PANEL_STREAM = "Stream"
+# What a model enginekit cannot know by itself declares (torchvision:, timm:, file.py:factory, programs): the same
+# names in a recipe's model: section and as keywords of enginekit.load (docs/models.md)
+PANEL_DECLARE = "Model declaration (torchvision:, timm:, file.py:factory)"
 
 SEED_MAX = 2**32 - 1
 # TensorRT takes a workspace limit as a 64-bit size: larger is no machine's and overflows its binding.
@@ -170,6 +173,24 @@ CALIB_CACHE = Option("calib_cache", ("--calib-cache",), Optional[Path], None,
 EXCLUDE = Option("exclude", ("--exclude",), list[str], [], "Node regex kept out of INT8 (repeatable).", PANEL_CALIB,
                  recipe=("calibration", "exclude"), check=_regex)
 
+# -- the model's declaration (families.torch_models.spec checks it; a request holds it as ``declared``) ----------
+def _declared(name: str, type_: Any, default: Any, help_: str, recipe: Optional[str] = None) -> Option:
+    return Option(name, (f"--{name}",), type_, default, help_, PANEL_DECLARE,
+                  recipe=("model", recipe or name) if recipe != "" else None)
+
+
+TASK = _declared("task", Optional[str], None, "semantic, classify, depth or raw (parity only).")
+OUTPUTS = _declared("outputs", Optional[str], None, "NAME[:MEANING],... e.g. out:logits,aux:logits.")
+SIZE = _declared("size", Optional[str], None, "Input HxW when no --input/--profile says.")
+DYNAMIC = _declared("dynamic", Optional[str], None, "Symbolic axes besides batch: hw or none.")
+MEAN = _declared("mean", Optional[str], None, "Per-channel mean of 0..1 pixels, e.g. 0.485,0.456,0.406.")
+STD = _declared("std", Optional[str], None, "Per-channel std, e.g. 0.229,0.224,0.225.")
+RESIZE = _declared("resize", Optional[str], None, "stretch, letterbox (grey 114) or crop.")
+BGR = _declared("bgr", bool, False, "The model takes BGR (default RGB).", recipe="")  # a recipe: channels: bgr
+CLASSES = _declared("classes", Optional[int], None, "torchvision/timm: this many classes.")
+
+#: the declaration's options, in --help's order (export, build, verify, tune, predict, deploy take them)
+DECLARATION = (TASK, OUTPUTS, SIZE, DYNAMIC, MEAN, STD, RESIZE, BGR, CLASSES)
 #: build's builder and calibration options, in --help's order (verify takes them too)
 ENGINE = (TRT, TARGET_CC, WORKSPACE, OPT_LEVEL, CALIB_DATA, CALIB_COUNT, CALIB_METHOD, CALIB_CACHE, EXCLUDE)
 #: the weights options of every verb that loads a PyTorch model

@@ -859,13 +859,6 @@ class DeployRequest(_Declares):
         return self
 
 
-def _comma_list(value: Any) -> Any:
-    """``"a,b"`` (the CLI's form) -> ``["a", "b"]``, blanks and repeats dropped; a list stays."""
-    if isinstance(value, str):
-        value = [part.strip() for part in value.split(",")]
-    return list(dict.fromkeys(v for v in value if str(v).strip())) if isinstance(value, (list, tuple)) else value
-
-
 class BenchRequest(Options):
     """``enginekit bench``: latency and throughput of one model (or several, each timed, and with ``e2e`` or
     ``stream`` their pipeline) on the runners that run here, fed the same seeded inputs (``enginekit.bench``)."""
@@ -895,47 +888,29 @@ class BenchRequest(Options):
     @model_validator(mode="before")
     @classmethod
     def _imgsz(cls, data: Any) -> Any:
-        """``imgsz`` (``640`` or ``384x640``) is ``input`` HxW; both given is refused."""
-        if isinstance(data, dict) and data.get("imgsz") is not None:
-            data = dict(data)
-            imgsz = data.pop("imgsz")
-            if data.get("input") is not None:
-                raise UsageError(f"--imgsz {imgsz} and --input {data['input']} both give the input size: give one")
-            data["input"] = "x".join(map(str, image_size(imgsz, "--imgsz")))
-        elif isinstance(data, dict):
-            data = {k: v for k, v in data.items() if k != "imgsz"}
-        return data
+        """``imgsz`` (``640`` or ``384x640``) is ``input`` of batch 1; both given is refused."""
+        return _imgsz_into(data, "input", lambda shape: shape)
 
     @field_validator("models", mode="before")
     @classmethod
-    def _models(cls, value: Any) -> Any:
-        return _comma_list(value)
+    def _models(cls, value: Any) -> list[str]:
+        return list(dict.fromkeys(_items(value)))
 
     @field_validator("backends", mode="before")
     @classmethod
-    def _backends(cls, value: Any) -> Any:
+    def _backends(cls, value: Any) -> list[str]:
         """Runner names and words for several (``torch,ort``) -> runner names in report order."""
-        if value is None or (isinstance(value, (list, tuple)) and not value):
-            return []
-        return parse_backends(value if isinstance(value, str) else ",".join(map(str, value)))
+        if isinstance(value, str):  # as --backend gives it: a list that names none is refused
+            return parse_backends(value)
+        return parse_backends(",".join(_items(value))) if _items(value) else []
 
     @field_validator("batches", mode="before")
     @classmethod
-    def _batches(cls, value: Any) -> Any:
-        if value is None:
-            return []
-        if isinstance(value, str):
-            try:
-                value = [int(part) for part in value.split(",") if part.strip()]
-            except ValueError:
-                raise UsageError(f"malformed --batch {value!r}: expected positive integers like 1,8,16") from None
-            if not value:
-                raise UsageError("malformed --batch: expected positive integers like 1,8,16")
-        if isinstance(value, (list, tuple)):
-            if any(int(b) <= 0 for b in value):
-                raise UsageError(f"malformed --batch {','.join(map(str, value))}: expected positive integers like 1,8,16")
-            value = sorted({int(b) for b in value})
-        return value
+    def _batches(cls, value: Any) -> list[int]:
+        items = _items(value)
+        if not all(i.isdigit() and int(i) > 0 for i in items):
+            raise UsageError(f"malformed --batch {','.join(items)}: expected positive integers like 1,8,16")
+        return sorted({int(i) for i in items})
 
     @field_validator("every", mode="before")
     @classmethod

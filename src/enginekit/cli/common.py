@@ -11,7 +11,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from enginekit.errors import EnginekitError
-from enginekit.options import (ENGINE, NMS, OPSET, PANEL_BUILD, PANEL_CALIB, PANEL_GATES, PANEL_IMAGES, PANEL_INPUT,
+from enginekit.options import (DECLARATION, ENGINE, NMS, OPSET, PANEL_BUILD, PANEL_CALIB, PANEL_GATES, PANEL_IMAGES, PANEL_INPUT,
                                PANEL_MODEL, PANEL_REPORTS, PANEL_RUN, PANEL_STORE, PANEL_STREAM, PROFILES, RANDOM_INIT,
                                SEED, TRT, WEIGHTS, Option)
 
@@ -169,26 +169,6 @@ RemoteOpt = Annotated[Optional[str], typer.Option(
 RemoteReadOnlyOpt = Annotated[bool, typer.Option(
     "--remote-read-only", rich_help_panel=PANEL_STORE, help="Read the store, never write it.")]
 
-# What a model enginekit cannot know by itself declares (torchvision:, timm:, file.py:factory, programs):
-# the same names in a recipe's model: section and as keywords of enginekit.load (docs/models.md).
-_DECLARE = "Model declaration (torchvision:, timm:, file.py:factory)"
-TaskOpt = Annotated[Optional[str], typer.Option(
-    "--task", rich_help_panel=_DECLARE, help="semantic, classify, depth or raw (parity only).")]
-OutputsOpt = Annotated[Optional[str], typer.Option(
-    "--outputs", rich_help_panel=_DECLARE, help="NAME[:MEANING],... e.g. out:logits,aux:logits.")]
-SizeOpt = Annotated[Optional[str], typer.Option(
-    "--size", rich_help_panel=_DECLARE, help="Input HxW when no --input/--profile says.")]
-DynamicOpt = Annotated[Optional[str], typer.Option(
-    "--dynamic", rich_help_panel=_DECLARE, help="Symbolic axes besides batch: hw or none.")]
-MeanOpt = Annotated[Optional[str], typer.Option(
-    "--mean", rich_help_panel=_DECLARE, help="Per-channel mean of 0..1 pixels, e.g. 0.485,0.456,0.406.")]
-StdOpt = Annotated[Optional[str], typer.Option(
-    "--std", rich_help_panel=_DECLARE, help="Per-channel std, e.g. 0.229,0.224,0.225.")]
-ResizeOpt = Annotated[Optional[str], typer.Option(
-    "--resize", rich_help_panel=_DECLARE, help="stretch, letterbox (grey 114) or crop.")]
-BgrOpt = Annotated[bool, typer.Option("--bgr", rich_help_panel=_DECLARE, help="The model takes BGR (default RGB).")]
-ClassesOpt = Annotated[Optional[int], typer.Option(
-    "--classes", rich_help_panel=_DECLARE, help="torchvision/timm: this many classes.")]
 ModelsWeightsOpt = Annotated[Optional[list[Path]], typer.Option(
     "--weights", "-w", rich_help_panel=PANEL_MODEL, help="Weights, once per model, in the order of MODELS.")]
 ImagesOpt = Annotated[Optional[Path], typer.Option(
@@ -221,10 +201,8 @@ MODEL_HELP = ("yolo12n, depth, best.pt, torchvision:NAME, timm:NAME, file.py:fac
               ".pt2/TorchScript program (docs/models.md).")
 
 
-#: the model declaration's options, (parameter, annotation, default), in the order help lists them
-DECLARATION_OPTIONS = (("task", TaskOpt, None), ("outputs", OutputsOpt, None), ("size", SizeOpt, None),
-                       ("dynamic", DynamicOpt, None), ("mean", MeanOpt, None), ("std", StdOpt, None),
-                       ("resize", ResizeOpt, None), ("bgr", BgrOpt, False), ("classes", ClassesOpt, None))
+#: the model declaration's options (options.DECLARATION), (parameter, annotation, default), in the order help lists them
+DECLARATION_OPTIONS = tuple((o.parameter, cli_option(o), cli_default(o)) for o in DECLARATION)
 
 
 def declares_a_model(fn: Callable) -> Callable:

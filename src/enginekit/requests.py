@@ -592,7 +592,7 @@ class TuneRequest(_Declares):
 
     models: list[str]
     weights: list[Optional[Path]] = []  # per model, in the order of ``models`` (None: random init)
-    random_init: bool = False
+    random_init: typed(RANDOM_INIT)
     seed: typed(SEED)
     p50: Optional[float] = None
     p95: Optional[float] = None
@@ -756,7 +756,7 @@ class PredictRequest(_Declares):
     backend: str = "auto"
     precision: str = "fp32"
     weights: list[Path] = []
-    random_init: bool = False
+    random_init: typed(RANDOM_INIT)
     seed: typed(SEED)
     conf: float = 0.25
     iou: float = 0.7
@@ -814,8 +814,8 @@ class DeployRequest(_Declares):
     imgsz: Optional[str] = None
     conf: float = Field(0.25, ge=0, le=1, allow_inf_nan=False)
     iou: float = Field(0.7, ge=0, le=1, allow_inf_nan=False)
-    weights: Optional[Path] = None
-    random_init: bool = False
+    weights: typed(WEIGHTS)
+    random_init: typed(RANDOM_INIT)
     seed: typed(SEED)
     profiles: list[str] = []  # tensorrt: the engine's profiles (MIN:OPT:MAX); default: batch 1 to max_batch
     python_env: Optional[Path] = None  # the environment the Python models run in (default: this one)

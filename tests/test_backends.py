@@ -231,13 +231,13 @@ def test_which_tensorrt_runs_an_engine_is_answered_once():
     rtx = resolve_flavour("tensorrt-rtx")
     hopper, ada = GpuInfo("NVIDIA H100 80GB HBM3", "9.0"), GpuInfo("NVIDIA GeForce RTX 4090", "8.9")
     built = {"backend": "tensorrt-rtx", "backend_version": rtx.version, "targets": ["8.6", "8.9"]}
-    assert engine_runs_here(built, gpu=ada).ok and engine_runs_here(built, gpu=ada).backend.name == "tensorrt-rtx"
+    assert engine_runs_here(built, gpu=ada).ok and engine_runs_here(built, gpu=ada).flavour.name == "tensorrt-rtx"
     on_hopper = engine_runs_here(built, gpu=hopper)
     assert not on_hopper.ok and "is not among them" in on_hopper.reason
     older = engine_runs_here({**built, "backend_version": "1.0.0.1"}, gpu=ada)
     assert not older.ok and "rebuild it with this one" in older.reason
     assert not engine_runs_here(built, gpu=None).ok
-    planned = engine_runs_here(backend="tensorrt-rtx", gpu=hopper)
+    planned = engine_runs_here(flavour="tensorrt-rtx", gpu=hopper)
     assert not planned.ok and "does not run on compute capability 9.0" in planned.reason
-    assert engine_runs_here(backend="tensorrt-rtx", gpu=ada).ok
-    assert "no GPU" in engine_runs_here(backend="tensorrt-rtx", gpu=None).reason
+    assert engine_runs_here(flavour="tensorrt-rtx", gpu=ada).ok
+    assert "no GPU" in engine_runs_here(flavour="tensorrt-rtx", gpu=None).reason

@@ -38,7 +38,7 @@ class TensorRT(Backend):
         """The engine ``artifact`` is; without one, the engine a build with ``family`` would make here."""
         from enginekit.trt.session import engine_runs_here
 
-        verdict = engine_runs_here(artifact.manifest if artifact is not None else None, backend=family, gpu=gpu)
+        verdict = engine_runs_here(artifact.manifest if artifact is not None else None, flavour=family, gpu=gpu)
         return Verdict(verdict.ok, verdict.reason)
 
     @classmethod

@@ -40,7 +40,7 @@ def profile_for(shape: tuple[int, ...], profiles: list[dict], input_name: str) -
 class EngineVerdict:
     """Which installed TensorRT runs (or would run) an engine here, whether it can, and why in one line."""
 
-    backend: Any  # trt.flavours.Flavour, or None: no TensorRT of the engine's kind is installed
+    flavour: Any  # trt.flavours.Flavour, or None: no TensorRT of the engine's kind is installed
     ok: bool
     reason: str
 
@@ -57,12 +57,12 @@ def runs_on(traits, gpu, label: str | None = None) -> tuple[bool, str]:
     return True, f"runs on {gpu}"
 
 
-def engine_runs_here(manifest: Mapping[str, Any] | None = None, *, backend: str = "auto",
+def engine_runs_here(manifest: Mapping[str, Any] | None = None, *, flavour: str = "auto",
                      gpu: Any = "detect") -> EngineVerdict:
     """Which TensorRT runs an engine here: the one answer the runtime, verify, bench and doctor ask.
 
     With ``manifest``: the engine it describes (its TensorRT, version, and targets or GPU). Without:
-    the engine a build with ``backend`` (auto | tensorrt | tensorrt-rtx) would make on this machine.
+    the engine a build with ``flavour`` (auto | tensorrt | tensorrt-rtx) would make on this machine.
     ``gpu``: this machine's (``"detect"``), or a GpuInfo (None: no GPU).
     """
     if gpu == "detect":
@@ -78,7 +78,7 @@ def engine_runs_here(manifest: Mapping[str, Any] | None = None, *, backend: str 
         ok, reason = can_run_here(installed, manifest, gpu)
         return EngineVerdict(installed, ok, reason)
     try:
-        installed = resolve_flavour(backend)
+        installed = resolve_flavour(flavour)
     except (CapabilityError, UsageError) as exc:
         return EngineVerdict(None, False, ("no GPU on this machine; " if gpu is None else "") + str(exc))
     if gpu is None:
@@ -114,11 +114,11 @@ def installed_modules() -> dict[str, dict[str, Any]]:
 
 
 def check_runs_here(manifest: Mapping[str, Any]) -> Any:
-    """The installed backend that runs this engine here, or a CapabilityError saying why not."""
+    """The installed TensorRT flavour that runs this engine here, or a CapabilityError saying why not."""
     verdict = engine_runs_here(manifest)
     if not verdict.ok:
         raise CapabilityError(f"the engine cannot run here: {verdict.reason}")
-    return verdict.backend
+    return verdict.flavour
 
 
 _DTYPES = {"FLOAT": "float32", "HALF": "float16", "INT32": "int32", "INT64": "int64", "BOOL": "bool",
@@ -139,10 +139,10 @@ class EngineSession:
     def __init__(self, plan: Path, manifest: dict, input_name: str, *, device: str = "cuda:0", stream=None):
         import torch
 
-        backend = check_runs_here(manifest)
-        if backend.name == "tensorrt-rtx":
+        flavour = check_runs_here(manifest)
+        if flavour.name == "tensorrt-rtx":
             os.environ.setdefault("POLYGRAPHY_USE_TENSORRT_RTX", "1")
-        trt = backend.module
+        trt = flavour.module
         self.torch = torch
         self.device = torch.device(device)
         self.stream = stream or torch.cuda.Stream(device=self.device)
@@ -151,7 +151,7 @@ class EngineSession:
 
         self.engine = self.runtime.deserialize_cuda_engine(plan_bytes(plan))  # after an Ultralytics header, if any
         if self.engine is None:
-            raise CapabilityError(f"{backend.label} refused the plan {plan} (built for another version or GPU?)")
+            raise CapabilityError(f"{flavour.label} refused the plan {plan} (built for another version or GPU?)")
         self.context = self.engine.create_execution_context()
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]

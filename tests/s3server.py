@@ -105,8 +105,8 @@ class S3Server:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGCONT)
             os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
+            try:  # weed takes its time over a clean shutdown (15 s and more); the tests' data is theirs to lose
+                self.proc.wait(3)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()

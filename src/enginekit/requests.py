@@ -62,7 +62,7 @@ def _checked(option: Option) -> Callable[[Any], Any]:
         try:
             return option.check(value)
         except ValueError as exc:
-            raise PydanticCustomError("option", "{message}", {"message": str(exc)}) from None
+            raise PydanticCustomError("option", "{message}", {"message": str(exc)}) from exc
 
     return check
 

@@ -553,6 +553,15 @@ def _items(value: Any) -> list[str]:
     return [item.strip() for part in parts for item in str(part).split(",") if item.strip()]
 
 
+def _positive_ints(value: Any, message: str) -> list[int]:
+    """A comma list of positive whole numbers (``--batch 1,8``) -> sorted and de-duplicated; else a UsageError of
+    ``message`` with the items given in its ``{}``."""
+    items = _items(value)
+    if not all(i.isdigit() and int(i) > 0 for i in items):
+        raise UsageError(message.format(",".join(items)))
+    return sorted({int(i) for i in items})
+
+
 def _imgsz_into(data: Any, field: str, make) -> Any:
     """A request's ``imgsz`` (``--imgsz``) as its ``field`` (``make`` of the batch-1 shape ``1x3xHxW``); refused
     beside a ``field`` of its own."""
@@ -625,10 +634,7 @@ class TuneRequest(_Declares):
     @field_validator("batches", mode="before")
     @classmethod
     def _batches(cls, value: Any) -> list[int]:
-        items = _items(value)
-        if not all(i.isdigit() and int(i) > 0 for i in items):
-            raise UsageError(f"--batch {','.join(items)}: expected positive whole numbers, e.g. 1,2")
-        return sorted({int(i) for i in items})
+        return _positive_ints(value, "--batch {}: expected positive whole numbers, e.g. 1,2")
 
     @field_validator("p50", "p95", "p99", mode="before")
     @classmethod
@@ -829,10 +835,7 @@ class DeployRequest(_Declares):
     @field_validator("preferred", mode="before")
     @classmethod
     def _preferred(cls, value: Any) -> list[int]:
-        items = _items(value)
-        if not all(i.isdigit() and int(i) > 0 for i in items):
-            raise UsageError(f"--preferred {','.join(items)}: expected positive whole numbers, e.g. 4,8")
-        return sorted({int(i) for i in items})
+        return _positive_ints(value, "--preferred {}: expected positive whole numbers, e.g. 4,8")
 
     @field_validator("profiles", mode="before")
     @classmethod
@@ -907,10 +910,7 @@ class BenchRequest(Options):
     @field_validator("batches", mode="before")
     @classmethod
     def _batches(cls, value: Any) -> list[int]:
-        items = _items(value)
-        if not all(i.isdigit() and int(i) > 0 for i in items):
-            raise UsageError(f"malformed --batch {','.join(items)}: expected positive integers like 1,8,16")
-        return sorted({int(i) for i in items})
+        return _positive_ints(value, "malformed --batch {}: expected positive integers like 1,8,16")
 
     @field_validator("every", mode="before")
     @classmethod

@@ -18,6 +18,11 @@ os.environ["YOLO_VERBOSE"] = "False"
 os.environ.setdefault("YOLO_CONFIG_DIR", str(_ENV_ROOT / "ultralytics"))
 os.environ["HF_HUB_OFFLINE"] = "1"  # fail fast instead of retrying an unreachable hub
 os.environ["ENGINEKIT_CACHE"] = str(_ENV_ROOT / "cache")
+# Parallel workers (pytest -n N) each get a core's share of PyTorch's threads (read when torch is imported): two
+# workers of two OpenMP threads each on two cores wait on each other's spinning threads.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 # Each test process (the controller and every xdist worker) removes its own folder on exit: engines,
 # graphs and Ultralytics' settings of one run add up to 1-2 GB, and runs would otherwise fill the disk.
 atexit.register(shutil.rmtree, _ENV_ROOT, ignore_errors=True)

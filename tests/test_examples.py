@@ -1,4 +1,8 @@
-"""Every Python file in examples/ runs as a user would run it, on a cache of its own."""
+"""Every Python file in examples/ runs as a user would run it, on a cache of its own.
+
+examples/python_api.py runs in its second form, on a trained detector (`python_api.py yolov8n best.pt`, the
+suite's): its gates compare detections that mean something, and the first form's model (a random-weight
+Depth-Anything) is exported, built and verified by test_build.py, test_export.py and test_flows.py."""
 
 from __future__ import annotations
 
@@ -13,10 +17,10 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SCRIPTS = sorted(EXAMPLES.rglob("*.py"))
 
 
-def run_example(path: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+def run_example(path: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, ENGINEKIT_CACHE=str(tmp_path / "cache"), TMPDIR=str(tmp_path), YOLO_OFFLINE="1",
                YOLO_VERBOSE="False", HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(path), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=900)
 
 
@@ -25,8 +29,12 @@ def test_there_are_examples():
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(EXAMPLES)))
-def test_example_runs(path, tmp_path):
-    done = run_example(path, tmp_path)
+def test_example_runs(path, tmp_path, request):
+    args = ()
+    if path.name == "python_api.py":
+        trained = request.getfixturevalue("trained_detector")
+        args = (trained.model, str(trained.weights))
+    done = run_example(path, tmp_path, *args)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     if path.name == "python_api.py":

@@ -560,18 +560,6 @@ def test_lossy_int8_exits_1_naming_what_it_lost(trained, tmp_path, run_cli):
     assert any("parity scores" in f for f in failures), failures
 
 
-def test_entropy_calibration_at_320_loses_detections(trained, tmp_path):
-    """The old default (entropy on the embedded photographs) moves more than the 5% of the FP32 detections the gate
-    allows at 320: it dropped 3 of 49 with one trained detector (recall 0.94), added extra ones with another
-    (precision below 0.95). The reason YOLO's default is max."""
-    outcome = _verify_int8(trained, tmp_path, calib_method="entropy")
-    report, art = _int8_artifact(outcome)
-    assert not outcome.passed
-    failed = {c.name for c in report.failures()} & {"task recall", "task precision"}
-    assert failed, [str(c) for c in report.failures()]
-    assert 0.8 < min(art.task["recall"], art.task["precision"]) < 0.95, art.task
-
-
 def scale_largest_weight(src, dst, share: float = 0.1, factor: float = -3.0):
     """A tenth of the largest weight tensor multiplied by -3. On a random-weight yolo12n this left every
     parity figure as it was (boxes rel L2 2.4e-8, scores 5.3e-4: its outputs hardly depend on its weights);

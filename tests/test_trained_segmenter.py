@@ -54,7 +54,7 @@ def test_fp16_and_int8_keep_the_class_maps_against_the_masks(seg, tmp_path):
         art = graphs[precision]
         assert art.ground_truth["reference"]["miou"] >= 0.8, art.ground_truth  # the labels score the FP32 model
         (drop,) = [c for c in art.checks if c.name == "labels miou drop"]
-        assert drop.passed and drop.limit == limit and 0 <= drop.value <= limit, drop
+        assert drop.passed and drop.limit == limit and drop.value <= limit, drop  # below 0: the graph scored higher
     # INT8 moved the logits (the gate compared something) and quantized all but a tenth of the convolutions
     assert graphs["int8"].parts["out"]["worst"]["rel_l2"] > 1e-3, graphs["int8"].parts
     (path,) = seg["cache"].root.glob("onnx-int8/*/model.onnx")

@@ -51,15 +51,59 @@ def read_manifest(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     return manifest, None
 
 
+# -- what each kind of entry records: its readers take these fields as these types ------------------------------
+_N = (int, float)  # a number (JSON has no other kind; bools are refused where a number is read)
+_D, _L, _S, _B, _0 = dict, list, str, bool, type(None)
+
+#: per kind, the fields beyond the cache's own that readers take from its manifest, and the JSON types they take
+#: them as. A stored record whose field is of another type does not parse: it reads as corrupt (one warning, then
+#: rebuilt), never as a hit that crashes a reader. A field a kind writes and no reader takes needs no line; a kind
+#: missing here is checked for the cache's own fields only.
+RECORDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "onnx-export": {"weights": (_S,), "seconds": _N},
+    "onnx-simplify": {"nodes_before": (int,), "nodes_after": (int,), "max_rel_l2": _N + (_0,), "seconds": _N},
+    "onnx-fp16": {"initializer_dtype_share": (_D,), "keep_fp32": (_L,), "seconds": _N},
+    "onnx-int8": {"calibrated": (_B,), "qdq_nodes": (int,), "exclude": (_L,), "method": (_S,),
+                  "calibration_seconds": _N, "calibration_data": (_S,), "calibration_source": (_S,),
+                  "qdq_layout": (_S, _0), "seconds": _N},
+    "onnx-fp8": {"exclude": (_L,), "seconds": _N},
+    "onnx-int8-repair": {"exclude": (_L,), "repaired_nodes": (_L,), "method": (_S, _0),
+                         "calibration_source": (_S, _0), "seconds": _N},
+    "parity": {"result": (_D,), "passed": (_B,)},
+    "verdict": {"report": (_D,)},
+    "reference": {"cases": (int,), "skipped_images": (_L,), "outputs": (_L,)},
+    "ground-truth": {"result": (_D,), "rectangles": _N},
+    "repair": {"nodes": (_L,), "result": (_D,)},
+    "engine": {"backend": (_S,), "backend_version": (_S,), "targets": (_L,), "gpu": (_D, _0), "options": (_D,),
+               "profiles": (_L,), "io": (_L,), "plan_bytes": (int,), "source_onnx": (_D,), "precision": (_D,),
+               "versions": (_D,), "parity": (_D,), "model_request": (_D, _0), "chain": (_L,),
+               "source_model": (_D, _0), "repair": (_D,), "input_sizes": (_S,), "seconds": _N},
+    "triton-repo": {"name": (_S,), "platform": (_S,), "verified": (_S,)},
+}
+
+
+def check_record(manifest: dict[str, Any], kind: str) -> str | None:
+    """Reason a kind's record (``RECORDS``) does not parse, or None."""
+    for name, types in RECORDS.get(kind, {}).items():
+        if name not in manifest:
+            continue
+        value = manifest[name]
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            return f"its record's {name} is a {type(value).__name__}, not {' or '.join(t.__name__ for t in types)}"
+    return None
+
+
 def check_manifest(manifest: dict[str, Any], kind: str, key: str) -> str | None:
-    """Reason the manifest does not belong to this folder, or None."""
+    """Reason the manifest does not belong to this folder or does not parse as its kind's record, or None."""
     if manifest.get("key") != key:
         return f"{MANIFEST} names key {str(manifest.get('key'))[:10]!r}, not the folder's"
     if manifest.get("kind") != kind:
         return f"{MANIFEST} names kind {manifest.get('kind')!r}, not {kind!r}"
     if not isinstance(manifest.get("files"), dict):
         return f"{MANIFEST} has no file list"
-    return None
+    if not isinstance(manifest.get("parts"), dict):
+        return f"{MANIFEST} has no key parts"
+    return check_record(manifest, kind)
 
 
 def verify_files(path: Path, files: dict[str, Any], *, hash: bool = True) -> str | None:

@@ -70,21 +70,22 @@ class ModelRequest:
             self.adapter = self.adapter.with_nms()
         if self.weights is not None:
             check_weights_path(self.weights, self.adapter)
+            if not self.random_init:
+                self.adapter.check_weights(self.weights)
 
     def _from_checkpoint(self) -> None:
-        """``best.pt`` alone (``yolo export model=best.pt``'s habit): an Ultralytics checkpoint names its model (the
-        architecture it records) and is its weights."""
-        recorded = model_in_file(self.name)
-        if recorded is None:
+        """``best.pt`` alone (``yolo export model=best.pt``'s habit): an Ultralytics checkpoint holds its model (its
+        module) and is its weights; no name needed. The name stays the file's path (``resolve`` reads it again)."""
+        found = model_in_file(self.name)
+        if found is None:
             return  # a name, a TorchScript program or a state dict
         path = Path(str(self.name)).expanduser()
         same = self.weights is not None and Path(self.weights).expanduser().resolve() == path.resolve()
         if (self.weights is not None and not same) or self.random_init:
             raise UsageError(f"{path.name} is an Ultralytics checkpoint: it is the model and its weights; drop "
                              f"{'--weights' if self.weights is not None else '--random-init'} (or name the model)")
-        self.name, self.weights, self.checkpoint = recorded, path, path
-
-        reporting.note(f"{path.name}: {self.name} (the architecture it records)")
+        self.weights, self.checkpoint = path, path
+        reporting.note(f"{path.name}: {found.describe_model()}")
 
     @classmethod
     def recorded(cls, name: str, identity: str, *, nms: bool = False,

@@ -160,7 +160,7 @@ class Stages:
     def export_parts(self, shape: Shape, opset: int) -> dict:
         parts = {
             "stage": "export",
-            "model": self.adapter.variant,
+            "model": self.adapter.key_model(self.request.weights is not None and not self.request.random_init),
             "weights": self.request.weights_identity,
             "shape": format_shape(self.adapter.trace_shape(shape)),
             "opset": opset,

@@ -27,6 +27,7 @@ from enginekit.errors import UsageError
 from enginekit.backends import names
 from enginekit.backends.registry import parse_backends
 from enginekit.families import registered, resolve
+from enginekit.families.registry import resolve_target
 from enginekit.families.torch_models.sources import PROGRAM_SUFFIXES
 from enginekit.families.torch_models.spec import ModelSpec
 from enginekit.fsutil import check_output_path
@@ -237,6 +238,16 @@ class ExportRequest(_ModelOptions):
     @classmethod
     def _simplifier(cls, value: str) -> str:
         return _choice(value, SIMPLIFIERS, "simplifier")
+
+    @field_validator("model")
+    @classmethod
+    def _not_a_graph(cls, value: str) -> str:
+        """An ONNX file is exported already: build makes its FP16 or INT8 graph (and engine)."""
+        if Path(value).suffix.lower() == ".onnx":
+            raise UsageError(f"{Path(value).name} is an ONNX graph already (export makes graphs of PyTorch models): "
+                             f"enginekit build {value} --precision fp16 makes its FP16 graph and engine, and prints "
+                             "where they are")
+        return value
 
     @field_validator("output")
     @classmethod
@@ -579,16 +590,31 @@ def _imgsz_into(data: Any, field: str, make) -> Any:
     return data
 
 
+def check_types(**arguments: tuple[Any, Any]) -> None:
+    """Python API arguments against their types, as the CLI's parsing checks them: ``name=(value, type or types)``;
+    ``bool`` is no ``int`` here and nothing else is a ``bool`` (``random_init="yes please"`` is refused, not true)."""
+    for name, (value, types) in arguments.items():
+        allowed = types if isinstance(types, tuple) else (types,)
+        ok = any(value is None if t is None else (isinstance(value, t) and (t is bool or not isinstance(value, bool)))
+                 for t in allowed)
+        if not ok:
+            words = " or ".join("None" if t is None else t.__name__ for t in allowed)
+            raise UsageError(f"{name}={value!r}: expected {words}, not {type(value).__name__}")
+
+
 def image_size(text: str, what: str = "--input") -> tuple[int, int]:
-    """``320`` -> (320, 320); ``384x640`` (or ``1x3x384x640``) -> (384, 640)."""
+    """``320`` -> (320, 320); ``384x640`` -> (384, 640); for ``--input`` also ``1x3x384x640``. A size (``--imgsz``,
+    ``imgsz``) is N or HxW only: a batch and channels are ``--input``'s, so ``2x1x320x320`` is refused rather than
+    read as its last two numbers. A size whose one RGB image would not fit in memory is refused before any work."""
     text = str(text).strip()
-    if text.isdigit():
-        dims: tuple[int, ...] = (int(text), int(text))
-    else:
-        dims = tuple(parse_shape(text, what=what))
-    if len(dims) not in (2, 4) or min(dims) < 1:
-        raise UsageError(f"{what} {text!r}: expected a size (320) or HxW (384x640)")
-    return dims[-2], dims[-1]
+    dims = tuple(parse_shape(f"{text}x{text}" if text.isdigit() else text, what=what))
+    nchw = what in ("--input", "input")
+    if len(dims) not in ((2, 4) if nchw else (2,)) or min(dims) < 1:
+        also = " (NxCxHxW is --input's)" if len(dims) == 4 else ""
+        raise UsageError(f"{what} {text!r}: expected a size (320) or HxW (384x640){also}")
+    h, w = dims[-2], dims[-1]
+    parse_shape(f"1x3x{h}x{w}", what=what)  # one float image of that size must fit in memory
+    return h, w
 
 
 class TuneRequest(_Declares):
@@ -933,7 +959,7 @@ class BenchRequest(Options):
         if not self.models:
             raise UsageError("no model given: e.g. enginekit bench yolo12n")
         for model in self.models:
-            resolve(model)
+            resolve_target(model)  # a name, a checkpoint or an ONNX file
         if len(self.models) > 1 and (self.plot is not None or self.weights is not None):
             raise UsageError(f"--{'plot' if self.plot is not None else 'weights'} takes one model, not {len(self.models)}")
         if self.image is not None and not self.e2e:

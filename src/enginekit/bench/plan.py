@@ -22,6 +22,10 @@ from enginekit.backends.base import Artifact, ENGINE, MODULE, ONNX
 from enginekit.flows import run
 from enginekit.flows.build import run_build
 from enginekit.gpu import gpu_info
+from enginekit.families.registry import graph_model
+from enginekit.hashing import sha256_file
+from enginekit.onnx.graph import input_dims, load_model
+from enginekit.pipeline import Artifact as PipelineArtifact
 from enginekit.pipeline import ModelRequest, Stages
 from enginekit.requests import BuildRequest
 
@@ -73,6 +77,7 @@ class BenchPlan:
     items: list[Planned]
     gpu: Any  # trt.flavours.GpuInfo | None
     weights_identity: str
+    source: Path | None = None  # an ONNX file benched as it is (None: a model, exported through the cache)
 
 
 def input_batch(plan: BenchPlan, batch: int) -> np.ndarray:
@@ -81,23 +86,60 @@ def input_batch(plan: BenchPlan, batch: int) -> np.ndarray:
 
 
 def prepare(settings: BenchSettings, *, cache=None, quiet: bool = False) -> BenchPlan:
-    """Decide what runs here and fetch (or make) the ONNX graphs and engines it needs."""
-    request = ModelRequest(settings.model, Path(settings.weights) if settings.weights else None,
-                           settings.random_init, settings.seed)
-    adapter = request.adapter
-    image_shape = settings.image_shape or tuple(adapter.default_input[1:])
+    """Decide what runs here and fetch (or make) the ONNX graphs and engines it needs. ``settings.model``: a model
+    (a name, a checkpoint) or an ONNX file, whose graph the ONNX Runtime rows run as it is (its FP16 graph or its
+    engines made from it through the cache); a file has no PyTorch module, so torch rows are skipped."""
+    graph = graph_model(settings.model)
+    if graph is not None:
+        adapter, meta = graph
+        if settings.weights is not None or settings.random_init:
+            raise UsageError(f"{Path(settings.model).name} is a graph: it holds its weights (drop --weights and "
+                             "--random-init)")
+        source = Path(settings.model)
+        fixed = _fixed_shape(source, adapter.input_name)
+        image_shape = settings.image_shape or fixed or _recorded_shape(meta) or tuple(adapter.default_input[1:])
+        if fixed is not None and tuple(image_shape) != fixed:
+            raise UsageError(f"{source.name} takes {format_shape((1, *fixed))[2:]} inputs only, not "
+                             f"{format_shape((1, *image_shape))[2:]}")
+        pipe = Stages(None, cache, quiet=quiet, adapter=adapter, subject=adapter.variant)
+        identity = f"onnx:{sha256_file(source)}"
+    else:
+        request = ModelRequest(settings.model, Path(settings.weights) if settings.weights else None,
+                               settings.random_init, settings.seed)
+        adapter, source, identity = request.adapter, None, request.weights_identity
+        image_shape = settings.image_shape or tuple(adapter.default_input[1:])
+        pipe = Stages(request, cache, quiet=quiet)
     adapter.constraint.check((1, *image_shape), what="--input")
     check_batch(max(settings.batches), image_shape, what="--batch")  # the inputs below are this big
-    pipe = Stages(request, cache, quiet=quiet)
     gpu = gpu_info()
     inputs = adapter.random_inputs((max(settings.batches), *image_shape), settings.seed)
     items = [Planned(name) for name in settings.backends]
-    plan = BenchPlan(settings, adapter, pipe, image_shape, inputs, items, gpu, request.weights_identity)
+    plan = BenchPlan(settings, adapter, pipe, image_shape, inputs, items, gpu, identity, source)
     for item in items:
-        item.skip = item.backend.why_not(gpu=gpu, **item.variant.options)
+        if source is not None and MODULE in item.backend.runs:
+            item.skip = f"{source.name} is a graph: no PyTorch module to run (bench its checkpoint for these rows)"
+    for item in items:
+        item.skip = item.skip or item.backend.why_not(gpu=gpu, **item.variant.options)
         if item.skip is None:
             _prepare_item(plan, item)
     return plan
+
+
+def _fixed_shape(path: Path, input_name: str) -> Shape | None:
+    """(C, H, W) of a graph whose input has fixed channels, height and width; None where any is symbolic."""
+    dims = input_dims(load_model(path, check=False)).get(input_name)
+    if dims is None or not all(isinstance(d, int) and d > 0 for d in dims[1:]):
+        return None
+    return tuple(dims[1:])
+
+
+def _recorded_shape(meta: dict) -> Shape | None:
+    """(C, H, W) a graph records as its size (``export_shape``: what the runtime letterboxes frames to)."""
+    shape = meta.get("export_shape", "")
+    try:
+        return tuple(int(v) for v in shape.split("x")[1:4]) if shape else None
+    except ValueError:
+        return None
 
 
 def _prepare_item(plan: BenchPlan, item: Planned) -> None:
@@ -121,6 +163,11 @@ def _prepare_item(plan: BenchPlan, item: Planned) -> None:
 def _onnx_for(plan: BenchPlan) -> Path:
     """The cached graph ONNX Runtime runs: simplified FP32, or its FP16 AutoCast."""
     shape = (1, *plan.image_shape)
+    if plan.source is not None:  # the user's graph as it is, or its FP16 graph (AutoCast, cached)
+        given = PipelineArtifact.given(plan.source)
+        fp16 = plan.settings.precision == "fp16" and plan.pipeline.adapter is not None
+        recorded = graph_model(plan.source)[1].get("precision", "fp32")
+        return plan.pipeline.fp16(given, shape).path if fp16 and recorded == "fp32" else plan.source
     chain = plan.pipeline.onnx_chain(shape, opset=plan.settings.opset, fp16=plan.settings.precision == "fp16")
     return chain[-1].path
 

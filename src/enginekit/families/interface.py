@@ -76,9 +76,15 @@ class Registration(ABC):
         return None
 
     @classmethod
-    def model_in_file(cls, path: Path) -> str | None:
-        """The model name a weights file of this family's library records (an Ultralytics ``best.pt``: its
-        architecture), so that the file alone names its model; None: not such a file."""
+    def from_file(cls, path: Path) -> "Registration | None":
+        """The adapter of the model a file of this family's library holds whole (an Ultralytics ``best.pt``: its
+        module), so that the file alone is the model, no name needed; None: not such a file."""
+        return None
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, str]) -> "Registration | None":
+        """The adapter of a graph's model where its metadata says what the model is rather than naming one this
+        family builds (a checkpoint's export, a file the family's library wrote); None: not such metadata."""
         return None
 
     @classmethod
@@ -151,10 +157,22 @@ class Export(ABC):
     def check_source(self) -> None:
         """Refuse, in one line, a model whose source cannot be loaded (a missing file), before any work."""
 
+    def check_weights(self, weights: Path) -> None:
+        """Refuse, in one line, a weights file that is not this model's (before any cached artifact is served)."""
+
     def trace_shape(self, shape: Shape) -> Shape:
         """The shape the exporter traces at and simplify proves the graph at, for an export at ``shape``: the
         same by default. A graph dynamic in H and W is one graph at any size, so a family may trace it smaller."""
         return shape
+
+    def key_model(self, weights_file: bool) -> str:
+        """The model's part of an export key: its name; where a weights file holds the whole module (an Ultralytics
+        checkpoint), what says so instead, as the file's content (beside it in the key) is the model."""
+        return self.variant
+
+    def describe_model(self) -> str:
+        """One phrase on what the model is, for notes ("a detect model, 2 classes (built from yolov8s.yaml)")."""
+        return f"a {getattr(self, 'task', '')} model ({getattr(self, 'family', '')})"
 
     @property
     def portable_name(self) -> str:
@@ -242,12 +260,13 @@ class Export(ABC):
     def with_nms(self, settings: "NmsSettings | None" = None) -> "Export":
         """This adapter, with NMS in the exported graph: its output is the kept boxes, as an
         end-to-end head's. A one-line UsageError where the model has no NMS to add."""
+        import copy
         import dataclasses
 
         reason = self.nms_refusal()
         if reason is not None:
             raise UsageError(f"--nms: {reason}")
-        adapter = type(self)(self.variant)
+        adapter = copy.copy(self)  # what the instance knows of its model (a checkpoint's facts) comes along
         adapter.nms = dataclasses.replace(settings or NmsSettings(), form=self.nms_form)
         return adapter
 

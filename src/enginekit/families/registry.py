@@ -11,6 +11,7 @@ or transformers inside their methods).
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from enginekit.errors import UsageError
@@ -53,9 +54,13 @@ def resolve(name: str, declared: dict | None = None) -> "ModelAdapter":
     declares of the model (``--task``, ``--outputs``...), for a family that takes it (``declarable``)."""
     classes = registered()
     given = name.strip()
-    recorded = model_in_file(given)  # best.pt names its model
-    if recorded is not None:
-        given = recorded
+    found = model_in_file(given)  # best.pt: the model it holds, no name needed
+    if found is not None:
+        if declared and not found.declarable:
+            said = ", ".join(FLAGS.get(k, k) for k in declared)
+            raise UsageError(f"{Path(given).name} holds its model, which says itself what its outputs are and how its "
+                             f"inputs are made: drop {said}")
+        return found
     lowered = given.lower()
     aliases = {alias: target for cls in classes for alias, target in cls.aliases.items()}
     canonical = aliases.get(lowered, lowered)
@@ -92,16 +97,14 @@ def recorded_declaration(metadata: dict) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def model_in_file(path) -> str | None:
-    """The model a weights file names by itself (an Ultralytics checkpoint: the architecture it records), asked of
-    every family (``model_in_file``); None: no family's file, or not a file."""
-    from pathlib import Path
-
+def model_in_file(path) -> "ModelAdapter | None":
+    """The adapter of the model a weights file holds whole (an Ultralytics checkpoint: its module), asked of every
+    family (``from_file``); None: no family's file, or not a file."""
     path = Path(str(path)).expanduser()
     if path.suffix.lower() not in (".pt", ".pth") or not path.is_file():
         return None
     for cls in registered():
-        found = cls.model_in_file(path)
+        found = cls.from_file(path)
         if found is not None:
             return found
     return None
@@ -125,11 +128,50 @@ def graph_metadata(metadata: dict[str, str], source: str | None = None) -> dict[
     return metadata
 
 
-def resolve_recorded(name: str, metadata: dict) -> "ModelAdapter":
-    """The adapter a graph or engine names (``model``), with the declaration its metadata records."""
+def model_of_metadata(metadata: dict | None) -> "ModelAdapter | None":
+    """The adapter of a model a graph's metadata describes by what it is (``from_metadata``), else None."""
+    for cls in registered():
+        found = cls.from_metadata(metadata or {})
+        if found is not None:
+            return found
+    return None
+
+
+def resolve_recorded(name: str | None, metadata: dict) -> "ModelAdapter":
+    """The adapter of a graph or engine: what its metadata says the model is, where it says so (a checkpoint's
+    export, a file Ultralytics wrote: ``from_metadata``), else the model it names (``model``) with the declaration
+    its metadata records."""
+    found = model_of_metadata(metadata)
+    if found is not None:
+        return found
+    if not name:
+        raise UsageError("the graph does not say which model it is")
     return resolve(name, recorded_declaration(metadata))
 
 
 def families() -> list[FamilyInfo]:
     """What ``enginekit models`` shows: one row per registered family."""
     return [cls.describe() for cls in registered()]
+
+
+def graph_model(path) -> "tuple[ModelAdapter, dict[str, str]] | None":
+    """(the adapter, the metadata) of an ONNX file's model, from its metadata (enginekit's, or Ultralytics' adopted);
+    None: not an ONNX file. A graph that does not say which model it is: one line."""
+    path = Path(str(path)).expanduser()
+    if path.suffix.lower() != ".onnx":
+        return None
+    from enginekit.onnx.graph import get_metadata, load_model
+
+    if not path.is_file():
+        raise UsageError(f"ONNX file not found: {path}")
+    meta = graph_metadata(get_metadata(load_model(path, check=False)), path.name)
+    if not meta.get("model") and model_of_metadata(meta) is None:
+        raise UsageError(f"{path.name} does not say which model it is: enginekit runs the graphs it or Ultralytics "
+                         "wrote")
+    return resolve_recorded(meta.get("model"), meta), meta
+
+
+def resolve_target(target: str) -> "ModelAdapter":
+    """The adapter of what a verb was given: a model name, a checkpoint, or an ONNX file (its metadata)."""
+    found = graph_model(target)
+    return found[0] if found is not None else resolve(target)

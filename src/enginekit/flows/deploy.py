@@ -57,6 +57,8 @@ class DeployOutcome:
 def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
     cache = cache or Cache()
     repo = _check_repo(request.repo)
+    if request.python_env is not None:  # the Python models' environment: checked before anything is written
+        check_python_env(request.python_env)
     input_size = None
     if request.imgsz is not None:
         h, w = image_size(request.imgsz, "--imgsz")
@@ -156,6 +158,40 @@ def _check_repo(repo: Path) -> Path:
     return repo.resolve()
 
 
+#: Python versions Triton's Python backend has stubs for (nvidia-pytriton ships these; Triton's images one of them)
+STUB_PYTHONS = ((3, 8), (3, 9), (3, 10), (3, 11), (3, 12), (3, 13))
+
+
+def check_python_env(env: Path) -> None:
+    """``--python-env``: a Python environment (a folder with ``bin/python``) whose Python has a backend stub and
+    that holds enginekit, which the repository's Python models import; one line where it is not."""
+    import subprocess
+
+    env = Path(env)
+    what = f"--python-env {env}"
+    if not env.exists():
+        raise UsageError(f"{what}: not found (the Python environment the repository's Python models run in)")
+    if not env.is_dir():
+        raise UsageError(f"{what}: is a file, not a Python environment (a folder with bin/python)")
+    python = next((env / "bin" / n for n in ("python3", "python") if (env / "bin" / n).is_file()), None)
+    if python is None:
+        raise UsageError(f"{what}: holds no bin/python, so it is not a Python environment")
+    probe = ("import sys, importlib.util as u; "
+             "print(sys.version_info[0], sys.version_info[1], u.find_spec('enginekit') is not None)")
+    try:
+        proc = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60)
+        major, minor, has = proc.stdout.split()
+        version = (int(major), int(minor))
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        raise UsageError(f"{what}: its bin/python does not run ({str(exc)[:80] or 'no answer'})") from exc
+    if version not in STUB_PYTHONS:
+        raise UsageError(f"{what}: Python {major}.{minor}, for which Triton's Python backend has no stub "
+                         f"(it has {', '.join('%d.%d' % v for v in STUB_PYTHONS)})")
+    if has != "True":
+        raise UsageError(f"{what}: does not hold enginekit, which the repository's Python models import "
+                         f"(install it there: {python} -m pip install enginekit)")
+
+
 def _check_tensorrt_for_triton() -> None:
     """Triton's TensorRT backend loads engines of TensorRT proper (not TensorRT-RTX's plans): refused before
     any work where TensorRT is not installed."""
@@ -250,10 +286,32 @@ def _install(entry: Path, repo: Path, models: list[str]) -> None:
             if dest.exists():
                 os.replace(dest, old)
             os.replace(staging / m, dest)
-        (staging / "README.md").write_text(repository_readme(repo))
-        os.replace(staging / "README.md", repo / "README.md")
+        readme_file = repo / "README.md"
+        if not os.path.lexists(readme_file) or _written_by_deploy(readme_file):
+            (staging / "README.md").write_text(repository_readme(repo))
+            os.replace(staging / "README.md", readme_file)
+        else:  # the user's own: never replaced (each model's README is in its folder)
+            reporting.note(f"--repo {repo}: README.md is not enginekit's: left as it is (each model's README is in "
+                           "its folder)")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+#: the first line of the README.md deploy writes at a repository's top: what it may replace
+README_MARK = "<!-- written by enginekit deploy triton: replaced by the next deploy -->"
+_OLD_README = "# Triton model repository (models written by enginekit deploy triton)"
+
+
+def _written_by_deploy(path: Path) -> bool:
+    """Whether a repository's README.md is deploy's own (its mark, or the heading earlier releases wrote)."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            first = f.readline().strip()
+    except OSError:
+        return False
+    return first in (README_MARK, _OLD_README)
 
 
 def repository_readme(repo: Path) -> str:
@@ -268,7 +326,8 @@ def repository_readme(repo: Path) -> str:
             continue
         check = marker.get("verified") or "NOT VERIFIED (--allow-unverified)"
         lines.append(f"- `{folder.name}` and `{folder.name}-net`: [{folder.name}/README.md]({folder.name}/README.md); {check}")
-    return ("# Triton model repository (models written by enginekit deploy triton)\n\n" + "\n".join(lines) +
+    return (f"{README_MARK}\n# Triton model repository (models written by enginekit deploy triton)\n\n" +
+            "\n".join(lines) +
             "\n\nStart the server on this folder: `tritonserver --model-repository=$PWD`. Other models here are "
             "not enginekit's and are left as they are.\n")
 

@@ -24,7 +24,7 @@ from enginekit.flows import run
 from enginekit.flows.build import run_build
 from enginekit.flows.export import run_export
 from enginekit.recipes import load_recipe
-from enginekit.requests import BuildRequest, ExportRequest, image_size, unknown_name
+from enginekit.requests import BuildRequest, ExportRequest, check_types, image_size, unknown_name
 
 
 
@@ -43,6 +43,12 @@ def load(target, precision: str = "fp32", backend: str = "auto", *, weights=None
     (opt-in; default: Ultralytics' OpenCV letterbox on the host, the .pt's input bit for bit). The rest: the
     runtime's ``load`` (``enginekit.runtime.loader.load``).
     """
+    check_types(precision=(precision, str), backend=(backend, str), random_init=(random_init, bool),
+                seed=(seed, int), device=(device, (str, None)), conf=(conf, (float, int)), iou=(iou, (float, int)),
+                max_det=(max_det, int), cuda_graph=(cuda_graph, (bool, None)),
+                fuse_attention=(fuse_attention, (bool, None)), quiet=(quiet, bool),
+                gpu_letterbox=(gpu_letterbox, bool), imgsz=(imgsz, (int, str, None)),
+                input_size=(input_size, (int, tuple, list, None)))
     check_load_options(build_options)
     if imgsz is not None:  # Ultralytics' word for it: 320 or "384x640"
         if input_size is not None:

@@ -25,7 +25,7 @@ from enginekit.gpu import check_device
 from enginekit.backends.base import SessionInfo
 from enginekit.cache import Cache
 from enginekit.engine_file import read_header
-from enginekit.families.registry import graph_metadata, recorded_declaration, resolve
+from enginekit.families.registry import graph_metadata, model_of_metadata, recorded_declaration, resolve, resolve_recorded
 from enginekit.families.torch_models.sources import PROGRAM_SUFFIXES
 from enginekit.fsutil import read_text
 from enginekit.gpu import gpu_info
@@ -328,6 +328,9 @@ def target_adapter(t: Target):
     declaration recorded beside it (the graph's metadata, else the engine's build request)."""
     if t.request is not None:
         return t.request.adapter
+    found = model_of_metadata(t.metadata)  # a checkpoint's export, a file Ultralytics wrote: what it is, no name
+    if found is not None:
+        return found
     declared = recorded_declaration(t.metadata) or (t.manifest.get("model_request") or {}).get("declared") or {}
     return resolve(t.model, declared)
 
@@ -401,7 +404,7 @@ def predictor_from_record(record: dict, make_session):
     info["input_dtype"] = np.dtype(info["input_dtype"])
     info = SessionInfo(**info)
     metadata = dict(record["metadata"])
-    adapter = resolve(record["model"], recorded_declaration(metadata))
+    adapter = resolve_recorded(record["model"], metadata)
     options = dict(record["options"])
     if isinstance(options.get("input_size"), list):
         options["input_size"] = tuple(options["input_size"])

@@ -318,9 +318,8 @@ def onnx_model_request(path: Path, metadata: dict, model, reference, spec):
     Refused in one line when the given weights are not the ones its metadata records."""
     weights = Path(reference) if reference is not None else (spec.weights if spec is not None else None)
     name = model or metadata.get("model")
-    if not name and weights is not None:  # an Ultralytics checkpoint records its architecture
-
-        name = model_in_file(weights)
+    if model is None and weights is not None and model_in_file(weights) is not None:
+        name = str(weights)  # an Ultralytics checkpoint holds its model: the file is the reference, no name needed
     if not name:
         raise UsageError(f"{path.name} does not say which model it is: pass --model NAME (yolo12n, depth, ...)")
     random_init = bool(spec is not None and spec.random_init)

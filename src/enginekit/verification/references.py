@@ -89,7 +89,7 @@ def get_references(pipe, profiles: list[dict], images: CalibrationData, seed: in
     parts = {
         "stage": "reference",
         "layout": 2,  # the manifest names the outputs: a stored verdict's verify reads no reference file
-        "model": adapter.variant,
+        "model": adapter.key_model(pipe.request.weights is not None and not pipe.request.random_init),
         "weights": pipe.request.weights_identity,
         "photos": images.digest(adapter, photo_shape),
         "random": [format_shape(s) for s in random_shapes],

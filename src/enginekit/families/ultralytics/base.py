@@ -28,7 +28,15 @@ from enginekit.families.processing import parse_names
 from enginekit.families.types import FamilyInfo
 from enginekit.shapes import InputConstraint
 from enginekit.families.checkpoints import load_ultralytics_model
-from enginekit.families.ultralytics.identity import (adopt_ultralytics_metadata, check_architecture, checkpoint_variant, is_checkpoint)
+from enginekit.families.ultralytics.identity import (
+    MODEL_SOURCE,
+    ModelFacts,
+    adopt_ultralytics_metadata,
+    check_architecture,
+    checkpoint_facts,
+    facts_of_metadata,
+    is_checkpoint,
+)
 from enginekit.families.ultralytics.runtime import letterbox, stretch, to_input
 
 # Whole-output limits (recipes show them; a graph is gated per part, below).
@@ -125,7 +133,11 @@ def coco_names() -> dict:
 
 
 class UltralyticsAdapter(ModelAdapter):
-    """A model Ultralytics builds by name (``<variant>.yaml``) and loads from its checkpoints."""
+    """A model Ultralytics builds by name (``<variant>.yaml``) and loads from its checkpoints; or one known by what
+    it is (``facts``: a checkpoint file's module, or a graph's metadata), whatever it is called."""
+
+    #: what the model is where it is known by its file or a graph's metadata, not by a name (None: by name)
+    facts: ModelFacts | None = None
 
     framework = "ultralytics"
     input_name = "images"
@@ -154,8 +166,21 @@ class UltralyticsAdapter(ModelAdapter):
                           + " (dynamic batch)", HUB_NOTE, cls.summary)
 
     @property
+    def stride(self) -> int:
+        """The largest stride of the model's outputs (32 for Ultralytics' P5 YAMLs, 64 for P6)."""
+        return self.facts.stride if self.facts is not None else 32
+
+    @property
     def constraint(self) -> InputConstraint:
-        return InputConstraint(self.input_name, 3, 32, self.variant)
+        return InputConstraint(self.input_name, 3, self.stride, self.variant)
+
+    @property
+    def portable_name(self) -> str:
+        return self.facts.source if self.facts is not None and self.facts.source else self.variant
+
+    def key_model(self, weights_file: bool) -> str:
+        # a checkpoint holds its whole module: its content (the weights identity beside this) says what it is
+        return "ultralytics-checkpoint" if weights_file else self.variant
 
     def tolerance(self, precision: str) -> Tolerance:
         return _TOLERANCES[precision]
@@ -181,9 +206,41 @@ class UltralyticsAdapter(ModelAdapter):
         return path
 
     @classmethod
-    def model_in_file(cls, path: Path) -> str | None:
-        """An Ultralytics checkpoint's architecture (``identity.checkpoint_variant``)."""
-        return checkpoint_variant(path) if is_checkpoint(path) else None
+    def from_file(cls, path: Path) -> "UltralyticsAdapter | None":
+        """An Ultralytics checkpoint as the model it holds (``identity.checkpoint_facts``), called by its file."""
+        return cls.of_facts(checkpoint_facts(path)) if is_checkpoint(path) else None
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, str]) -> "UltralyticsAdapter | None":
+        """A graph or engine of an Ultralytics model known by what it is (a checkpoint's export, a file Ultralytics
+        wrote): ``identity.facts_of_metadata``."""
+        if not metadata.get(MODEL_SOURCE):
+            return None
+        facts = facts_of_metadata(metadata)
+        return cls.of_facts(facts) if facts is not None else None
+
+    @classmethod
+    def of_facts(cls, facts: ModelFacts) -> "UltralyticsAdapter | None":
+        """The adapter of the registered Ultralytics family ``facts`` names, serving that model."""
+        from enginekit.families.registry import registered
+
+        for family in registered():
+            if issubclass(family, UltralyticsAdapter) and family.family == facts.family:
+                adapter = family(facts.name)
+                adapter.facts = facts
+                if facts.imgsz is not None:  # YOLO(file) predicts, exports and validates at its training size
+                    adapter.default_input = (1, facts.channels, *facts.imgsz)
+                return adapter
+        return None
+
+    def describe_model(self) -> str:
+        return self.facts.describe() if self.facts is not None else super().describe_model()
+
+    def check_weights(self, weights: Path) -> None:
+        """A checkpoint given under this name (``export yolov8s -w best.pt``) must hold this architecture: its
+        layers are compared (``identity.check_architecture``) before any cached artifact is served."""
+        if self.facts is None and is_checkpoint(weights):
+            check_architecture(checkpoint_facts(weights), self.variant, self.task, Path(weights).name)
 
     @classmethod
     def adopt_metadata(cls, metadata: dict[str, str]) -> dict[str, str] | None:
@@ -193,6 +250,9 @@ class UltralyticsAdapter(ModelAdapter):
     def load(self, weights: Path | None, *, random_init: bool, seed: int) -> LoadedModel:
         from ultralytics import YOLO
 
+        if self.facts is not None and (random_init or weights is None):
+            raise UsageError(f"{self.variant} is known by its file, not by a name Ultralytics builds: "
+                             + ("it has no random init" if random_init else "give its checkpoint"))
         if random_init:
             seed_everything(seed)
             tag = f"+{self.random_init_tag}" if self.random_init_tag else ""
@@ -224,8 +284,6 @@ class UltralyticsAdapter(ModelAdapter):
             source = WeightsSource("hub", hub, sha256_file(downloaded))
         if getattr(model, "task", "detect") != self.task:
             raise UsageError(task_mismatch(weights or self.variant, model.task, self.variant, self.task))
-        if weights is not None and not random_init:
-            check_architecture(model, self.variant, weights)
         prepared = self._prepare(model)
         module, metadata = self._finish(prepared, self._metadata(model))
         return LoadedModel(module, self.variant, source, metadata)
@@ -269,6 +327,12 @@ class UltralyticsAdapter(ModelAdapter):
         }
         if self.records_head:
             meta["head"] = type(head).__name__
+        if self.facts is not None:  # known by what it is: later runs of its graph read that, not a name
+            meta[MODEL_SOURCE] = "checkpoint"
+            if self.facts.architecture:
+                meta["architecture"] = self.facts.architecture
+            if self.facts.last_layer is not None:
+                meta["last_layer"] = str(self.facts.last_layer)
         return meta
 
     def save_checkpoint(self, loaded: LoadedModel, path: Path) -> None:

@@ -1,22 +1,70 @@
-"""Which model an Ultralytics checkpoint is: the architecture it records (its model YAML), as a name.
+"""What an Ultralytics model is, read from what it is made of: a checkpoint's module, or the metadata of a file
+Ultralytics (or enginekit) wrote. Never from a name.
 
-A trainer's ``best.pt`` keeps the YAML its model was built from (``model.yaml``: backbone, head, the
-``yaml_file`` it came from and its ``scale``). ``enginekit export best.pt`` reads the model's name from it, as
-``yolo export model=best.pt`` does, and a checkpoint given to a named model (``export yolo12n -w yolov8n.pt``)
-that is another architecture is refused, naming the one it is: its weights would be loaded into the wrong
-graph's name, label and cache entries.
+A checkpoint holds its ``nn.Module``: the module's class gives the task (``DetectionModel``, ``SegmentationModel``,
+``RTDETRDetectionModel``...), its head the classes and whether it ends in its own one-to-one branch, the
+checkpoint the class names. The YAML it records (``model.yaml``) varies with how it was made: ``yaml_file`` is
+absent after fine-tuning from a ``best.pt`` and in older releases, which also write ``depth_multiple`` /
+``width_multiple`` instead of ``scales`` + ``scale``, and teams copy and rename YAMLs; so it is read for display
+only (``ModelFacts.architecture``). What a run calls the model is the file's stem (``people.pt`` -> ``people``).
+
+A model name given with a checkpoint (``export yolov8s -w best.pt``) is checked by structure: the checkpoint's
+layer names and weight shapes against the named architecture's built with the checkpoint's classes, so any
+spelling of the same YAML matches and another architecture is refused, naming what the checkpoint is.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from enginekit.errors import UsageError
-from enginekit.families import resolve
 from enginekit.families.base import describe_load_error
 from enginekit.families.checkpoints import load_ultralytics_model
+
+#: the family enginekit serves each Ultralytics task with (RT-DETR's module: ``rtdetr``)
+TASK_FAMILIES = {"detect": "yolo", "segment": "yolo-seg", "pose": "yolo-pose", "obb": "yolo-obb",
+                 "classify": "yolo-cls", "semantic": "yolo-sem", "depth": "yolo-depth"}
+#: Ultralytics' tasks its exports record
+_TASKS = tuple(TASK_FAMILIES)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What an Ultralytics model is, whatever it is called: enough to export, judge and run it.
+
+    ``name``: what output calls it (a checkpoint's file stem; an export's recorded model);
+    ``architecture``: the YAML name it records, for display (None where it records none); ``source``: the
+    checkpoint file (None: read from a graph's metadata); ``structure``: a digest of its layers' names and
+    weight shapes (a checkpoint's; "" from metadata)."""
+
+    name: str
+    family: str
+    task: str
+    architecture: str | None = None
+    end2end: bool = False
+    last_layer: int | None = None
+    stride: int = 32
+    classes: int = 0
+    source: str | None = None
+    structure: str = ""
+    #: a checkpoint's layers (``structure``), its keypoint layout and input channels: what a name given with it is
+    #: checked against (``check_architecture``)
+    layers: tuple = ()
+    kpt_shape: tuple | None = None
+    channels: int = 3
+    #: the size it was trained at (``train_args.imgsz``), which ``YOLO(file)`` predicts, exports and validates at
+    imgsz: tuple[int, int] | None = None
+
+    def describe(self) -> str:
+        """One phrase: "a detect model, 2 classes (yolov8s, as its YAML records)"."""
+        kind = "an RT-DETR detect model" if self.family == "rtdetr" else f"a {self.task} model"
+        classes = f", {self.classes} class{'es' if self.classes != 1 else ''}" if self.classes else ""
+        built = f" (built from {self.architecture}.yaml)" if self.architecture else " (its YAML records no file)"
+        return f"{kind}{classes}{built}"
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -37,8 +85,8 @@ def is_checkpoint(path: Path) -> bool:
 
 
 def architecture_name(spec: dict) -> str | None:
-    """The model name a model YAML dict stands for (``yolov8n``, ``yolo11s-seg``): its file's name with its scale,
-    as Ultralytics names its models; None where it records no file."""
+    """The YAML name a model YAML dict records (``yolov8n``, ``yolo11s-seg``, ``ppe-detector-v3``): its file's name
+    with its scale, as Ultralytics names its models; None where it records no file. For display only."""
     stem = Path(str(spec.get("yaml_file") or "")).stem
     if not stem:
         return None
@@ -48,83 +96,133 @@ def architecture_name(spec: dict) -> str | None:
     return stem
 
 
-@lru_cache(maxsize=64)
-def _named_spec(variant: str) -> dict | None:
-    from ultralytics.nn.tasks import yaml_model_load
+def structure(model) -> list[tuple[str, tuple[int, ...]]]:
+    """The layers' weights by name and shape (every parameter of two or more dimensions: convolutions, linear
+    layers): the same for any YAML spelling of one architecture, fused or not (BatchNorm folds into the conv's
+    weight, whose name and shape stay)."""
+    return [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.dim() >= 2]
 
+
+def _digest(layers) -> str:
+    return hashlib.sha256(repr(layers).encode()).hexdigest()
+
+
+def _head(model):
+    seq = getattr(model, "model", None)
     try:
-        return yaml_model_load(f"{variant}.yaml")
-    except Exception:  # noqa: BLE001 - no such YAML among Ultralytics' own
+        return seq[-1]
+    except (TypeError, IndexError, KeyError):
         return None
 
 
-def same_architecture(spec: dict, variant: str) -> bool:
-    """Whether a model YAML dict builds ``variant``: named so (the same name across Ultralytics releases), or the
-    same layers at the same scale as ``variant``'s YAML (a copy under another name)."""
-    name = architecture_name(spec)
-    if name is not None and name.lower() == variant.lower():
-        return True
-    want = _named_spec(variant)
-    return want is not None and [want.get(k) for k in ("backbone", "head", "scale")] == \
-        [spec.get(k) for k in ("backbone", "head", "scale")]
+def facts_of_module(model, name: str, source: Path | None = None) -> ModelFacts:
+    """What a loaded Ultralytics module is (its class, head and names), called ``name``."""
+    from ultralytics.nn.tasks import RTDETRDetectionModel
 
-
-def check_architecture(model, variant: str, weights) -> None:
-    """Refuse (one line, exit 2) a checkpoint's model that is not ``variant``, naming what it is."""
+    head = _head(model)
+    task = getattr(model, "task", None) or "detect"
+    rtdetr = isinstance(model, RTDETRDetectionModel)
+    if task not in TASK_FAMILIES:
+        raise UsageError(f"{name}: an Ultralytics {type(model).__name__} of task {task!r}, which enginekit does not "
+                         f"export (it serves {', '.join(TASK_FAMILIES)})")
     spec = getattr(model, "yaml", None)
-    if not isinstance(spec, dict) or same_architecture(spec, variant):
-        return
-    name = architecture_name(spec)
-    known = name is not None and _resolvable(name)
-    what = f"a {name}" if known else f"built from {spec.get('yaml_file') or 'a YAML of its own'}" + (
-        f" at scale {spec['scale']}" if spec.get("scale") else "")
-    use = (f"name it {name} (enginekit export {name} -w {Path(str(weights)).name}), or give the file alone "
-           f"(enginekit export {Path(str(weights)).name})") if known else \
-        f"give the file alone (enginekit export {Path(str(weights)).name}) or the model it was trained as"
-    raise UsageError(f"{Path(str(weights)).name} is {what}, not {variant}: {use}")
-
-
-@lru_cache(maxsize=16)
-def _checkpoint_variant(path: Path, size: int, mtime_ns: int) -> str:
-    return _read_variant(path)
-
-
-def checkpoint_variant(path: Path) -> str:
-    """The model name a checkpoint file records (for ``export best.pt``); one line where it records none enginekit
-    builds by name. Read once per file and version of it in a process."""
-    st = Path(path).stat()
-    return _checkpoint_variant(Path(path).resolve(), st.st_size, st.st_mtime_ns)
-
-
-def _read_variant(path: Path) -> str:
+    names = getattr(model, "names", None) or {}
+    layers = tuple(structure(model))
+    end2end = rtdetr or getattr(head, "one2one_cv2", None) is not None or bool(getattr(head, "end2end", False))
     try:
-        model = load_ultralytics_model(path)
+        stride = int(max(model.stride.tolist()))
+    except (AttributeError, TypeError, ValueError):
+        stride = 32
+    return ModelFacts(name=name, family="rtdetr" if rtdetr else TASK_FAMILIES[task], task=task,
+                      architecture=architecture_name(spec) if isinstance(spec, dict) else None, end2end=end2end,
+                      last_layer=len(model.model) - 1 if hasattr(model, "model") and hasattr(model.model, "__len__")
+                      else None, stride=stride, classes=len(names), source=str(source) if source else None,
+                      structure=_digest(layers), layers=layers,
+                      kpt_shape=tuple(getattr(head, "kpt_shape", ()) or ()) or None,
+                      channels=int(spec.get("channels", 3) or 3) if isinstance(spec, dict) else 3,
+                      imgsz=_trained_size(getattr(model, "args", None), stride))
+
+
+def _trained_size(args, stride: int) -> tuple[int, int] | None:
+    """The checkpoint's training size (``imgsz`` of its train args: one side or [h, w]), as Ultralytics keeps it for
+    predict, export and val (``Model._reset_ckpt_args``); None where it records none that fits the stride."""
+    value = args.get("imgsz") if isinstance(args, dict) else None
+    try:
+        h, w = (int(v) for v in (value if isinstance(value, (list, tuple)) else (value, value)))
+    except (TypeError, ValueError):
+        return None
+    return (h, w) if h > 0 and w > 0 and not h % stride and not w % stride else None
+
+
+def _load(path: Path):
+    try:
+        return load_ultralytics_model(path)
     except UsageError:
         raise
     except Exception as exc:  # noqa: BLE001
-
         raise UsageError(describe_load_error(exc, f"cannot load YOLO checkpoint {path}")) from exc
-    spec = getattr(model, "yaml", None)
-    name = architecture_name(spec) if isinstance(spec, dict) else None
-    if name is None or not _resolvable(name):
-        raise UsageError(f"{path.name} records no model enginekit builds by name ({(spec or {}).get('yaml_file')}): "
-                         "name the model it was trained as (enginekit export yolov8s -w best.pt)")
-    return name
 
 
-def _resolvable(name: str) -> bool:
+@lru_cache(maxsize=32)
+def _checkpoint_facts(path: Path, size: int, mtime_ns: int) -> ModelFacts:
+    return facts_of_module(_load(path), path.stem, path)
+
+
+def checkpoint_facts(path: Path) -> ModelFacts:
+    """What an Ultralytics checkpoint file holds (read once per file and version of it in a process); a one-line
+    UsageError where it cannot be loaded."""
+    path = Path(path).expanduser().resolve()
+    st = path.stat()
+    return _checkpoint_facts(path, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _named_structure(variant: str, task: str, nc: int, kpt_shape: tuple | None, channels: int):
+    """The structure (``structure``) of ``variant`` as Ultralytics builds it with ``nc`` classes; None where it
+    cannot build it."""
+    from ultralytics.nn import tasks
+
     try:
-        adapter = resolve(name)
-    except UsageError:
-        return False
-    return adapter.family.startswith(("yolo", "rtdetr"))
+        spec = tasks.yaml_model_load(f"{variant}.yaml")
+    except Exception:  # noqa: BLE001 - no such YAML among Ultralytics' own
+        return None
+    spec["nc"] = nc
+    if kpt_shape:
+        spec["kpt_shape"] = list(kpt_shape)
+    classes = {"detect": tasks.DetectionModel, "segment": tasks.SegmentationModel, "pose": tasks.PoseModel,
+               "obb": tasks.OBBModel, "classify": tasks.ClassificationModel}
+    if variant.startswith("rtdetr"):
+        cls = tasks.RTDETRDetectionModel
+    else:
+        cls = classes.get(task) or getattr(tasks, {"semantic": "SemanticSegmentationModel",
+                                                    "depth": "DepthModel"}.get(task, ""), None)
+    if cls is None:
+        return None
+    try:
+        return structure(cls(spec, ch=channels, nc=nc, verbose=False))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def check_architecture(facts: ModelFacts, variant: str, task: str, file: str) -> None:
+    """Refuse (one line, exit 2) a checkpoint given under a name (``variant``, a ``task`` model) that is not what it
+    holds: another task, or layers that are not ``variant``'s built with the checkpoint's classes. The refusal
+    names what the checkpoint is and a command that works (the file alone). The layers are compared, not the
+    YAML's text, so any spelling of the same YAML (renamed, old-style multiples, no scale) matches."""
+    use = f"give the file alone (enginekit export {file}), which needs no name"
+    if facts.task != task:
+        raise UsageError(f"{file} is {facts.describe()}, but {variant} is a {task} model: {use}")
+    want = _named_structure(variant, task, facts.classes or 80, facts.kpt_shape, facts.channels)
+    if want is not None and tuple(want) != facts.layers:
+        raise UsageError(f"{file} is {facts.describe()}, whose layers are not {variant}'s: {use}")
 
 
 # -- files Ultralytics wrote: its ONNX metadata_props ----------------------------------------------------------
 _DESCRIPTION = re.compile(r"^Ultralytics (?P<name>\S+) model\b")
 ULTRALYTICS_DEFAULT_IMGSZ = 640  # its predict and val default (``cfg/default.yaml``)
-#: Ultralytics' tasks its exports record, and what enginekit's runtime serves for each
-_TASKS = ("detect", "segment", "pose", "obb", "classify", "semantic", "depth")
+#: how enginekit's metadata says a model is known by what it is (``ModelFacts``), not by a name it builds:
+#: a checkpoint's export, or a file Ultralytics exported
+MODEL_SOURCE = "model_source"
 
 
 def _literal(value):
@@ -177,18 +275,17 @@ def adopt_ultralytics_metadata(meta: dict) -> dict[str, str] | None:
     if h <= 0 or w <= 0 or h % stride or w % stride:
         raise UsageError(f"{where}: imgsz {meta.get('imgsz')!r} is not an input size in strides of {stride}")
     found = _DESCRIPTION.match(str(meta.get("description", "")))
-    name = found["name"].lower() if found else None
-    if name is None or not _resolvable(name):
-        raise UsageError(f"{where} names no model enginekit builds (description {str(meta.get('description'))[:60]!r})")
-
-    adapter = resolve(name)
-    if adapter.task != task:
-        raise UsageError(f"{where} is contradictory: {name} is a {adapter.task} model, its task says {task}")
+    # what Ultralytics called the model: its YAML's name, else its checkpoint's file stem ("people"); a name for
+    # output, never a condition (the metadata says what the model is)
+    name = found["name"].replace("YOLO", "yolo") if found else "ultralytics-model"
+    rtdetr = str(meta.get("head", "")) == "RTDETRDecoder" or name.lower().startswith("rtdetr")
+    family = "rtdetr" if rtdetr else TASK_FAMILIES[task]
     args = _literal(meta.get("args", {}))
     args = args if isinstance(args, dict) else {}
     if args.get("dynamic"):  # YOLO(file).predict() runs a file of any H x W at its own default size, not imgsz
         h = w = ULTRALYTICS_DEFAULT_IMGSZ
-    out = {"model": name, "family": adapter.family, "task": task, "names": str(names), "stride": str(stride),
+    out = {"model": name, "family": family, MODEL_SOURCE: "ultralytics", "task": task, "names": str(names),
+           "stride": str(stride),
            "export_shape": f"1x{int(meta.get('channels', 3) or 3)}x{h}x{w}", "ultralytics": str(meta.get("version", "?")),
            "end2end": str(_literal(meta.get("end2end", False)) is True or bool(args.get("nms")))}
     if args.get("nms"):
@@ -196,14 +293,34 @@ def adopt_ultralytics_metadata(meta: dict) -> dict[str, str] | None:
     for key in ("kpt_shape", "kpt_names"):  # pose: the keypoints' layout, as Ultralytics records it
         if key in meta:
             out[key] = str(_literal(meta[key]))
-    if args.get("half"):
+    quantize = str(args.get("quantize") or "")  # 8.4: quantize=16 / 8; earlier releases: half / int8
+    if args.get("half") or quantize in ("16", "fp16", "half"):
         out["precision"] = "fp16"
-    elif args.get("int8") or args.get("quantize"):
+    elif args.get("int8") or quantize in ("8", "int8"):
         out["precision"] = "int8"
     for key, value in meta.items():  # what enginekit's stages wrote into the graph since (its precision, INT8 settings)
         if key in ("precision", "enginekit_version") or key.startswith(("int8_", "fp8_", "fp32_")):
             out[key] = value
     return out
+
+
+def facts_of_metadata(metadata: dict) -> ModelFacts | None:
+    """What a graph's (or engine's) metadata says its Ultralytics model is: enginekit's own, or Ultralytics' adopted
+    (``adopt_ultralytics_metadata``). None where it names no Ultralytics family and task."""
+    family, task = metadata.get("family"), metadata.get("task")
+    if task not in TASK_FAMILIES or family not in (TASK_FAMILIES[task], "rtdetr"):
+        return None
+    names = _literal(metadata.get("names", ""))
+    try:
+        stride = int(float(metadata.get("stride") or 32))
+    except (TypeError, ValueError):
+        stride = 32
+    layer = str(metadata.get("last_layer", ""))
+    return ModelFacts(name=str(metadata.get("model") or "model"), family=family, task=task,
+                      architecture=metadata.get("architecture") or None,
+                      end2end=str(metadata.get("end2end")) == "True", stride=stride,
+                      last_layer=int(layer) if layer.isdigit() else None,
+                      classes=len(names) if isinstance(names, dict) else 0)
 
 
 def ultralytics_header(variant: str, metadata: dict[str, str], profile: dict, precision: str,
@@ -217,7 +334,8 @@ def ultralytics_header(variant: str, metadata: dict[str, str], profile: dict, pr
     opt, largest, smallest = profile["opt"], profile["max"], profile["min"]
     nms = metadata.get("nms") == "True"
     header = {
-        "description": f"Ultralytics {variant.replace('yolo', 'YOLO')} model",  # as its exporter names a model
+        # as its exporter names a model: the YAML's name it records, else the checkpoint's (our name for it)
+        "description": f"Ultralytics {(metadata.get('architecture') or variant).replace('yolo', 'YOLO')} model",
         "author": "Ultralytics",  # whose model and metadata layout this is; the engine is enginekit's (``extra``)
         "stride": int(metadata.get("stride") or 32),
         "task": metadata.get("task") or "detect",

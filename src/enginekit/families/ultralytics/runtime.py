@@ -36,6 +36,17 @@ from enginekit.results import Detections, OrientedBoxes, Poses, SemanticMap, Seg
 from enginekit.errors import UsageError
 
 
+def ultralytics_nms():
+    """``ultralytics.utils.nms.non_max_suppression``, with torchvision imported first: that function runs
+    torchvision's NMS kernel only where torchvision is already imported (as in Ultralytics' own predictor), and
+    otherwise a Python loop, 10-100x slower on many candidate boxes (verify's labels decode thousands per image at
+    the validator's conf 0.001). Every caller in enginekit takes it from here."""
+    import torchvision  # noqa: F401
+    from ultralytics.utils.nms import non_max_suppression
+
+    return non_max_suppression
+
+
 def letterbox(new_shape: tuple[int, int], *, auto: bool = False, stride: int = 32):
     """Ultralytics' ``LetterBox`` as its predictor makes it (scaleup, centred, gray 114): ``auto`` for the
     smallest stride-aligned rectangle around the frame (``.pt`` predict), else the full ``new_shape``."""
@@ -185,11 +196,8 @@ class YoloProcessor(ImageProcessor):
         its default (2 s + 50 ms per image) stops early on a busy CPU and silently drops detections.
         torchvision is imported first: that function uses torchvision's NMS kernel only where it is imported,
         as it is in Ultralytics' own predictor, and falls back to a Python loop 100x slower on many boxes."""
-        import torchvision  # noqa: F401
-        from ultralytics.utils import nms
-
-        return nms.non_max_suppression(pred, self.conf, self.iou, max_det=self.max_det, nc=nc, end2end=self.end2end,
-                                       rotated=rotated, max_time_img=1e6)
+        return ultralytics_nms()(pred, self.conf, self.iou, max_det=self.max_det, nc=nc, end2end=self.end2end,
+                                 rotated=rotated, max_time_img=1e6)
 
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Detections]:
         import torch

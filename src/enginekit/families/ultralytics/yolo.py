@@ -63,7 +63,7 @@ from enginekit.families.ultralytics.runtime import (
 from enginekit.families.graph_nms import torchvision_nms_as_greedy_graph
 from enginekit.families.processing import parse_names
 from enginekit.families.ultralytics.labels import read_split, truth_instances, val_image, val_letterbox, val_rectangles
-from enginekit.families.ultralytics.runtime import letterbox, letterboxed_hw, to_input
+from enginekit.families.ultralytics.runtime import letterbox, letterboxed_hw, to_input, ultralytics_nms
 
 # "yolo12n", "yolov8s", "yolo11x": family token + scale letter; a task's name adds its suffix ("-seg").
 NAME_RE = re.compile(r"^(yolov\d+|yolo\d+)([nsmlxtbce])$")
@@ -148,6 +148,11 @@ class YoloFamily(UltralyticsAdapter):
     def variants(cls) -> list[str]:
         return yolo_variants(cls.suffix)
 
+    def ends_in_own_head(self) -> bool:
+        """Whether the model ends in a one-to-one head (its outputs are kept boxes): what its module or metadata
+        says (``facts``), else the YAML its name builds."""
+        return self.facts.end2end if self.facts is not None else ends_in_own_nms(self.variant, self.suffix)
+
     def nms_refusal(self) -> str | None:
         return (f"{self.variant} is a {self.task} model: it has no boxes to suppress (--nms applies to detectors, "
                 "segment, pose and obb models)")
@@ -201,9 +206,8 @@ def nms_rows(output: np.ndarray, conf: float, *, nc: int = 0, end2end: bool = Fa
     [x1, y1, x2, y2 (xywh for rotated), score, class, task channels (angle last for obb)]. ``multi_label``:
     a box kept once per class scoring above ``conf``, as Ultralytics' validators decode."""
     import torch
-    from ultralytics.utils.nms import non_max_suppression
 
-    preds = non_max_suppression(torch.from_numpy(np.ascontiguousarray(output, dtype=np.float32)), conf_thres=conf,
+    preds = ultralytics_nms()(torch.from_numpy(np.ascontiguousarray(output, dtype=np.float32)), conf_thres=conf,
                                 iou_thres=IOU_NMS, max_det=max_det, nc=0 if end2end else nc, rotated=rotated,
                                 end2end=end2end, max_time_img=NO_TIME_LIMIT, multi_label=multi_label)
     return [p.numpy() for p in preds]
@@ -223,8 +227,10 @@ class _YoloInstances(InstanceEvaluation, YoloFamily):
     # it (export_shape) as the size frames are letterboxed to. Engines take what their profiles cover.
     export_at_profile_size = True
 
-    #: the stride the rectangle is aligned to (every YOLO of Ultralytics' P5 YAMLs: 32)
-    rect_stride = 32
+    @property
+    def rect_stride(self) -> int:
+        """The stride the rectangle is aligned to: the model's largest (32 for Ultralytics' P5 YAMLs, 64 for P6)."""
+        return self.stride
 
     def rect_hw(self, image_hw, hw):
         return letterboxed_hw(tuple(image_hw), tuple(hw), auto=True, stride=self.rect_stride)
@@ -254,7 +260,7 @@ class _YoloInstances(InstanceEvaluation, YoloFamily):
 
     @property
     def dynamic_axes(self) -> dict[str, dict[int, str]]:
-        kept = self.nms is not None or ends_in_own_nms(self.variant, self.suffix)  # (B, max_det, 6+): rows, not anchors
+        kept = self.nms is not None or self.ends_in_own_head()  # (B, max_det, 6+): rows, not anchors
         axes = {"images": {0: "batch", 2: "height", 3: "width"}, "output0": {0: "batch"} if kept else
                 {0: "batch", 2: "anchors"}}
         if "output1" in self.output_names:  # mask prototypes at 1/4 of the input
@@ -320,7 +326,7 @@ class _YoloInstances(InstanceEvaluation, YoloFamily):
     def nms_refusal(self) -> str | None:
         # Ultralytics' nms=True wrapper keeps each instance's task channels (mask coefficients, keypoints,
         # angle) beside its box, score and class: the same rows as a one-to-one head's
-        if ends_in_own_nms(self.variant, self.suffix):
+        if self.ends_in_own_head():
             return _END2END_REFUSAL.format(self.variant)
         return None
 
@@ -667,6 +673,8 @@ class YoloDepthAdapter(DepthEvaluation, StretchedInput, _DenseTask):
         yolo26-depth.yaml, every scale)."""
         import yaml
 
+        if self.facts is not None and self.facts.last_layer is not None:
+            return self.facts.last_layer
         path = yolo_yaml(self.variant, self.suffix)
         if path is None:
             return 23

@@ -447,13 +447,16 @@ def test_uncalibrated_build_refuses_calibration_flags(tmp_path, flag, precision)
     assert not (tmp_path / "x.calib").exists()
 
 
-def test_build_tol_without_repair_is_refused(tmp_path):
-    refused(invoke(["build", "yolo12n", "--random-init", "--precision", "fp16", "--tol", "rel_l2=0.1"],
-                   env={"ENGINEKIT_CACHE": str(tmp_path / "c")}), 2, "--tol", "--repair")
+def test_build_tol_without_its_gate_is_refused(tmp_path):
+    """--tol sets the limits the build judges its graph by (and --repair keeps nodes for): with --no-verify and no
+    --repair there is no gate for it to set."""
+    refused(invoke(["build", "yolo12n", "--random-init", "--precision", "fp16", "--tol", "rel_l2=0.1", "--no-verify"],
+                   env={"ENGINEKIT_CACHE": str(tmp_path / "c")}), 2, "--tol", "--no-verify")
     from enginekit.requests import BuildRequest
 
     assert BuildRequest(target="yolo12n", random_init=True, precision="fp16", repair=True,
                         tolerances=["rel_l2=0.1"]).tolerances
+    assert BuildRequest(target="yolo12n", random_init=True, precision="fp16", tolerances=["rel_l2=0.1"]).tolerances
 
 
 def test_simplify_static_shape_graph_checks_its_own_shape(tmp_path):

@@ -395,7 +395,7 @@ def seg_checkpoint(tmp_path_factory):
 
 def test_cli_checkpoint_of_another_task_exits_2(run_cli, seg_checkpoint):
     result = run_cli("export", "yolo11n", "--weights", str(seg_checkpoint), "--input", "1x3x160x160")
-    assert_one_line_error(result, 2, "is a segment checkpoint", "yolo11n is a detect model", "yolo11n-seg")
+    assert_one_line_error(result, 2, "is a segment model", "yolo11n is a detect model", "yolo11n-seg")
 
 
 def test_checkpoint_of_the_right_task_loads(seg_checkpoint):

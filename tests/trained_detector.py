@@ -187,6 +187,40 @@ def photographs() -> list[Path]:
     return sorted((Path(ultralytics.__file__).parent / "assets").glob("*.jpg"))
 
 
+# ------------------------------------------------------------------------------------- an INT8-hostile variant
+#: the spread-outlier detector: a share of the output channels of each of the first two convolutions made ``SCALE``
+#: times wider (BatchNorm weight and bias), the next convolution's weights for those channels as much narrower
+OUTLIERS = {"layers": (0, 1), "share": 0.1, "scale": 24.0}
+
+
+def spread_outlier_detector(weights: Path, out: Path, *, share: float = OUTLIERS["share"],
+                            scale: float = OUTLIERS["scale"]) -> Path:
+    """The trained detector with its INT8 loss spread over its first layers, as real detectors have it (a few
+    channels whose activations are far wider than the rest of their tensor, which INT8 quantizes per tensor): in
+    each of the first two convolutions, ``share`` of the output channels (the most active first, every tenth
+    after) scaled ``scale`` times (BatchNorm weight and bias: SiLU is near-linear there) and the next
+    convolution's weights for them scaled down as much. FP32 still detects what it did (the detector's boxes
+    hardly move); default INT8 loses detections on held-out images. A checkpoint as the trainer writes one."""
+    import torch
+
+    ckpt = torch.load(weights, weights_only=False)  # the suite's own file
+    model = (ckpt.get("ema") or ckpt["model"]).float()
+    layers = model.model
+    following = {0: layers[1].conv, 1: layers[2].cv1.conv}  # what reads each layer's output
+    with torch.no_grad():
+        for index in OUTLIERS["layers"]:
+            block, after = layers[index], following[index]
+            n = block.bn.weight.numel()
+            channels = sorted(range(n), key=lambda c: -float(block.bn.bias[c]))[:max(1, round(share * n))]
+            for c in channels:
+                block.bn.weight[c] *= scale
+                block.bn.bias[c] *= scale
+                after.weight[:, c] /= scale
+    ckpt["model"], ckpt["ema"] = model.half(), None
+    torch.save(ckpt, out)
+    return out
+
+
 # --------------------------------------------------------------------------------------------------- cache
 
 

@@ -59,15 +59,25 @@ class UserFile:
         return self.path.name
 
 
-def cache_key() -> str:
+def sources() -> dict[str, str]:
+    """The trained checkpoints the corpus is made from (training them first where missing), by task."""
+    from trained_detector import trained_detector
+    from trained_tasks import trained_task_model
+
+    found = {"detect": str(trained_detector().weights)}
+    found.update({task: str(trained_task_model(task)) for task in TASK_FILES})
+    return found
+
+
+def cache_key(made_from: dict[str, str]) -> str:
+    """Everything the corpus is made from: its settings, the versions, and the trained checkpoints' content (a model
+    trained again on another machine is another model)."""
     import torch
     import ultralytics
-    from trained_detector import cache_key as detector_key
-    from trained_tasks import cache_key as task_key
 
+    digests = {task: hashlib.sha256(Path(path).read_bytes()).hexdigest() for task, path in made_from.items()}
     parts = {"version": VERSION, "fine_tune": FINE_TUNE, "p2": P2_TRAIN, "legacy": LEGACY, "exports": EXPORTS,
-             "detector": detector_key(), "tasks": {t: task_key(t) for t in TASK_FILES},
-             "ultralytics": ultralytics.__version__, "torch": torch.__version__}
+             "sources": digests, "ultralytics": ultralytics.__version__, "torch": torch.__version__}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -76,11 +86,12 @@ def corpus(root: Path | None = None) -> list[UserFile]:
     from filelock import FileLock
     from trained_detector import cache_root
 
-    entry = (root or cache_root()) / f"user-files-{cache_key()}"
+    made_from = sources()
+    entry = (root or cache_root()) / f"user-files-{cache_key(made_from)}"
     entry.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(entry) + ".lock"):
         if not (entry / "corpus.json").exists():
-            _make(entry)
+            _make(entry, made_from)
     return [UserFile(entry / f["file"], f["task"], f["kind"], f["how"])
             for f in json.loads((entry / "corpus.json").read_text())]
 
@@ -89,20 +100,15 @@ def checkpoints(files: list[UserFile]) -> list[UserFile]:
     return [f for f in files if f.kind == "checkpoint"]
 
 
-def _make(entry: Path) -> None:
-    """The trained models first (they have their own caches), then the corpus in a child process (the trainer and
-    exporter change process-wide state), into a temp folder renamed into place."""
-    from trained_detector import trained_detector
-    from trained_tasks import trained_task_model
-
-    sources = {"detect": str(trained_detector().weights)}
-    sources.update({task: str(trained_task_model(task)) for task in TASK_FILES})
+def _make(entry: Path, made_from: dict[str, str]) -> None:
+    """The corpus, made in a child process (the trainer and exporter change process-wide state) into a temp folder
+    renamed into place."""
     work = entry.with_name(entry.name + f".tmp{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     env = dict(os.environ, YOLO_OFFLINE="1", YOLO_VERBOSE="False", YOLO_CONFIG_DIR=str(work / "config"))
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--make-into", str(work),
-                           json.dumps(sources)], env=env, capture_output=True, text=True)
+                           json.dumps(made_from)], env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not (work / "corpus.json").exists():
         raise RuntimeError(f"making the user-file corpus failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                            f"{proc.stderr[-3000:]}")

@@ -60,24 +60,21 @@ _D, _L, _S, _B, _0 = dict, list, str, bool, type(None)
 #: rebuilt), never as a hit that crashes a reader. A field a kind writes and no reader takes needs no line; a kind
 #: missing here is checked for the cache's own fields only.
 RECORDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "onnx-export": {"weights": (_S,), "seconds": _N},
-    "onnx-simplify": {"nodes_before": (int,), "nodes_after": (int,), "max_rel_l2": _N + (_0,), "seconds": _N},
-    "onnx-fp16": {"initializer_dtype_share": (_D,), "keep_fp32": (_L,), "seconds": _N},
+    "onnx-export": {"weights": (_S,)},
+    "onnx-fp16": {"initializer_dtype_share": (_D,), "keep_fp32": (_L,)},
     "onnx-int8": {"calibrated": (_B,), "qdq_nodes": (int,), "exclude": (_L,), "method": (_S,),
-                  "calibration_seconds": _N, "calibration_data": (_S,), "calibration_source": (_S,),
-                  "qdq_layout": (_S, _0), "seconds": _N},
-    "onnx-fp8": {"exclude": (_L,), "seconds": _N},
+                  "calibration_data": (_S,), "calibration_source": (_S,), "qdq_layout": (_S, _0)},
+    "onnx-fp8": {"exclude": (_L,)},
     "onnx-int8-repair": {"exclude": (_L,), "repaired_nodes": (_L,), "method": (_S, _0),
-                         "calibration_source": (_S, _0), "seconds": _N},
-    "parity": {"result": (_D,), "passed": (_B,)},
+                         "calibration_source": (_S, _0)},
+    "parity": {"result": (_D,), "passed": (_B, _0)},
     "verdict": {"report": (_D,)},
     "reference": {"cases": (int,), "skipped_images": (_L,), "outputs": (_L,)},
     "ground-truth": {"result": (_D,), "rectangles": _N},
     "repair": {"nodes": (_L,), "result": (_D,)},
-    "engine": {"backend": (_S,), "backend_version": (_S,), "targets": (_L,), "gpu": (_D, _0), "options": (_D,),
-               "profiles": (_L,), "io": (_L,), "plan_bytes": (int,), "source_onnx": (_D,), "precision": (_D,),
-               "versions": (_D,), "parity": (_D,), "model_request": (_D, _0), "chain": (_L,),
-               "source_model": (_D, _0), "repair": (_D,), "input_sizes": (_S,), "seconds": _N},
+    "engine": {"backend": (_S,), "backend_version": (_S,), "targets": (_L,), "gpu": (_D, _0), "profiles": (_L,),
+               "precision": (_D,), "versions": (_D,), "parity": (_D,), "model_request": (_D, _0), "chain": (_L,),
+               "source_model": (_D, _0), "repair": (_D,)},
     "triton-repo": {"name": (_S,), "platform": (_S,), "verified": (_S,)},
 }
 

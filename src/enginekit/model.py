@@ -22,6 +22,9 @@ from enginekit.families.registry import model_in_file
 from enginekit.fsutil import refuse_special_file
 
 
+_SAID: set[str] = set()
+
+
 def check_weights_choice(weights: Any, random_init: bool, *, names: tuple[str, str] = ("--weights", "--random-init")) -> None:
     """Weights from a file and random weights exclude each other (``names``: how the user wrote them)."""
     if weights is not None and random_init:
@@ -85,7 +88,10 @@ class ModelRequest:
             raise UsageError(f"{path.name} is an Ultralytics checkpoint: it is the model and its weights; drop "
                              f"{'--weights' if self.weights is not None else '--random-init'} (or name the model)")
         self.weights, self.checkpoint = path, path
-        reporting.note(f"{path.name}: {found.describe_model()}")
+        said = f"{path.name}: {found.describe_model()}"
+        if said not in _SAID:  # once a process: a verb makes several requests of one file
+            _SAID.add(said)
+            reporting.note(said)
 
     @classmethod
     def recorded(cls, name: str, identity: str, *, nms: bool = False,

@@ -141,7 +141,7 @@ class Stages:
 
     @cached_property
     def loaded(self) -> LoadedModel:
-        with reporting.stage(f"load {self.request.name}") as s:
+        with reporting.stage(f"load {Path(str(self.request.name)).name}") as s:
             model = self.adapter.load(self.request.weights, random_init=self.request.random_init,
                                       seed=self.request.seed)
             s.detail = model.weights.identity[:40]

@@ -109,6 +109,9 @@ class Reporter:
     def result(self, name: str, value: Any) -> None:
         pass
 
+    def library(self, text: str) -> None:
+        """A warning a third-party library logged (``library_logs``): a renderer shows it only when asked to."""
+
 
 NULL = Reporter()
 
@@ -149,6 +152,10 @@ class Collector(Reporter):
     def result(self, name: str, value: Any) -> None:
         self.events.append(Event("result", name, value=value))
         self.forward.result(name, value)
+
+    def library(self, text: str) -> None:
+        self.events.append(Event("library", text))
+        self.forward.library(text)
 
     # -- reading -------------------------------------------------------------------------
     def of(self, kind: str) -> list[Event]:
@@ -220,6 +227,34 @@ def warning(text: str) -> None:
 def result(name: str, value: Any) -> None:
     """A result a renderer may show or serialize (``--json``)."""
     current().result(name, value)
+
+
+def library(text: str) -> None:
+    """What a third-party library logged (its warnings), routed here rather than printed raw."""
+    current().library(text)
+
+
+@contextmanager
+def library_logs() -> Iterator[None]:
+    """Within the block, warnings that libraries log through Python's logging (ModelOpt's root-logger ``1 ops are
+    not supported in 'float16'``, and any other library's that reach the root logger) go to the current reporter's
+    ``library``, not raw to the terminal."""
+    import logging
+
+    class Routed(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            try:
+                library(f"{record.name}: {record.getMessage()}")
+            except Exception:  # noqa: BLE001 - a log line must never break a run
+                pass
+
+    root = logging.getLogger()
+    handler = Routed(logging.WARNING)
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
 
 
 @contextmanager

@@ -329,10 +329,10 @@ class BuildRequest(_ModelOptions):
         if self.repair and (self.is_file or not precisions.get(self.precision).repairable):
             can = " and ".join(precisions.names(repairable=True))
             raise UsageError(f"--repair works on {can} builds of a model name (it needs the PyTorch reference)")
-        if self.tolerances and not self.repair:
-            # the build's own parity note uses the family's limits; --tol gates what --repair keeps
-            raise UsageError("--tol sets the gates of --repair: add --repair, or give --tol to "
-                             "`enginekit verify`, which gates the engine")
+        if self.tolerances and not self.verify and not self.repair:
+            # --tol sets the gates the build judges its graph by (and what --repair keeps): none without them
+            raise UsageError("--tol sets the gates the build judges its graph by: drop --no-verify, or give --tol "
+                             "to `enginekit verify`")
         mode = precisions.get(self.precision)
         if not mode.calibrated:
             given = [flag for flag, value in (("--calib-data", self.calib_data), ("--calib-cache", self.calib_cache),

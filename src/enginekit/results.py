@@ -14,11 +14,18 @@ import numpy as np
 
 @dataclass
 class Timings:
-    """Milliseconds spent per stage on one batch (shared by its images)."""
+    """Milliseconds spent per stage on one image: its share of the batch it ran in (the batch's time over its
+    ``batch`` images, as Ultralytics reports time per image), so two photographs predicted together show their own."""
 
     preprocess: float = 0.0
     infer: float = 0.0
     postprocess: float = 0.0
+    batch: int = 1  # how many images shared the inference call
+
+    def share(self, pre_ms: float, infer_ms: float, post_ms: float, batch: int) -> None:
+        """This image's share of a batch of ``batch`` images that took these times."""
+        n = max(int(batch), 1)
+        self.preprocess, self.infer, self.postprocess, self.batch = pre_ms / n, infer_ms / n, post_ms / n, n
 
     @property
     def total(self) -> float:
@@ -26,7 +33,7 @@ class Timings:
 
     def to_json(self) -> dict[str, float]:
         return {"preprocess_ms": round(self.preprocess, 3), "infer_ms": round(self.infer, 3),
-                "postprocess_ms": round(self.postprocess, 3), "total_ms": round(self.total, 3)}
+                "postprocess_ms": round(self.postprocess, 3), "total_ms": round(self.total, 3), "batch": self.batch}
 
 
 def counted_names(names) -> str:

@@ -35,6 +35,7 @@ class Cache(TieredCache):
         entry shows as ``valid=False`` with its reason.
         """
         rows = []
+        verdicts = None  # a graph's stored verdicts (by its content), read once where a graph is listed
         for kind, key, path in self._entry_dirs():
             try:
                 last_used = path.stat().st_mtime
@@ -44,6 +45,12 @@ class Cache(TieredCache):
             result = self._inspect(kind, key, True if verify else "size")
             manifest = manifest or {}
             parity = manifest.get("parity") if kind == "engine" else None
+            graph = ((manifest.get("files") or {}).get("model.onnx") or {}).get("sha256") \
+                if kind.startswith("onnx-") and isinstance(manifest.get("files"), dict) else None
+            if graph:
+                verdicts = self.verdicts() if verdicts is None else verdicts
+                said = [v["passed"] for v in verdicts.get(graph, []) if v["passed"] is not None]
+                parity = {"passed": all(said)} if said else None
             rows.append(
                 EntryInfo(
                     kind=kind,
@@ -60,6 +67,44 @@ class Cache(TieredCache):
             )
         rows.sort(key=lambda row: row.last_used, reverse=True)
         return rows
+
+    def engines_of(self, identity: str, precision: str, *, nms: bool = False) -> list[Entry]:
+        """The engines built from a model whose weights identity is ``identity`` (its manifest's build request) at
+        ``precision``, most recently used first; with ``nms``, those whose graph ends in NMS, else those without."""
+        found = []
+        for row in self.ls():
+            if row.kind != "engine" or not row.valid:
+                continue
+            entry = self.lookup("engine", row.key, verify=False).entry
+            request = (entry.manifest.get("model_request") or {}) if entry is not None else {}
+            if request.get("identity") == identity and bool(request.get("nms")) == nms and \
+                    (entry.manifest.get("precision") or {}).get("mode") == precision:
+                found.append(entry)
+        return found
+
+    def verdicts(self) -> dict[str, list[dict]]:
+        """Every stored verdict on a graph, by the graph's sha256: ``[{"kind", "key", "precision", "passed"}]`` (parity
+        verdicts of export and build, verify's verdicts): how ``deploy``, ``verify`` and ``cache ls`` know a file as
+        verified or failed wherever it lies, by its content."""
+        found: dict[str, list[dict]] = {}
+        for kind in ("parity", "verdict"):
+            for entry in self._entries(kind):
+                manifest, key = entry.manifest, entry.key
+                parts = manifest.get("parts") or {}
+                passed = manifest.get("passed") if kind == "parity" else \
+                    _report_passed((manifest.get("report") or {}))
+                found.setdefault(str(parts.get("graph")), []).append(
+                    {"kind": kind, "key": key, "precision": parts.get("precision"), "passed": passed,
+                     "at": parts.get("at", "export" if kind == "parity" else "verify")})
+        return found
+
+    def verdict_of(self, sha256: str, precision: str | None = None) -> dict | None:
+        """What the stored verdicts on a graph of this content say (``verdicts``), at ``precision`` where given:
+        ``{"passed": False, ...}`` where any failed, else the first that passed, else None (none judged it)."""
+        said = [v for v in self.verdicts().get(sha256, []) if v["passed"] is not None and
+                (precision is None or v["precision"] in (None, precision))]
+        failed = [v for v in said if v["passed"] is False]
+        return (failed or said or [None])[0]
 
     def resolve(self, key_prefix: str) -> Entry:
         """The verified entry whose key starts with ``key_prefix`` (at least 6 hex digits).
@@ -119,6 +164,7 @@ class Cache(TieredCache):
             self._clean_tmp(stale_tmp_seconds)
             remove_children(self._trash_root)
         rows = []
+        verdicts = None  # a graph's stored verdicts (by its content), read once where a graph is listed
         for kind, key, path in self._entry_dirs():
             try:
                 rows.append((path.stat().st_mtime, kind, key, tree_size(path)))
@@ -240,3 +286,11 @@ class Cache(TieredCache):
                 os.close(fd)
 
 
+
+
+def _report_passed(report: dict) -> bool | None:
+    """Whether a stored verify verdict (an artifact's report state) passed: every check; None where it ran none."""
+    checks = report.get("checks") if isinstance(report, dict) else None
+    if not isinstance(checks, list) or not report.get("ran", True) or not checks:
+        return None
+    return all(isinstance(c, dict) and c.get("passed") for c in checks)

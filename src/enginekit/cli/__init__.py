@@ -87,8 +87,13 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show what libraries log (ModelOpt, Ultralytics...): "
+                                 "ENGINEKIT_VERBOSE=1 too."),
 ) -> None:
-    pass
+    if verbose:
+        import os
+
+        os.environ["ENGINEKIT_VERBOSE"] = "1"
 
 
 def _register() -> None:

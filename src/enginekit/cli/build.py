@@ -30,10 +30,11 @@ def register(app: typer.Typer) -> None:
         explain: Annotated[bool, typer.Option("--explain", rich_help_panel=PANEL_RUN, help="Hit or miss, and which part of the key changed.")] = False,
         no_verify: Annotated[bool, typer.Option("--no-verify", rich_help_panel=PANEL_GATES, help="Skip the parity check the manifest records.")] = False,
         repair: Annotated[bool, typer.Option("--repair", rich_help_panel=PANEL_GATES, help="fp16/int8 failing its gate: fewest nodes back to FP32.")] = False,
-        tol: Annotated[Optional[list[str]], typer.Option("--tol", rich_help_panel=PANEL_GATES, help="--repair's limits: rel_l2=1e-4 (repeatable).")] = None,
+        tol: Annotated[Optional[list[str]], typer.Option("--tol", rich_help_panel=PANEL_GATES, help="The limits the build (and --repair) judge the graph by: int8.recall=0.9 (repeatable).")] = None,
         output: Annotated[Optional[Path], typer.Option("--output", "-o", rich_help_panel=PANEL_REPORTS, help="Also copy the plan here.")] = None,
         ultralytics_metadata: Annotated[bool, typer.Option("--ultralytics-metadata", rich_help_panel=PANEL_REPORTS, help="The copy with Ultralytics' header, for YOLO(NAME.engine).")] = False,
         force: ForceOpt = False,
+        as_json: Annotated[bool, typer.Option("--json", rich_help_panel=PANEL_REPORTS, help="Print what was made (paths, cache keys) as JSON.")] = False,
         remote: RemoteOpt = None,
         remote_read_only: RemoteReadOnlyOpt = False,
         engine: dict = {},
@@ -73,6 +74,8 @@ def register(app: typer.Typer) -> None:
         )
         quiet_third_party()
         outcome = api.build(request)
+        from rich.markup import escape
+
         from enginekit.cli.render import console, emit
 
         parity = outcome.manifest.get("parity", {})
@@ -89,4 +92,15 @@ def register(app: typer.Typer) -> None:
             from enginekit.flows.build import write_engine_file
 
             write_engine_file(outcome, output, ultralytics=ultralytics_metadata)
+        made = outcome.made() + ([{"what": "engine copy", "path": str(output), "key": outcome.entry.key}]
+                                 if output is not None else [])
+        if as_json:
+            from enginekit.fsutil import json_text
+
+            emit(json_text({"engine": str(output or outcome.engine), "status": outcome.status, "made": made}, indent=2))
+            return
+        console.print("made:", highlight=False)
+        for row in made:
+            key = f"  [dim]{row['key'][:12]}[/]" if row["key"] else ""
+            console.print(f"  {row['what']:<22} {escape(row['path'])}{key}", highlight=False, soft_wrap=True)
         emit(str(output or outcome.engine))

@@ -58,7 +58,8 @@ def register(app: typer.Typer) -> None:
         for col in ("key", "kind", "subject", "size", "last used", "state", "parity"):
             table.add_column(col)
         for info in rows:
-            parity = {True: "[green]pass[/]", False: "[red]fail[/]"}.get(info.parity, "-") if info.kind == "engine" and info.valid else ""
+            shown = info.kind == "engine" or info.kind.startswith("onnx-")  # a graph: its verdicts, by its content
+            parity = {True: "[green]pass[/]", False: "[red]fail[/]"}.get(info.parity, "-") if shown and info.valid else ""
             state = ("[green]valid[/]" if info.verified else "[green]complete[/]") if info.valid else f"[red]corrupt[/] ({info.reason})"
             table.add_row(info.key[:12], info.kind, info.subject or "", _size(info.size),
                           info.last_used.strftime("%Y-%m-%d %H:%M"), state, parity)

@@ -33,7 +33,8 @@ def handles_errors(fn: Callable) -> Callable:
         from enginekit.store.settings import using
 
         try:
-            with reporting.using(RichReporter()), _trust(kwargs.get("trust_checkpoint", False)), \
+            with reporting.using(RichReporter()), reporting.library_logs(), \
+                    _trust(kwargs.get("trust_checkpoint", False)), \
                     using(kwargs.get("remote"), read_only=bool(kwargs.get("remote_read_only"))), \
                     holding_entries(), _sigterm_interrupts():
                 return fn(*args, **kwargs)

@@ -129,10 +129,17 @@ class RichReporter(reporting.Reporter):
             detail = f"  {stage.detail}" if stage.detail else ""
             total = " in all" if held else ""  # its own line comes after those of the stages it held
             label = f"{'  ' * depth}{stage.label}"
-            self.console.print(f"  [green]✓[/] {label:<28} {stage.seconds:6.2f}s{total}  {tag}{detail}")
+            mark = "[red]✗[/]" if stage.status == "fail" else "[green]✓[/]"  # a step that failed shows no tick
+            self.console.print(f"  {mark} {label:<28} {stage.seconds:6.2f}s{total}  {tag}{detail}")
 
     def note(self, text: str, level: int = 0) -> None:
         self.console.print("  " * (level + 1) + text, markup=False)
+
+    def library(self, text: str) -> None:
+        import os
+
+        if os.environ.get("ENGINEKIT_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on"):
+            self.console.print("  library: " + " ".join(text.split()), markup=False, highlight=False, style="dim")
 
     def warning(self, text: str) -> None:
         from rich.text import Text
@@ -295,10 +302,15 @@ def ladder_table(outcome) -> None:
         table.add_column(col, no_wrap=True)
     for r in rows:
         drop = "" if r["artifact"] == "PyTorch" else f"{r['drop']:+.4f}" if r["drop"] is not None else ""
+        other = [f for f in r.get("failing", []) if "labels" not in f]  # a check of the artifact besides the labels'
         if r["passed"] is None:
             gate = "reference" if r["artifact"] == "PyTorch" else ""
+        elif not r["passed"]:
+            gate = f"[bold red]FAIL[/] (> {r['limit']:g})"
+        elif other or r.get("verdict") is False:  # the labels' drop is within its limit, the artifact is not
+            gate = f"[bold red]FAIL[/] ({escape(other[0] if other else 'another check')})"
         else:
-            gate = (f"[green]pass[/] (<= {r['limit']:g})" if r["passed"] else f"[bold red]FAIL[/] (> {r['limit']:g})")
+            gate = f"[green]pass[/] (<= {r['limit']:g})"
         cells = [r["precision"], r["artifact"], r.get("letterbox") or "", f"{r['value']:.4f}", drop, gate,
                  f"{r['size_mb']:.1f}" if r["size_mb"] else ""]
         if latency:

@@ -125,6 +125,10 @@ class Gates:
     #: a reference with nothing to compare on the photographs (a random-weight detector finds
     #: nothing at the operating point) fails the task gate; False: say so in the notes instead
     task_required: bool = True
+    #: labels decide the task verdict (``verify --data``): the gates against the reference's own predictions (the
+    #: detection-share rules and their evidence minimum) are not applied, the labels' drop limits are
+    #: (``ground_truth``); the task metrics are still measured and shown
+    labelled: bool = False
 
     def __post_init__(self) -> None:
         self.tolerances = Tolerances.coerce(self.tolerances)
@@ -140,7 +144,10 @@ class Gates:
                          get(precision, "max_abs", tol.max_abs, part))
 
     def task(self, precision: str) -> dict[str, tuple[str, float]]:
-        """Task metric -> (op, limit); the direction is the statistics table's where it knows the metric."""
+        """Task metric -> (op, limit); the direction is the statistics table's where it knows the metric. None
+        where labels decide the task verdict (``labelled``)."""
+        if self.labelled:
+            return {}
         gates = self.adapter.task_gates.get(precision, {})
         return {k: (STATISTICS[k].op if k in STATISTICS else op, self.tolerances.get(precision, k, v))
                 for k, (op, v) in gates.items()}
@@ -150,9 +157,12 @@ class Gates:
 
     def state(self, precision: str, metadata: dict[str, str] | None = None) -> dict:
         """Every limit these gates hold for ``precision`` (a stored verdict's key: other limits, another verdict)."""
-        return {"parity": {p.name: self.parity(precision, p.name).to_json() for p in self.adapter.output_parts(metadata)},
-                "task": {k: list(v) for k, v in self.task(precision).items()}, "options": self.options(precision),
-                "task_required": self.task_required, "min_detections": self.sample_minimum(precision)}
+        state = {"parity": {p.name: self.parity(precision, p.name).to_json() for p in self.adapter.output_parts(metadata)},
+                 "task": {k: list(v) for k, v in self.task(precision).items()}, "options": self.options(precision),
+                 "task_required": self.task_required, "min_detections": self.sample_minimum(precision)}
+        if self.labelled:  # absent otherwise: the keys of the verdicts stored before
+            state["labelled"] = True
+        return state
 
     def sample_minimum(self, precision: str) -> int:
         """The fewest reference detections a task verdict of ``precision`` rests on; 0: no minimum.

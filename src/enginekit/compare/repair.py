@@ -233,20 +233,43 @@ def _drop_unused(graph) -> None:
         graph.initializer.remove(init)
 
 
+#: the shares of the measured loss the search's first trials cover, in order (``search``)
+COVER = (0.5, 0.75, 0.9, 0.97, 1.0)
+
+
+def cover_steps(order: list[str], ranking: dict[str, float], cover=COVER) -> list[int]:
+    """How many of ``order`` (by measured effect, largest first) the search tries first: the fewest that carry each
+    share of ``cover`` of the positive measured effect. Where two nodes carry 90% of the loss: 1, 2, then more."""
+    effects = [max(ranking.get(n, 0.0), 0.0) for n in order]
+    total = sum(effects)
+    positive = sum(1 for e in effects if e > 0)
+    if total <= 0:
+        return []
+    steps, running, k = [], 0.0, 0
+    for share in cover:
+        while k < positive and running < share * total - 1e-12:
+            running += effects[k]
+            k += 1
+        if k and (not steps or k > steps[-1]):
+            steps.append(k)
+    return steps
+
+
 def search(trial, names: list[str], ranking: dict[str, float] | None, *, max_trials: int = 24,
            budget: int | None = None) -> "RepairResult":
-    """A small set of ``names`` that makes the gate pass, wherever the nodes are in the graph.
+    """A small set of ``names`` that makes the gate pass, from the measured causes.
 
-    ``trial(nodes) -> (artifact, passed, rel_l2)`` makes and checks the graph with ``nodes`` in
-    high precision. Candidates are ordered by ``ranking`` (``measured_effect``: what keeping each alone
-    takes off the gates' figures; without it, from the output backwards), and only those that help are grown; the first k of that order are grown 1, 2, 4, ...
-    until the gate passes, the smallest passing k is bisected, and then each chosen node is
-    dropped in turn where the gate still passes without it (one pass of delta debugging), so
-    the set found holds only nodes it needs. ``budget``: most nodes allowed (None: all).
+    ``trial(nodes) -> (artifact, passed, rel_l2)`` makes and checks the graph with ``nodes`` in high precision.
+    With ``ranking`` (``measured_effect``: what keeping each node alone takes off the gates' figures), nodes are
+    kept in order of their measured share: the first trials keep the fewest that carry 50%, 75%, 90%, 97% and all
+    of the loss (``cover_steps``), so where two nodes carry 90% the answer is found in two or three trials; the
+    smallest passing count is bisected against the last failing one, then each chosen node is dropped in turn
+    where the gate passes without it (least effect first), so the set holds only what the gate needs. Without a
+    ranking: from the output backwards, grown 1, 2, 4, ..., bisected, pruned. ``budget``: most nodes allowed.
     """
     if ranking:
         order = sorted(names, key=lambda n: (-ranking.get(n, 0.0), -names.index(n)))
-        how = "measured effect on the gates (one node at a time), grown then bisected, then pruned"
+        how = "measured share of the loss (largest first), by the shares it covers, bisected, then pruned"
     else:
         order = list(reversed(names))
         how = "reverse topological order, grown then bisected, then pruned"
@@ -267,23 +290,31 @@ def search(trial, names: list[str], ranking: dict[str, float] | None, *, max_tri
     limit = len(order) if budget is None else min(budget, len(order))
     if ranking:  # nodes whose measured effect is none or harmful come only in the all-nodes trial
         limit = min(limit, sum(1 for n in names if ranking.get(n, 0.0) > 0))
-    lo, hi, k = 0, None, 1
-    while k <= limit and len(history) < max_trials:
+        steps = [k for k in cover_steps(order, ranking) if k <= limit]
+    else:
+        steps, k = [], 1
+        while k <= limit:
+            steps.append(k)
+            k = k * 2 if k * 2 <= limit or k == limit else limit
+    lo, hi = 0, None
+    for k in steps:
+        if len(history) >= max_trials:
+            break
         if run(order[:k]):
             hi = k
             break
-        lo, k = k, min(k * 2, limit) if k < limit else k + 1
+        lo = k
     if hi is None:
         if limit == len(order) or not run(order):
             last = history[-1][1]
-            raise ParityError(f"repair failed: even with {limit} of {len(order)} candidate nodes in high precision "
-                              f"the gate fails (worst rel L2 {last:.2e})")
+            raise ParityError(f"repair failed: even with {max(lo, limit)} of {len(order)} candidate nodes in high "
+                              f"precision the gate fails (worst rel L2 {last:.2e})")
         hi = len(order)
     while hi - lo > 1 and len(history) < max_trials:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if run(order[:mid]) else (mid, hi)
     chosen = list(order[:hi])
-    for node in list(reversed(chosen)):  # least sensitive first
+    for node in list(reversed(chosen)):  # least effect first
         if len(chosen) <= 1 or len(history) >= max_trials:
             break
         fewer = [n for n in chosen if n != node]

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from enginekit import reporting
-from enginekit.errors import UsageError
+from enginekit.compare.comparison import Gates
+from enginekit.compare.parity import ParityResult
+from enginekit.errors import ParityError, UsageError
 from enginekit.requests import BuildRequest
 from enginekit._version import __version__
 from enginekit.backends import ONNX, verifier
@@ -24,7 +26,7 @@ from enginekit.flows.repair import repair
 from enginekit.flows.store import engine_by_identity, publish_build
 from enginekit.gpu import gpu_info
 from enginekit.hashing import sha256_file
-from enginekit.images import load_images
+from enginekit.images import images_of, load_images
 from enginekit.onnx.graph import get_metadata, input_dims, load_model
 from enginekit.pipeline import Artifact, Stages, copy_file_atomic, engine_key_parts
 from enginekit.precisions import get as get_precision
@@ -44,10 +46,30 @@ class BuildOutcome:
     explanations: list[tuple[str, str]] = field(default_factory=list)
     events: list = field(default_factory=list)  # reporting.Event, what the run reported
     resolution: str | None = None  # found by identity in the cache or store: which entry and why
+    #: graphs made on the way that the engine was not built from (the INT8 graph a repair replaced)
+    also: list = field(default_factory=list)
 
     @property
     def manifest(self) -> dict:
         return self.entry.manifest
+
+    def made(self) -> list[dict]:
+        """Every artifact the build made or found, in pipeline order: each graph (its stage and precision), the INT8
+        calibration cache, the engine and its parity report; each with its path and cache key."""
+        rows = []
+        for a in [*self.artifacts[:-1], *self.also, *self.artifacts[-1:]]:
+            if a.entry is None:  # the user's own graph
+                rows.append({"what": "graph (given)", "path": str(a.path), "key": None})
+                continue
+            rows.append({"what": f"graph ({a.stage})", "path": str(a.path), "key": a.entry.key})
+            calib = a.entry.file("calibration.cache")
+            if calib.is_file():
+                rows.append({"what": "calibration cache", "path": str(calib), "key": a.entry.key})
+        rows.append({"what": "engine", "path": str(self.engine), "key": self.entry.key})
+        report = self.engine.parent / "parity.json"
+        if report.is_file():
+            rows.append({"what": "parity report", "path": str(report), "key": self.entry.key})
+        return rows
 
 
 def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
@@ -122,18 +144,25 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     if method is not None:
         exclude = chain[-1].manifest.get("exclude", [])
         calibration = chain[-1].manifest.get("calibration_source")
-    repair_record = None
+    repair_record = repair_result = None
+    also: list = []
     if r.repair:
-        repaired, repair_record = repair(pipe, chain, r.precision, opt_shape, r.tolerances, data, calib_method,
-                                         list(r.exclude))
+        repaired, repair_record, repair_result = repair(pipe, chain, r.precision, opt_shape, r.tolerances, data,
+                                                        calib_method, list(r.exclude))
+        if repaired is not chain[-1]:
+            also.append(chain[-1])  # the INT8 graph the repair started from (and its calibration cache)
         chain[-1] = repaired
         if r.precision == "int8":
             exclude = repaired.manifest.get("exclude", [])
     source = chain[-1]
 
     verify_fn = None
-    if r.verify and not r.is_file:
-        verify_fn = source_parity(pipe, r.precision, opt_shape)
+    if r.verify and not r.is_file:  # the graph is judged before any engine is built from it or cached
+        checked = graph_parity(pipe, source, r.precision, opt_shape, Gates(pipe.adapter, r.tolerances),
+                               repaired=(repair_result, repair_record) if repair_result is not None else None)
+        if checked.get("passed") is False:
+            raise failed_graph(pipe, source, r, checked)
+        verify_fn = lambda _path: checked  # noqa: E731 - the engine's manifest records the verdict its graph got
     if repair_record is not None:  # part of the key: set before --explain computes it
         repaired_nodes = repair_record["nodes"]
         extra["repair"] = repair_record
@@ -146,7 +175,7 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
                                 verify_fn, chain, extra=extra or None)
 
     publish_build(cache, chain, entry)
-    return BuildOutcome(entry.file("engine.plan"), entry, status, chain)
+    return BuildOutcome(entry.file("engine.plan"), entry, status, chain, also=also)
 
 
 def holds_op(graph, op_type: str) -> bool:
@@ -198,27 +227,74 @@ def source_model(path: Path) -> dict | None:
     return {"name": meta["model"], "weights": meta.get("weights")}
 
 
-def source_parity(pipe, precision: str, shape):
-    """Parity of the graph an engine is built from, against PyTorch, for its manifest."""
+def graph_parity(pipe, source: Artifact, precision: str, shape, gates: Gates, repaired=None) -> dict:
+    """The parity verdict of the graph an engine is built from, against PyTorch on the embedded photographs at the
+    profile's opt shape: kept by content as export's verdicts are (kind ``parity``: the graph's sha256, the model,
+    the inputs, the limits, the code), so a second build of the same graph judges nothing again, and ``verify``,
+    ``deploy`` and ``cache ls`` find it by the graph's content. As the engine's manifest records it."""
+    from enginekit.flows.export import verdict_parts
 
-    def check(onnx_path: Path) -> dict:
-        candidate = verifier(ONNX).name  # check_onnx runs the graph on ONNX Runtime's CPU provider
+    candidate = verifier(ONNX).name  # check_onnx runs the graph on ONNX Runtime's CPU provider
+    photos = images_of(None, limit=BUILD_PHOTOS)
+    parts = {**verdict_parts(pipe, source, precision, gates.parity(precision), shape, photos, 0), "at": "build",
+             "overrides": gates.state(precision, {})}
+    if repaired is not None:  # one judgement: the repair's final check (its images, its gates) is the verdict
+        final, record = repaired
+        parts = {**parts, "at": "repair", "inputs": {"judged_on": record.get("judged_on"),
+                                                     "repair": record.get("reused") or "search"}}
+    refs = ReferenceCache(pipe.adapter, lambda: pipe.loaded)
 
-        with reporting.stage(f"parity {precision} (ONNX Runtime)") as s:
-            refs = ReferenceCache(pipe.adapter, pipe.loaded)
-            cases = parity_inputs(pipe.adapter, shape, load_images(None, limit=2))
-            try:
-                result = check_onnx(refs, onnx_path, cases, precision)
-            except Exception as exc:  # noqa: BLE001 - ORT refuses some graphs (FP8 Q/DQ around Transpose)
-                reason = f"ONNX Runtime cannot run this graph: {str(exc).splitlines()[0][:200]}"
-                s.status = "not-checked"
-                return {"checked": False, "candidate": candidate, "passed": None, "reason": reason}
-            s.status = result.status
-        summary = {name: {k: round(v, 8) for k, v in w.items()} for name, w in result.worst().items()}
-        return {"checked": True, "candidate": candidate, "passed": result.passed, "status": result.status,
-                "failures": result.failures(), "summary": summary, "report": result.to_json()}
+    def produce(tmp: Path) -> dict:
+        if repaired is not None:
+            return {"result": final.state(), "passed": final.passed}
+        cases = parity_inputs(pipe.adapter, shape, load_images(None, limit=BUILD_PHOTOS))
+        checked = check_onnx(refs, source.path, cases, precision, gates=gates)
+        checked.artifact = f"{pipe.subject}.{source.stage}"
+        return {"result": checked.state(), "passed": checked.passed}
 
-    return check
+    with reporting.stage(f"parity {precision} (ONNX Runtime)") as s:
+        try:
+            entry, status = pipe.cache.get_or_create("parity", parts, produce, subject=pipe.subject)
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - ORT refuses some graphs (FP8 Q/DQ around Transpose)
+            s.status = "not-checked"
+            return {"checked": False, "candidate": candidate, "passed": None,
+                    "reason": f"ONNX Runtime cannot run this graph: {str(exc).splitlines()[0][:200]}"}
+        result = ParityResult.from_state(entry.manifest["result"])
+        s.status = result.status
+        if status == "hit":
+            s.detail = f"stored verdict {entry.key[:12]}"
+    summary = {name: {k: round(v, 8) for k, v in w.items()} for name, w in result.worst().items()}
+    return {"checked": True, "candidate": candidate, "passed": result.passed, "status": result.status,
+            "failures": result.failures(), "summary": summary, "report": result.to_json(), "verdict": entry.key}
+
+
+#: photographs the build's parity verdict runs on (embedded; the profile's opt shape)
+BUILD_PHOTOS = 2
+
+
+def failed_graph(pipe, source: Artifact, r: BuildRequest, checked: dict) -> ParityError:
+    """A graph that failed its parity verdict: its figures on the terminal (the lines verify prints), where it and its
+    verdict are kept (apart from built engines: no engine was built), and the ways on; exit 1."""
+    for line in checked.get("failures", []):
+        reporting.note(f"FAIL {line}", level=1)
+    task = (checked.get("report") or {}).get("task") or {}
+    if task:
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in task.items() if isinstance(v, (int, float)) and
+                          k in ("recall", "precision", "map50", "compared"))
+        reporting.note(f"task: {shown}", level=1)
+    reporting.note(f"the {r.precision} graph and its failed verdict are kept apart in the cache (graph {source.path}, "
+                   f"verdict {checked['verdict'][:12]}); no engine was built", level=1)
+    mode = get_precision(r.precision)
+    ways = ["--repair (keep the nodes that cause the loss in higher precision)"] if mode.repairable else []
+    if mode.calibrated and not r.calib_data:
+        ways.append("--calib-data DIR (calibrate on images of what the model sees)")
+    ways.append("--tol PART.LIMIT=VALUE (other limits)")
+    failures = checked.get("failures") or ["parity failed"]
+    return ParityError(f"{pipe.subject} {r.precision}: its graph failed parity ({failures[0]}"
+                       f"{f'; and {len(failures) - 1} more' if len(failures) > 1 else ''}): no engine built; "
+                       f"try {', or '.join(ways)}")
 
 
 def write_engine_file(outcome: BuildOutcome, dest: Path, *, ultralytics: bool = False) -> Path:

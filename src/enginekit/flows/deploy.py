@@ -86,6 +86,15 @@ def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
         verified = f"{graph_precision} graph: parity with PyTorch passed at export"
     elif (p.target.manifest.get("parity") or {}).get("passed"):
         verified = f"{p.target.precision or graph_precision} graph: parity passed (cache entry)"
+    else:  # a file: its stored verdict, found by its content wherever it lies (the file export or build wrote)
+        said = cache.verdict_of(sha256_file(Path(p.target.path)), p.target.precision or graph_precision)
+        if said is not None and said["passed"] is False and not request.allow_unverified:
+            raise ParityError(f"{request.target}: this graph failed its parity verdict ({said['at']}, "
+                              f"{said['kind']} {said['key'][:12]}): fix it (enginekit build --repair) or pass "
+                              "--allow-unverified")
+        if said is not None and said["passed"]:
+            verified = (f"{p.target.precision or graph_precision} graph: parity passed ({said['at']} verdict "
+                        f"{said['key'][:12]}, found by the file's content)")
     predictor = open_plan(p, conf=request.conf, iou=request.iou, input_size=input_size, cache=cache)
     onnx_path = Path(p.target.path)
     net_file, profiles, max_batch = onnx_path, None, request.max_batch
@@ -95,8 +104,10 @@ def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
         inputs = triton.with_profile(inputs, profiles)
         max_batch = min(max_batch, triton.profile_max_batch(profiles, inputs[0].name) or max_batch)
     if not verified and not request.allow_unverified:
-        raise UsageError(f"{request.target}: nothing says this graph passed its checks (an ONNX file enginekit "
-                         "did not export here): deploy a model name or recipe, or pass --allow-unverified")
+        raise UsageError(f"{request.target}: no stored verdict judged a graph of this content (an ONNX file "
+                         "enginekit did not export or build here, or one changed since): verify it (enginekit verify "
+                         f"{request.target} --reference CHECKPOINT), deploy a model name or recipe, or pass "
+                         "--allow-unverified")
     batched = bool(inputs) and inputs[0].dims[:1] == (-1,)
     serving = triton.Serving(max_batch if batched else 0, preferred, request.queue_delay_us, request.instances,
                              "KIND_CPU" if request.platform == "python" else "KIND_GPU")

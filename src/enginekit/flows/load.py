@@ -140,7 +140,7 @@ def export_onnx(p: LoadPlan, cache, quiet: bool, shape: tuple[int, ...] | None =
     if precision not in precision_names(exported=True) or (p.backend.precisions and precision not in p.backend.precisions):
         engines = " or ".join(b.name for b in backends.running(ENGINE))
         raise UsageError(f"{p.backend.label} runs fp32 and fp16 graphs of a model name; {precision} needs the "
-                         f"{engines} backend (or load the ONNX file `enginekit build` wrote)")
+                         f"{engines} backend, {_graph_to_load(t, precision, cache)}")
     with tempfile.TemporaryDirectory() as tmp:
         request = ExportRequest(model=t.model, fp16=precision == "fp16", output=Path(tmp) / "model.onnx",
                                 input="x".join(map(str, shape)) if shape else None,
@@ -150,6 +150,20 @@ def export_onnx(p: LoadPlan, cache, quiet: bool, shape: tuple[int, ...] | None =
     if not result.passed:
         raise ParityError(f"{t.model} {precision} failed its parity gate: " + "; ".join(result.failures()))
     return result.artifacts[-1].path
+
+
+def _graph_to_load(t, precision: str, cache) -> str:
+    """Where the ``precision`` graph a build made of ``t``'s model lies (the newest engine's source graph), as the
+    command that loads it; else the build that makes one."""
+    if t.request is not None:
+        for entry in (cache or Cache()).engines_of(t.request.weights_identity, precision, nms=t.request.nms):
+            link = (entry.manifest.get("chain") or [{}])[-1]
+            found = (cache or Cache()).lookup(link["kind"], link["key"]).entry if "kind" in link else None
+            if found is not None:
+                return f"or load the {precision} graph `enginekit build` made: {found.file('model.onnx')}"
+    name = t.request.checkpoint.name if t.request is not None and t.request.checkpoint is not None else t.model
+    return (f"or build its {precision} graph first (enginekit build {name} --precision {precision} --calib-data DIR), "
+            "then load the graph it prints")
 
 
 def build_engine(p: LoadPlan, cache, quiet: bool, build_options: dict) -> LoadPlan:

@@ -32,7 +32,10 @@ def _frame_sink(kind: str, tmp: Path, stem: str, model: str, fps: float, prefixe
 
     def write(index: int, name: str, image: np.ndarray) -> str:
         if kind in ("image", "folder"):
-            path = tmp / f"{stem + '-' if prefixed else ''}{Path(name).stem}_{model}.jpg"
+            # an image source is named by its stem (two of one name told apart there); a folder's frames by their
+            # own names, after the folder's where several sources share the folder
+            own = stem if kind == "image" else f"{stem + '-' if prefixed else ''}{Path(name).stem}"
+            path = tmp / f"{own}_{model}.jpg"
             if not cv2.imwrite(str(path), image):  # OpenCV says False, not why: a full disk is the likely cause
                 import errno
 

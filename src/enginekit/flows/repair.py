@@ -23,7 +23,7 @@ from enginekit.verification.gate import Gates
 # on most detectors.
 REPAIR_PHOTOS = 16
 # Of those, the ones each node's effect is measured on (one ONNX Runtime session per quantized node).
-RANK_PHOTOS = 4
+RANK_PHOTOS = 16
 
 
 def _enough_evidence(gates, precision: str, task: dict, folder) -> None:
@@ -89,20 +89,24 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
         return pipe.int8(source, shape, data, method=calib_method, exclude=exclude + patterns)
 
     memory = pipe.recalled_repair(search)
-    if memory is not None:
+    if memory is not None:  # a repair is an artifact: the same graph, judged as it was, no measuring, no search
         nodes = memory.manifest["nodes"]
-        reporting.note(f"repair: starting from {len(nodes)} node(s) found earlier (entry {memory.key[:10]})")
-        artifact = make(nodes)
-        if check(artifact)[0]:
-            return artifact, {**memory.manifest["result"], "reused": True}
+        artifact = pipe.repaired(chain[-1], source, nodes, exclude) if precision == "int8" and nodes else make(nodes)
+        ok, _, result = check(artifact)
+        if ok:
+            reporting.note(f"repair: the stored repair {memory.key[:10]} ({len(nodes)} node(s) in high precision, "
+                           f"judged on {memory.manifest['result'].get('judged_on', judged)}): no measuring, no search")
+            return artifact, {**memory.manifest["result"], "reused": memory.key}, result
     passed, worst, first = check(chain[-1])
     _enough_evidence(gates, precision, first.task, folder)
+    if not passed and precision == "int8":
+        _reachable(pipe, source, shape, refs, cases, gates, precision, judged)
     # INT8: every node the quantizer gave Q/DQ inputs (Conv, and Add/Concat/... between them)
     names = rp.quantized_nodes(chain[-1].path) if precision == "int8" else rp.candidate_nodes(source.path, precision)
     if passed:
         return chain[-1], {"nodes": [], "moved": 0, "candidates": len(names), "rel_l2_before": worst,
                            "rel_l2_after": worst, "trials": 1, "task_before": first.task, "task_after": first.task,
-                           "passed": True, "failures_before": [], "failures_after": []}
+                           "passed": True, "failures_before": [], "failures_after": [], "judged_on": judged}, first
     tmp = Path(tempfile.mkdtemp(prefix="enginekit-repair-"))
     quantized = onnx.load(str(chain[-1].path)) if precision == "int8" else None
     original = onnx.load(str(source.path)) if precision == "int8" else None
@@ -130,7 +134,7 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
     seconds: list[float] = []
 
     # each trial says which it is: a repair takes minutes, and its stage lines look alike
-    max_trials = 40 if precision == "int8" else 17  # search's limit; repair's 16 and the all-nodes trial
+    max_trials = 24 if precision == "int8" else 17  # search's limit; repair's 16 and the all-nodes trial
     high = "FP32" if precision == "fp16" else "high precision"
     trials = [0]
 
@@ -171,10 +175,12 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
+    shares = {c["node"]: c["effect"] / max(c["of"], 1e-12) for c in causes}
+    kept = ", ".join(f"{n} ({100 * shares[n]:.0f}%)" if n in shares else n for n in result.nodes[:8])
     reporting.note(f"repair: {len(result.nodes)} of {len(names)} quantizable node(s) "
-                   f"({100 * len(result.nodes) / max(len(names), 1):.1f}%) kept in {high}; worst rel L2 "
-                   f"{result.before:.2e} -> {after:.2e}; gate {'passes' if ok else 'still fails'}: "
-                   + ", ".join(result.nodes[:8]) + (" ..." if len(result.nodes) > 8 else ""))
+                   f"({100 * len(result.nodes) / max(len(names), 1):.1f}%) kept in {high} in {result.trials} "
+                   f"trial(s); worst rel L2 {result.before:.2e} -> {after:.2e}; judged on {judged}; gate "
+                   f"{'passes' if ok else 'still fails'}: " + kept + (" ..." if len(result.nodes) > 8 else ""))
     record = {**result.to_json(), "candidates": len(names), "share": round(len(result.nodes) / max(len(names), 1), 4),
               "rel_l2_after": after, "passed": ok, "task_before": first.task, "task_after": last.task,
               "failures_before": first.failures(), "failures_after": last.failures(),
@@ -186,7 +192,20 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
     else:
         reporting.warning(f"repair: the gate still fails after keeping {len(result.nodes)} node(s) in {high}: "
                           + "; ".join(last.failures()[:3]))
-    return final, record
+    return final, record, last
+
+
+def _reachable(pipe, source, shape, refs, cases, gates, precision: str, judged: str) -> None:
+    """Stop (ParityError, one line) where a gate asks for more than the FP16 graph of the same model reaches on the
+    same images: no set of nodes kept in high precision can pass it (one flip among few detections is a share's
+    whole step), so repair says so instead of keeping nodes to chase it."""
+    fp16 = pipe.fp16(source, shape, CalibrationData(None, count=2))
+    floor = check_onnx(refs, fp16.path, cases, precision, gates=gates)
+    if floor.passed:
+        return
+    raise ParityError(f"repair {precision}: {floor.failures()[0]} even for the FP16 graph on {judged} (the reachable "
+                      "floor): no set of nodes in high precision can pass that limit; judge on more images "
+                      f"(--calib-data with more than --calib-count images) or set a limit the FP16 graph meets (--tol)")
 
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from enginekit import precisions, reporting
 from enginekit.errors import UsageError
-from enginekit.requests import VerifyRequest
+from enginekit.requests import CALIBRATION_OPTIONS, VerifyRequest
 from enginekit.verification.checks import (CorruptEntry, UnverifiableEntry, verify_corrupt, verify_entry,
                                            verify_onnx_file)
 from enginekit.verification.references import engine_accepts_hw
@@ -128,11 +129,52 @@ def entries_to_verify(request: VerifyRequest, cache) -> list[tuple]:
 
     found = []
     for build in request.build_requests:  # one engine per precision asked for
-        outcome = run_build(build, cache)
+        existing = built_before(build, cache)
+        subject = build.model_request.subject
+        if existing:  # what `build` made (the user's calibration, profiles, repair) is what is judged
+            said = "; ".join(f"{e.key[:12]} ({describe_engine(e)})" for e in existing)
+            reporting.note(f"verify {subject} {build.precision}: judging the {len(existing)} engine(s) the cache "
+                           f"holds for it: {said}; building none")
+            found += [(e, None) for e in existing]
+            continue
+        if precisions.get(build.precision).calibrated and not build.calib_data and not build.calib_cache:
+            reporting.note(f"verify {subject} {build.precision}: no {build.precision} engine of it in the cache: "
+                           "building one calibrated on the embedded photographs (--calib-data DIR calibrates on "
+                           "images of what the model sees)")
+        # verify judges every graph of the chain itself (its images, its gates, its report): the build's own gate
+        # would stop at the first failing graph with no report
+        outcome = run_build(build.replace(verify=False), cache)
         # The same engine may have been built from an exported ONNX file (same content, same key):
         # this request's model and chain of artifacts are what it is compared against.
         found.append((outcome.entry, (build.model_request, outcome.artifacts)))
     return found
+
+
+def built_before(build, cache) -> list:
+    """The engines the cache holds for ``build``'s model (its weights' identity, NMS or not) at its precision, where
+    the verify request says nothing of how to build one (no profile, no calibration flag, no repair, no --force):
+    then what the user built is judged, not a new engine made with the defaults. [] otherwise."""
+    default_count = type(build).model_fields["calib_count"].get_default(call_default_factory=True)
+    if any(getattr(build, k) for k in ("profiles", "repair", "force", *CALIBRATION_OPTIONS)) or \
+            build.calib_count != default_count:
+        return []
+    model = build.model_request
+    return cache.engines_of(model.weights_identity, build.precision, nms=model.nms)
+
+
+def describe_engine(entry) -> str:
+    """One phrase of what an engine is: its precision, profiles, and for a calibrated one what it was calibrated on."""
+    m = entry.manifest
+    precision = m.get("precision") or {}
+    shapes = ", ".join("x".join(map(str, rng.get("opt", []))) for p in m.get("profiles") or [] for rng in p.values()
+                       if isinstance(rng, dict))
+    parts = [f"{precision.get('mode', '?')} at {shapes or '?'}"]
+    if precision.get("calibration"):
+        parts.append(f"calibrated on {precision['calibration']}" + (f", {precision['method']}"
+                                                                      if precision.get("method") else ""))
+    if precision.get("repaired_nodes"):
+        parts.append(f"{len(precision['repaired_nodes'])} node(s) repaired")
+    return "; ".join(parts)
 
 
 def _resolve_engine(target: str, cache):

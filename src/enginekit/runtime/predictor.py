@@ -156,7 +156,7 @@ class Predictor:
         results = self.postprocess(outputs, [tuple(f.shape[:2]) for f in frames], hw)
         t3 = time.perf_counter()
         for r in results:
-            r.timings.preprocess, r.timings.infer, r.timings.postprocess = (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3
+            r.timings.share((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, len(results))
         return results
 
     # -- the stages, one by one (the streaming pipeline runs them in their own threads on the CPU) ------
@@ -289,7 +289,7 @@ class Predictor:
         pre += batch.host_ms
         post = start.elapsed_time(end)
         for r in results:
-            r.timings.preprocess, r.timings.infer, r.timings.postprocess = pre, inf, post
+            r.timings.share(pre, inf, post, len(results))
         return results
 
     def _eager_preprocess(self, tensors: list, hw, rgb: bool):

@@ -374,8 +374,7 @@ class _Worker:
         """Each result carries its step's stage times (summed over the step's inference calls)."""
         for r, f in zip(results, step.frames):
             r.source = f.name
-            r.timings.preprocess, r.timings.infer, r.timings.postprocess = times.preprocess, times.infer, \
-                times.postprocess
+            r.timings.share(times.preprocess, times.infer, times.postprocess, len(results))
         times.latency = (time.perf_counter() - step.dispatched) * 1e3
         self.answer(step, self.predictor.model, results, times)
 

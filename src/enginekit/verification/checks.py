@@ -4,6 +4,8 @@ check and runs these."""
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,7 +131,7 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
     pipe = Stages(model, cache)
     precision = m["precision"]["mode"]
     refs = get_references(pipe, m["profiles"], data)
-    gates = Gates(pipe.adapter, overrides, task_required=task_required)
+    gates = Gates(pipe.adapter, overrides, task_required=task_required, labelled=labels is not None)
     report = VerifyReport(pipe.subject, entry.key, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
     metadata: dict[str, str] = {}
     calibrated_on = None  # what a quantized graph of the chain was calibrated on
@@ -163,9 +165,11 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
                     why = f"checking it raised {type(exc).__name__}: {first}"
                 art = unrunnable(name, "onnx", stage_precision, why)
             s.status = art.status
+        art.key = link.get("key", "")
         report.artifacts.append(art)
     checked = [a.name for a in report.artifacts if a.kind == "onnx" and a.ran]
     report.artifacts.append(verify_engine(entry, pipe, refs, gates, metadata, precision, checked))
+    report.artifacts[-1].key = entry.key
     if labels is not None:
         ground_truth_of_entry(report, entry, pipe, links, cache, gates, metadata, labels)
     note_calibration(report, calibrated_on)
@@ -282,7 +286,9 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
             f"(input {adapter.input_name}; outputs {', '.join(adapter.output_names)})"
         )
     shape = [d if isinstance(d, int) and d > 0 else None for d in dims[adapter.input_name]]
-    default = adapter.default_input
+    recorded_shape = str(metadata.get("export_shape", ""))  # the size the graph was exported at, where it says
+    default = tuple(int(v) for v in recorded_shape.split("x")) if re.fullmatch(r"\d+(x\d+){3}", recorded_shape) \
+        else adapter.default_input
     opt = tuple(s if s is not None else default[i] for i, s in enumerate(shape))
     opt = (1, *opt[1:])
     profile = {adapter.input_name: {"min": list(opt), "opt": list(opt), "max": list(opt)}}
@@ -291,7 +297,7 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
     precision = recorded or precision or "fp32"
     report = VerifyReport(adapter.variant, None, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
     try:
-        gates = Gates(adapter, overrides, task_required=task_required)
+        gates = Gates(adapter, overrides, task_required=task_required, labelled=labels is not None)
         with onnx_candidate(path) as runner:
             art = check_candidate(path.name, "onnx", precision, runner.infer_feed, refs, gates, adapter, metadata,
                                   accepts_hw=onnx_accepts_hw(path))

@@ -40,6 +40,7 @@ class ArtifactReport:
     #: verify --data: its figures against the labels, its drops against the FP32 PyTorch model's, the limits
     ground_truth: dict = field(default_factory=dict)
     size_bytes: int = 0  # the graph or engine file (verify --data's ladder)
+    key: str = ""  # its cache entry's key (a graph's, the engine's): what the report and JUnit name it by
 
     @property
     def passed(self) -> bool:

@@ -36,6 +36,12 @@ def write_junit(reports: list[VerifyReport], path: Path) -> Path:
         suite = ET.SubElement(suites, "testsuite", name=f"{r.subject} {r.precision}",
                               tests=str(len(cases) + len(skipped)),
                               failures=str(sum(not c.passed for _, c in cases)), skipped=str(len(skipped)))
+        keys = [("engine", r.engine_key)] + [(a.name, a.key) for a in r.artifacts if a.key]
+        if any(value for _, value in keys):  # which artifacts were judged, by their cache keys
+            props = ET.SubElement(suite, "properties")
+            for name, value in keys:
+                if value:
+                    ET.SubElement(props, "property", name=f"key:{name}", value=value)
         for artifact, check in cases:
             case = ET.SubElement(suite, "testcase", classname=f"{r.subject}.{artifact.name}", name=check.name)
             if not check.passed:

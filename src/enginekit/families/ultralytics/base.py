@@ -30,6 +30,7 @@ from enginekit.shapes import InputConstraint
 from enginekit.families.checkpoints import load_ultralytics_model
 from enginekit.families.ultralytics.identity import (
     MODEL_SOURCE,
+    TASK_SUFFIXES,
     ModelFacts,
     adopt_ultralytics_metadata,
     check_architecture,
@@ -96,8 +97,6 @@ _PART_TOLERANCES = {
 
 HUB_NOTE = "Ultralytics .pt checkpoint, or <name>.pt from the Ultralytics hub"
 
-TASK_SUFFIXES = {"detect": "", "segment": "-seg", "pose": "-pose", "obb": "-obb", "classify": "-cls",
-                 "semantic": "-sem", "depth": "-depth"}
 
 
 def ultralytics_model_dir() -> Path | None:

@@ -30,6 +30,9 @@ TASK_FAMILIES = {"detect": "yolo", "segment": "yolo-seg", "pose": "yolo-pose", "
                  "classify": "yolo-cls", "semantic": "yolo-sem", "depth": "yolo-depth"}
 #: Ultralytics' tasks its exports record
 _TASKS = tuple(TASK_FAMILIES)
+#: what Ultralytics' model names add for each task (``yolo11n`` -> ``yolo11n-seg``)
+TASK_SUFFIXES = {"detect": "", "segment": "-seg", "pose": "-pose", "obb": "-obb", "classify": "-cls",
+                 "semantic": "-sem", "depth": "-depth"}
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,10 @@ def check_architecture(facts: ModelFacts, variant: str, task: str, file: str) ->
     YAML's text, so any spelling of the same YAML (renamed, old-style multiples, no scale) matches."""
     use = f"give the file alone (enginekit export {file}), which needs no name"
     if facts.task != task:
-        raise UsageError(f"{file} is {facts.describe()}, but {variant} is a {task} model: {use}")
+        base = re.sub(r"-(seg|pose|obb|cls|sem|depth)$", "", variant)
+        own = f"{base}{TASK_SUFFIXES.get(facts.task, '')}"
+        raise UsageError(f"{file} is {facts.describe()}, but {variant} is a {task} model: {use}, or the name of its "
+                         f"task ({own})")
     want = _named_structure(variant, task, facts.classes or 80, facts.kpt_shape, facts.channels)
     if want is not None and tuple(want) != facts.layers:
         raise UsageError(f"{file} is {facts.describe()}, whose layers are not {variant}'s: {use}")

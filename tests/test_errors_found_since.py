@@ -310,3 +310,47 @@ def test_the_labelling_nms_is_torchvisions_whatever_was_imported_before():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout.strip()) > 0
+
+
+# --------------------------------------------------------------------------- nothing left in .tmp
+
+
+def test_a_killed_runs_staging_folder_goes_with_the_next_build(tmp_path):
+    """SIGKILL leaves a run no time to clean up: its staging folder (its pid dead) is removed by the next build."""
+    from enginekit.cache import Cache
+
+    cache = Cache(tmp_path / "cache")
+    orphan = tmp_path / "cache" / ".tmp" / f"ground-truth-{'a' * 64}-999999-0badcafe"
+    orphan.mkdir(parents=True)
+    (orphan / "half.json").write_text("{")
+    cache.get_or_create("parity", {"x": 1}, lambda tmp: {"result": {}, "passed": True})
+    assert not orphan.exists() and list((tmp_path / "cache" / ".tmp").iterdir()) == []
+
+
+def test_sigterm_during_the_labels_scoring_leaves_nothing_in_tmp(tmp_path, trained_detector):
+    """verify --data, terminated while it scores a candidate against the labels: exit 143, .tmp empty."""
+    import signal
+    import time
+
+    from trained_detector import write_dataset
+
+    data = write_dataset(tmp_path / "data", {"train_images": 1, "val_images": 48, "size": 320, "objects": (2, 4),
+                                             "side_px": (20, 60), "seed": 5})
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen([sys.executable, "-m", "enginekit", "verify", str(trained_detector.weights), "--imgsz",
+                             "320", "--data", str(data)], env={**os.environ, "ENGINEKIT_CACHE": str(cache)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, seen = time.time() + 600, False
+    while time.time() < deadline and proc.poll() is None:
+        tmp = cache / ".tmp"
+        if tmp.is_dir() and any(p.name.startswith("ground-truth-") for p in tmp.iterdir()):
+            seen = True
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=300)
+    if not seen:
+        pytest.skip(f"the scoring finished before it could be interrupted (exit {proc.returncode})")
+    assert proc.returncode == 143, err[-2000:]
+    assert "Traceback" not in err
+    assert not (cache / ".tmp").exists() or list((cache / ".tmp").iterdir()) == []

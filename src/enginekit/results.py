@@ -7,6 +7,8 @@ writes; ``plot(frame)`` draws a YOLO result with Ultralytics' own ``Results.plot
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -256,13 +258,29 @@ class Classification:
 
 @dataclass
 class DepthMap:
-    """Relative depth (inverse depth, larger is nearer), H x W float32 at the original resolution."""
+    """Relative depth (inverse depth, larger is nearer), H x W float32 at the original resolution.
 
-    depth: np.ndarray
+    ``depth`` is a NumPy array; a map computed on a GPU stays there until it is read as one (``depth``: one copy, then
+    kept), and ``tensor`` gives it where it was computed (a torch tensor on the GPU: no copy)."""
+
+    data: Any  # np.ndarray, or a torch tensor on the device that computed it
     image_shape: tuple[int, int]
     source: str | None = None
     timings: Timings = field(default_factory=Timings)
     kind = "depth"
+
+    @property
+    def depth(self) -> np.ndarray:
+        if not isinstance(self.data, np.ndarray):
+            self.data = self.data.float().cpu().numpy().astype(np.float32, copy=False)
+        return self.data
+
+    @property
+    def tensor(self):
+        """The map as a torch tensor where it was computed (on the GPU for a session there)."""
+        import torch
+
+        return self.data if not isinstance(self.data, np.ndarray) else torch.from_numpy(self.data)
 
     def found(self) -> str:
         d = self.depth[np.isfinite(self.depth)]

@@ -11,13 +11,13 @@ from datetime import datetime, timezone
 
 from filelock import lock_descriptor
 
-from enginekit.cache.files import pid_alive, parse_time, remove, remove_children, tree_size
+from enginekit.cache.files import parse_time, remove, remove_children, tree_size
 from enginekit.cache.inuse import clean_inuse, in_use
-from enginekit.cache.local import STALE_TMP_SECONDS, TMP_RE
+from enginekit.cache.local import STALE_TMP_SECONDS
 from enginekit.cache.entries import Entry, EntryInfo
 from enginekit.cache.tiered import TieredCache
 from enginekit.errors import UsageError
-from enginekit.manifest import KIND_RE, read_manifest
+from enginekit.manifest import read_manifest
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 MIN_PREFIX = 6  # hex digits a key prefix needs (`cache show KEY`)
@@ -223,35 +223,6 @@ class Cache(TieredCache):
                 return False
             remove(aside)
             return True
-
-    def _clean_tmp(self, stale_seconds: float) -> None:
-        """Remove staging folders no build owns any more.
-
-        A build holds its key's lock for the whole life of its staging folder, so a folder whose
-        key lock is free is an orphan once its builder's pid is gone (a killed build), or once it
-        is older than ``stale_seconds`` (a builder on another host sharing the cache, whose pid
-        means nothing here). This process's own folders are left alone.
-        """
-        if not self._tmp_root.is_dir():
-            return
-        now = time.time()
-        for name in os.listdir(self._tmp_root):
-            path = self._tmp_root / name
-            try:
-                age = now - path.lstat().st_mtime
-            except FileNotFoundError:
-                continue
-            match = TMP_RE.match(name)
-            if match is None or not KIND_RE.match(match["kind"]):
-                if age >= stale_seconds:
-                    remove(path)  # not ours to keep: nothing builds under such a name
-                continue
-            pid = int(match["pid"])
-            if pid == os.getpid() or (pid_alive(pid) and age < stale_seconds):
-                continue
-            with self._try_lock(match["kind"], match["key"]) as got:
-                if got:
-                    remove(path)
 
     def _clean_locks(self) -> None:
         """Remove empty lock files no process holds (each finished or failed run leaves one).

@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from enginekit import reporting
-from enginekit.cache.files import changed_parts, fsync_tree, remove, touch
+from enginekit.cache.files import changed_parts, fsync_tree, remove, touch, pid_alive
 from enginekit.cache.inuse import mark_in_use
 from enginekit.cache.entries import Entry, Explanation, LookupResult, default_root, location_problem, root_origin
 from enginekit.errors import EnginekitError, UsageError
@@ -264,10 +265,42 @@ class LocalCache:
         return path
 
     def _tmp_path(self, kind: str, key: str) -> Path:
-        """A new temp folder's path (not made yet: the caller makes it inside its clean-up)."""
+        """A new temp folder's path (not made yet: the caller makes it inside its clean-up). Staging folders that
+        builds killed outright left (SIGKILL: no clean-up ran) go first, so none outlives the next build."""
         # The pid in the name lets gc tell an orphan (its builder died) from a live build.
         self._folder(self._tmp_root)
+        self._clean_tmp(STALE_TMP_SECONDS)
         return self._tmp_root / f"{kind}-{key}-{os.getpid()}-{secrets.token_hex(4)}"
+
+    def _clean_tmp(self, stale_seconds: float) -> None:
+        """Remove staging folders no build owns any more.
+
+        A build holds its key's lock for the whole life of its staging folder, so a folder whose
+        key lock is free is an orphan once its builder's pid is gone (a killed build), or once it
+        is older than ``stale_seconds`` (a builder on another host sharing the cache, whose pid
+        means nothing here). This process's own folders are left alone.
+        """
+        if not self._tmp_root.is_dir():
+            return
+        now = time.time()
+        for name in os.listdir(self._tmp_root):
+            path = self._tmp_root / name
+            try:
+                age = now - path.lstat().st_mtime
+            except FileNotFoundError:
+                continue
+            match = TMP_RE.match(name)
+            if match is None or not KIND_RE.match(match["kind"]):
+                if age >= stale_seconds:
+                    remove(path)  # not ours to keep: nothing builds under such a name
+                continue
+            pid = int(match["pid"])
+            if pid == os.getpid() or (pid_alive(pid) and age < stale_seconds):
+                continue
+            with self._try_lock(match["kind"], match["key"]) as got:
+                if got:
+                    remove(path)
+
 
     def _publish(self, tmp: Path, kind: str, key: str) -> Path:
         """Rename a complete temp folder to the entry's place. Lock held."""

@@ -149,9 +149,9 @@ class DepthMaps:
         if depth.dim() == 3:
             depth = depth[:, None]
         depth = F.interpolate(depth, size=tuple(hw), mode="bilinear", align_corners=True)
-        return [DepthMap(F.interpolate(d[None], size=tuple(shape), mode="bilinear", align_corners=True)[0, 0]
-                         .cpu().numpy().astype(np.float32, copy=False), tuple(shape))
-                for d, shape in zip(depth, image_hws)]
+        # on the device that computed it: copied to the host when read as NumPy (DepthMap.depth)
+        return [DepthMap(F.interpolate(d[None], size=tuple(shape), mode="bilinear", align_corners=True)[0, 0],
+                         tuple(shape)) for d, shape in zip(depth, image_hws)]
 
 
 class SemanticMaps:

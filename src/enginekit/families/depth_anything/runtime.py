@@ -82,5 +82,5 @@ class DepthProcessor:
         results = []
         for d, shape in zip(depth, image_hws):
             full = F.interpolate(d[None, None], size=tuple(shape), mode="bilinear", align_corners=True)[0, 0]
-            results.append(DepthMap(full.cpu().numpy().astype(np.float32, copy=False), tuple(shape)))
+            results.append(DepthMap(full, tuple(shape)))  # on its device until read as NumPy
         return results

@@ -166,5 +166,5 @@ class DepthProcessor(DeclaredInput, DepthMaps):
         for d, shape in zip(depth, image_hws):
             part = self.covered(d[None], tuple(shape), hw)
             m = F.interpolate(part, size=tuple(shape), mode="bilinear", align_corners=True)[0, 0]
-            results.append(DepthMap(m.cpu().numpy().astype(np.float32, copy=False), tuple(shape)))
+            results.append(DepthMap(m, tuple(shape)))  # on its device until read as NumPy
         return results

@@ -47,6 +47,35 @@ def ultralytics_nms():
     return non_max_suppression
 
 
+def kept_rows(pred, conf: float, iou: float, *, max_det: int = 300, nc: int = 0, max_nms: int = 30000,
+              max_wh: int = 7680) -> list:
+    """Ultralytics' ``non_max_suppression`` for axis-aligned boxes as its predictors call it (best class per box,
+    class-aware, no class filter): the same candidates in the same order, the same arithmetic (``xywh2xyxy``, class
+    offsets of ``max_wh``, torchvision's NMS), so the same rows, (N, 6 + extra) x1 y1 x2 y2 score class extra.
+
+    On a GPU it waits on the device twice per image (the candidates' count, torchvision's NMS) where Ultralytics'
+    function waits on each boolean selection and re-concatenates the whole candidate table; every step stays on
+    the device that ran the network, and the kept rows are the only thing the caller copies out."""
+    import torch
+    import torchvision
+    from ultralytics.utils.ops import xywh2xyxy
+
+    nc = nc or (pred.shape[1] - 4)
+    out = []
+    for x in pred.transpose(-1, -2):  # (anchors, 4 + nc + extra) per image
+        score, cls = x[:, 4:4 + nc].max(1)
+        index = (score > conf).nonzero().view(-1)  # in anchor order, as Ultralytics' boolean selection
+        if not len(index):
+            out.append(x.new_zeros((0, x.shape[1] - nc + 2)))
+            continue
+        if len(index) > max_nms:  # as Ultralytics: the highest scores first
+            index = index[score[index].argsort(descending=True)[:max_nms]]
+        rows = torch.cat((xywh2xyxy(x[index, :4]), score[index, None], cls[index, None].float(), x[index, 4 + nc:]), 1)
+        keep = torchvision.ops.nms(rows[:, :4] + rows[:, 5:6] * max_wh, rows[:, 4], iou)[:max_det]
+        out.append(rows[keep])
+    return out
+
+
 def letterbox(new_shape: tuple[int, int], *, auto: bool = False, stride: int = 32):
     """Ultralytics' ``LetterBox`` as its predictor makes it (scaleup, centred, gray 114): ``auto`` for the
     smallest stride-aligned rectangle around the frame (``.pt`` predict), else the full ``new_shape``."""
@@ -192,10 +221,12 @@ class YoloProcessor(ImageProcessor):
         return out[0].div_(255)
 
     def nms(self, pred, *, nc: int = 0, rotated: bool = False) -> list:
-        """``ultralytics.utils.nms.non_max_suppression`` as Ultralytics' predictors call it, with no time limit:
-        its default (2 s + 50 ms per image) stops early on a busy CPU and silently drops detections.
-        torchvision is imported first: that function uses torchvision's NMS kernel only where it is imported,
-        as it is in Ultralytics' own predictor, and falls back to a Python loop 100x slower on many boxes."""
+        """The kept rows per image, as ``ultralytics.utils.nms.non_max_suppression`` keeps them for Ultralytics'
+        predictors, with no time limit (its default, 2 s + 50 ms per image, stops early on a busy CPU and silently
+        drops detections). Axis-aligned boxes go through ``kept_rows`` (the same arithmetic, fewer waits on the
+        device); rotated boxes and end-to-end rows through Ultralytics' function itself."""
+        if not rotated and not self.end2end:
+            return kept_rows(pred, self.conf, self.iou, max_det=self.max_det, nc=nc)
         return ultralytics_nms()(pred, self.conf, self.iou, max_det=self.max_det, nc=nc, end2end=self.end2end,
                                  rotated=rotated, max_time_img=1e6)
 

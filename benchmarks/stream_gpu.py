@@ -49,10 +49,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 def load(target: str, args, size: int):
     import enginekit
 
+    extra = {"gpu_letterbox": True} if args.gpu_letterbox else {}
     if Path(target).suffix in (".onnx", ".plan", ".engine"):
-        return enginekit.load(target, backend=args.backend, device=args.device, input_size=(size, size))
+        return enginekit.load(target, backend=args.backend, device=args.device, input_size=(size, size), **extra)
     return enginekit.load(target, precision=args.precision, backend=args.backend, random_init=True,
-                          device=args.device, input_size=(size, size))
+                          device=args.device, input_size=(size, size), **extra)
 
 
 def prioritize(predictor) -> str:
@@ -197,6 +198,8 @@ def main() -> int:
     parser.add_argument("--depth", default="depth", help="model name, or an ONNX graph / engine plan")
     parser.add_argument("--repeat", type=int, default=1, help="runs of the five, reported each and as medians")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--gpu-letterbox", action="store_true",
+                        help="the detector's frames resized on the GPU (not OpenCV's pixels: enginekit.load's option)")
     parser.add_argument("--priority", choices=("none", "yolo", "depth"), default="none",
                         help="run this model on a CUDA stream of the highest priority (torch)")
     args = parser.parse_args()
@@ -235,7 +238,7 @@ def main() -> int:
     medians = median_goals([r["goals"] for r in repeats])
     report = {"machine": {"gpu": str(gpu_info() or "none"), "cpu_count": os.cpu_count()},
               "settings": {"backend": yolo.backend, "device": yolo.device, "precision": args.precision, "input": size,
-                           "priority": args.priority,
+                           "priority": args.priority, "gpu_letterbox": args.gpu_letterbox,
                            "video": f"{w}x{h}", "frames": frames, "repeat": len(repeats)},
               "runs": repeats[-1]["runs"], "goals": medians, "repeats": repeats}
     if len(repeats) > 1:

@@ -56,18 +56,23 @@ def test_yolo_engine_with_dynamic_profile(cache, precision):
     """The engine's manifest, and the build's parity of the graph it came from on the informative random
     yolo12n: "pass" only where its boxes and scores depend on the photograph (a plain random YOLO's read
     "not-checked")."""
-    outcome = build(cache, "yolo12n", profiles=[YOLO_PROFILE], precision=precision)
-    assert_manifest(outcome, precision=precision, input_name="images", profile_min=[1, 3, 320, 320],
-                    profile_max=[4, 3, 320, 320], passes=precision != "int8")
-    parity = json.loads((outcome.engine.parent / "parity.json").read_text())
     if precision == "int8":
         # its boxes and scores hold INT8's limits; its detections need not: the random model's scores are a
-        # continuous tail at conf 0.25, so INT8 moves some across it (recall 0.83 and precision 0.79 on the two
-        # photographs at 320). INT8 passing its task gates is shown on the trained detector (test_gates.py)
-        assert not [f for f in parity["failures"] if not f.startswith("task ")], parity["failures"]
-        assert parity["report"]["parts"] and not any(p.get("constant") for p in parity["report"]["parts"].values())
-    else:
-        assert parity["status"] == "pass", parity
+        # continuous tail at conf 0.25, so INT8 moves some across it (recall 0.81 on the two photographs at 320).
+        # The build judges the graph before it builds: it refuses, naming the task gate, and caches no engine;
+        # INT8 passing its gates is shown on the trained detector (test_gates.py, test_one_verdict.py)
+        from enginekit.errors import ParityError
+
+        with pytest.raises(ParityError, match=r"yolo12n int8: its graph failed parity \(task "):
+            build(cache, "yolo12n", profiles=[YOLO_PROFILE], precision=precision)
+        outcome = build(cache, "yolo12n", profiles=[YOLO_PROFILE], precision=precision, verify=False)
+        assert outcome.manifest["parity"]["passed"] is None  # not judged at build: --no-verify
+        return
+    outcome = build(cache, "yolo12n", profiles=[YOLO_PROFILE], precision=precision)
+    assert_manifest(outcome, precision=precision, input_name="images", profile_min=[1, 3, 320, 320],
+                    profile_max=[4, 3, 320, 320])
+    parity = json.loads((outcome.engine.parent / "parity.json").read_text())
+    assert parity["status"] == "pass", parity
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
@@ -87,7 +92,7 @@ def test_depth_engine_manifest_with_dynamic_hw_profile(cache, precision):
 def test_int8_family_exclusions_keep_the_head_out(cache):
     import onnx
 
-    outcome = build(cache, "yolo12n", profiles=[YOLO_PROFILE], precision="int8")
+    outcome = build(cache, "yolo12n", profiles=[YOLO_PROFILE], precision="int8", verify=False)  # the graph's layout
     int8 = outcome.artifacts[-1]
     assert int8.stage == "int8" and int8.manifest["qdq_nodes"] > 50
     graph = onnx.load(str(int8.path)).graph

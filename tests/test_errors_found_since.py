@@ -166,7 +166,7 @@ def stored(tmp_path_factory):
     root = tmp_path_factory.mktemp("records")
     cache = Cache(root / "cache")
     api.export("yolo12n", random_init=True, fp16=True, imgsz=64, output=root / "y.onnx", cache=cache, quiet=True)
-    api.build("yolo12n", random_init=True, precision="int8", imgsz=64, cache=cache, quiet=True)
+    api.build("yolo12n", random_init=True, precision="int8", imgsz=64, cache=cache, quiet=True, verify=False)
     api.verify("yolo12n", precision="fp16", build_options={"random_init": True, "profiles": ["1x3x64x64"]},
                cache=cache, quiet=True, task_required=False)
     return root, cache
@@ -209,7 +209,8 @@ def test_every_record_kind_and_field_is_checked(stored):
     again = api.export("yolo12n", random_init=True, fp16=True, imgsz=64, output=root / "again.onnx", cache=cache,
                        quiet=True)
     assert again.passed and all(a.status == "hit" for a in again.artifacts)
-    assert api.build("yolo12n", random_init=True, precision="int8", imgsz=64, cache=cache, quiet=True).status == "hit"
+    assert api.build("yolo12n", random_init=True, precision="int8", imgsz=64, cache=cache, quiet=True,
+                     verify=False).status == "hit"
     assert api.verify("yolo12n", precision="fp16", build_options={"random_init": True, "profiles": ["1x3x64x64"]},
                       cache=cache, quiet=True, task_required=False).passed
 

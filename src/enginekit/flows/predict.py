@@ -6,6 +6,8 @@ end, so a run that fails writes nothing.
 
 from __future__ import annotations
 
+import dataclasses
+
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -118,6 +120,9 @@ def _predict(models: str, source, *, save: Path | None, backend: str, precision:
     if not sources:
         raise UsageError("no source given")
     opened = [open_source(str(s), max_frames=max_frames) for s in sources]  # bad input fails here, before any model loads
+    if options.batch is None and all(s.kind in ("image", "folder") for s in opened):
+        # photographs run one per inference call, as Ultralytics' predictor runs them: each gets its own time
+        options = dataclasses.replace(options, batch=1)
     predictors = []
     for i, name in enumerate(names):
         w = weights[i] if i < len(weights) else None

@@ -27,7 +27,16 @@ def load_model(path: Path, *, check: bool = True):
     try:
         model = onnx.load(str(path))
         if check:
-            onnx.checker.check_model(model)
+            try:
+                onnx.checker.check_model(model)
+            except Exception as exc:  # noqa: BLE001
+                if "topologically sorted" not in str(exc):
+                    raise
+                # Ultralytics' CPU FP16 export (onnxruntime.transformers' float16 conversion) appends its input casts
+                # after the nodes that read them: ONNX Runtime runs it, the checker and TensorRT want the nodes in
+                # order. The same graph, sorted, is what the tools are given (``sorted_copy``)
+                toposort(model.graph)
+                onnx.checker.check_model(model)
     except Exception as exc:  # noqa: BLE001 - protobuf and checker errors are long
         raise UsageError(f"{path} is not a valid ONNX model: {first_line(exc, 200)}") from exc
     known = onnx.defs.onnx_opset_version()
@@ -92,3 +101,85 @@ def initializer_dtype_share(model) -> dict[str, float]:
         counts[name] = counts.get(name, 0) + n
     total = sum(counts.values()) or 1
     return {k: v / total for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+
+
+def is_toposorted(graph) -> bool:
+    """Whether every node's inputs are made before it (graph inputs, initializers, earlier nodes' outputs)."""
+    known = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    for node in graph.node:
+        if any(i not in known for i in node.input):
+            return False
+        known.update(node.output)
+    return True
+
+
+def toposort(graph) -> None:
+    """Put ``graph``'s nodes in an order where each comes after what it reads, otherwise in their order in the file
+    (Kahn's algorithm, the earliest ready node first); names a subgraph reads from outside count as made. Nodes that
+    can never run (a cycle, a missing input) are kept last, as they were."""
+    import heapq
+
+    nodes = list(graph.node)
+    made = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output}
+    needs = [{producer[i] for i in n.input if i not in made and i in producer} for n in nodes]
+    readers: dict[int, list[int]] = {}
+    for k, deps in enumerate(needs):
+        for d in deps:
+            readers.setdefault(d, []).append(k)
+    ready = [k for k, deps in enumerate(needs) if not deps]
+    heapq.heapify(ready)
+    order, waiting = [], [len(d) for d in needs]
+    while ready:
+        k = heapq.heappop(ready)
+        order.append(k)
+        for r in readers.get(k, []):
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                heapq.heappush(ready, r)
+    seen = set(order)
+    order += [k for k in range(len(nodes)) if k not in seen]
+    copies = [_copy(nodes[k]) for k in order]
+    del graph.node[:]
+    graph.node.extend(copies)
+
+
+def _copy(node):
+    import onnx
+
+    out = onnx.NodeProto()
+    out.CopyFrom(node)
+    return out
+
+
+def holds_fp16(graph) -> bool:
+    """Whether a graph computes in FP16: FP16 weights, or casts to FP16."""
+    import onnx
+
+    fp16 = onnx.TensorProto.FLOAT16
+    return any(i.data_type == fp16 for i in graph.initializer) or any(
+        n.op_type == "Cast" and any(a.name == "to" and a.i == fp16 for a in n.attribute) for n in graph.node)
+
+
+def upcast_fp16(model) -> None:
+    """An FP16 graph (FP16 weights and casts to FP16: Ultralytics' ``half=True`` export) computing in FP32 again, in
+    place: every FP16 weight and constant widened (exactly: FP32 holds each FP16 value), every cast to FP16 a cast to
+    FP32, every FP16 tensor type FP32. The values stay the FP16 ones; calibrating it for INT8 starts from them."""
+    import onnx
+    from onnx import numpy_helper
+
+    fp16, fp32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    graph = model.graph
+    for k, init in enumerate(graph.initializer):
+        if init.data_type == fp16:
+            graph.initializer[k].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype("float32"),
+                                                                  init.name))
+    for node in graph.node:
+        for attr in node.attribute:
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == fp16:
+                attr.i = fp32
+            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == fp16:
+                attr.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attr.t).astype("float32"), attr.t.name))
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.tensor_type.elem_type == fp16:
+            value.type.tensor_type.elem_type = fp32

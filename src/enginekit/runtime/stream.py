@@ -119,6 +119,13 @@ class ModelTimes:
     infer: float = 0.0
     postprocess: float = 0.0
     latency: float = 0.0  # from the step's dispatch to this model's results
+    #: per frame of the step: its share of the inference call it ran in ([pre, infer, post] ms, the call's frames)
+    frames: dict = field(default_factory=dict)
+
+    def share(self, stage: int, idx, ms: float) -> None:
+        """``ms`` of one inference call's ``stage`` (0 pre, 1 infer, 2 post) shared by its frames ``idx``."""
+        for i in idx:
+            self.frames.setdefault(i, [0.0, 0.0, 0.0, len(idx)])[stage] += ms / max(len(idx), 1)
 
 
 @dataclass
@@ -327,7 +334,8 @@ class _Worker:
                 for hw, idx in p.chunks(images, o.batch):
                     t0 = time.perf_counter()
                     x = p.preprocess_cpu([images[i] for i in idx], hw, o.rgb)
-                    times.preprocess += (time.perf_counter() - t0) * 1e3
+                    times.preprocess += (dt := (time.perf_counter() - t0) * 1e3)
+                    times.share(0, idx, dt)
                     batches.append((hw, idx, x))
             if not _put(out, (step, times, batches), self.stop):
                 return
@@ -347,7 +355,8 @@ class _Worker:
                     with self.turn:
                         t0 = time.perf_counter()
                         outputs = p.infer_cpu(x)
-                        times.infer += (time.perf_counter() - t0) * 1e3
+                        times.infer += (dt := (time.perf_counter() - t0) * 1e3)
+                        times.share(1, idx, dt)
                     inferred.append((hw, idx, outputs))
             if not _put(out, (step, times, inferred), self.stop):
                 return
@@ -365,16 +374,20 @@ class _Worker:
                 for hw, idx, outputs in inferred:
                     t0 = time.perf_counter()
                     out = p.postprocess(outputs, [tuple(step.frames[i].image.shape[:2]) for i in idx], hw)
-                    times.postprocess += (time.perf_counter() - t0) * 1e3
+                    times.postprocess += (dt := (time.perf_counter() - t0) * 1e3)
+                    times.share(2, idx, dt)
                     for i, r in zip(idx, out):
                         results[i] = r
             self._answer(step, results, times)
 
     def _answer(self, step: StepResult, results: list, times: ModelTimes) -> None:
         """Each result carries its step's stage times (summed over the step's inference calls)."""
-        for r, f in zip(results, step.frames):
+        for i, (r, f) in enumerate(zip(results, step.frames)):
             r.source = f.name
-            r.timings.share(times.preprocess, times.infer, times.postprocess, len(results))
+            pre, infer, post, calls = times.frames.get(i) or [*(v / max(len(results), 1) for v in (
+                times.preprocess, times.infer, times.postprocess)), len(results)]
+            r.timings.share(pre, infer, post, 1)
+            r.timings.batch = int(calls)  # the frames its inference call held
         times.latency = (time.perf_counter() - step.dispatched) * 1e3
         self.answer(step, self.predictor.model, results, times)
 
@@ -427,10 +440,12 @@ class _Worker:
         results: list = [None] * len(step.frames)
         for idx, batch in submitted:
             out = self.predictor.finish_gpu(batch)
-            t = out[0].timings
-            times.preprocess += t.preprocess
-            times.infer += t.infer
-            times.postprocess += t.postprocess
+            t = out[0].timings  # each result's share of the call: the call's time is the share times its frames
+            times.preprocess += t.preprocess * t.batch
+            times.infer += t.infer * t.batch
+            times.postprocess += t.postprocess * t.batch
+            for stage, ms in enumerate((t.preprocess, t.infer, t.postprocess)):
+                times.share(stage, idx, ms * t.batch)
             for i, r in zip(idx, out):
                 results[i] = r
         return results

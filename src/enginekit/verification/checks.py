@@ -286,7 +286,9 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
             f"(input {adapter.input_name}; outputs {', '.join(adapter.output_names)})"
         )
     shape = [d if isinstance(d, int) and d > 0 else None for d in dims[adapter.input_name]]
-    recorded_shape = str(metadata.get("export_shape", ""))  # the size the graph was exported at, where it says
+    # the size a graph of dynamic H/W was exported at, where its family letterboxes frames to it (YOLO's export_shape;
+    # others record the size they were traced at, which says nothing of the size they run at)
+    recorded_shape = str(metadata.get("export_shape", "")) if getattr(adapter, "export_at_profile_size", False) else ""
     default = tuple(int(v) for v in recorded_shape.split("x")) if re.fullmatch(r"\d+(x\d+){3}", recorded_shape) \
         else adapter.default_input
     opt = tuple(s if s is not None else default[i] for i, s in enumerate(shape))

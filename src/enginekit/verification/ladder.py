@@ -32,12 +32,12 @@ def precision_ladder(reports, latency_of=None) -> list[dict]:
             drop = gt.get(f"{headline}_drop")
             limit = (gt.get("limits") or {}).get(f"{headline}_drop")
             latency = latency_of(identity) if latency_of is not None else None
-            failing = [c.name for c in art.checks if not c.passed]
+            failing = [c.name for c in getattr(art, "checks", []) if not c.passed]
             rows.append({"precision": art.precision, "artifact": art.name, "metric": headline, "value": gt[headline],
                          "drop": drop, "limit": limit, "passed": None if limit is None or drop is None else drop <= limit,
                          # the artifact's whole verdict (labels, parity and every other check): what the exit code
                          # and JUnit say of it, so the table's gate column says it too
-                         "verdict": art.passed, "failing": failing,
+                         "verdict": getattr(art, "passed", None), "failing": failing,
                          "size_mb": round(art.size_bytes / 2**20, 2) if art.size_bytes else None,
                          "latency_ms": latency, "images": gt.get("images"), "instances": gt.get("instances"),
                          "letterbox": gt.get("letterbox")})

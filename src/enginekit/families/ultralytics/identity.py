@@ -64,7 +64,8 @@ class ModelFacts:
 
     def describe(self) -> str:
         """One phrase: "a detect model, 2 classes (yolov8s, as its YAML records)"."""
-        kind = "an RT-DETR detect model" if self.family == "rtdetr" else f"a {self.task} model"
+        article = "an" if self.task[:1] in "aeiou" else "a"
+        kind = "an RT-DETR detect model" if self.family == "rtdetr" else f"{article} {self.task} model"
         classes = f", {self.classes} class{'es' if self.classes != 1 else ''}" if self.classes else ""
         built = f" (built from {self.architecture}.yaml)" if self.architecture else " (its YAML records no file)"
         return f"{kind}{classes}{built}"

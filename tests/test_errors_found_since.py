@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, strategies as st  # noqa: E402
+from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from test_errors_properties import PROPERTY, assert_refused, invoke  # noqa: E402
 
@@ -215,7 +215,7 @@ def test_every_record_kind_and_field_is_checked(stored):
                       cache=cache, quiet=True, task_required=False).passed
 
 
-@PROPERTY
+@settings(PROPERTY, max_examples=min(PROPERTY.max_examples, 6))  # each example exports again: seconds each
 @given(kind=st.sampled_from(["parity", "onnx-export", "onnx-fp16"]), value=st.sampled_from(list(WRONG)))
 def test_a_damaged_record_is_a_miss_with_one_warning_then_rebuilt(stored, tmp_path_factory, kind, value):
     """The issue's case and its kin: a field a reader takes, of the wrong type, in every record of a kind the export

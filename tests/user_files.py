@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE))
 VERSION = 1
 FINE_TUNE = {"imgsz": 160, "epochs": 1, "batch": 16, "seed": 1, "deterministic": True, "optimizer": "AdamW",
              "lr0": 0.001, "warmup_epochs": 0, "mosaic": 0.0, "hsv_h": 0.0, "fliplr": 0.5, "amp": False}
-P2_TRAIN = {**FINE_TUNE, "epochs": 4, "lr0": 0.004, "warmup_epochs": 1}
+P2_TRAIN = {**FINE_TUNE, "epochs": 2, "lr0": 0.004, "warmup_epochs": 1}
 #: the YAML of yolov8n as releases before ``scales`` wrote it
 LEGACY = {"depth_multiple": 0.33, "width_multiple": 0.25, "max_channels": 1024}
 #: Ultralytics' ONNX exports of each checkpoint: file suffix -> export arguments (its defaults otherwise)

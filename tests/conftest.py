@@ -133,16 +133,54 @@ class CliResult:
         return [line for line in self.stderr.splitlines() if line.strip()]
 
 
+def cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 900) -> CliResult:
+    """``enginekit ARGS`` in a fresh process, as a user runs it. Every ``verify`` the suite runs also writes JUnit
+    (to a file of its own where the test asked for none), and its verdict is held to one rule: the exit code, the
+    JUnit result and the printed gate column say the same (``assert_verdicts_agree``)."""
+    import tempfile
+
+    args = [str(a) for a in args]
+    junit = None
+    if args[:1] == ["verify"] and "--help" not in args:
+        if "--junit" in args:
+            junit = Path(cwd) / args[args.index("--junit") + 1]
+        else:
+            junit = Path(tempfile.mkdtemp(prefix="verdict-", dir=_ENV_ROOT if _ENV_ROOT.is_dir() else None)) / "v.xml"
+            args += ["--junit", str(junit)]
+    full_env = dict(os.environ, COLUMNS="200")
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-m", "enginekit", *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    result = CliResult(proc)
+    if junit is not None:
+        assert_verdicts_agree(result, junit)
+    return result
+
+
+def assert_verdicts_agree(result: CliResult, junit: Path) -> None:
+    """A verdict (exit 0 or 1) is one verdict: exit 1 exactly when JUnit counts a failure, and where the ladder
+    table is printed (``--data``), exactly when a row's gate says FAIL. Refusals (2, 3) write no verdict."""
+    import re
+    import xml.etree.ElementTree as ET
+
+    if result.code not in (0, 1) or not junit.is_file():
+        return
+    root = ET.parse(junit).getroot()
+    failed = sum(int(s.get("failures") or 0) + int(s.get("errors") or 0) for s in root.iter("testsuite"))
+    assert (result.code == 1) == (failed > 0), (f"exit {result.code} but JUnit counts {failed} failure(s)",
+                                                result.stderr[-2000:])
+    rows = [line for line in result.stderr.splitlines() if re.search(r"\b(pass|FAIL)\b \(", line)]
+    if rows:
+        assert (result.code == 1) == any("FAIL" in r for r in rows), (f"exit {result.code}; the table's gates:",
+                                                                     rows, result.stderr[-2000:])
+
+
 @pytest.fixture
 def run_cli(tmp_path):
-    """Run ``enginekit ARGS`` as a user would, in a fresh process, from tmp_path."""
+    """Run ``enginekit ARGS`` as a user would, in a fresh process, from tmp_path (verdicts held to one rule)."""
 
     def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600) -> CliResult:
-        full_env = dict(os.environ, COLUMNS="200")
-        full_env.update(env or {})
-        proc = subprocess.run([sys.executable, "-m", "enginekit", *args], cwd=cwd or tmp_path, env=full_env,
-                              capture_output=True, text=True, timeout=timeout)
-        return CliResult(proc)
+        return cli(*args, cwd=cwd or tmp_path, env=env, timeout=timeout)
 
     return run
 

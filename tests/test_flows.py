@@ -27,16 +27,10 @@ def exported(trained_detector, tmp_path_factory, run_cli_module):
 
 @pytest.fixture(scope="module")
 def run_cli_module():
-    import os
-    import subprocess
-    import sys
-
-    from conftest import CliResult
+    from conftest import cli
 
     def run(cwd: Path, *args: str) -> CliResult:
-        env = dict(os.environ, COLUMNS="200")
-        return CliResult(subprocess.run([sys.executable, "-m", "enginekit", *args], cwd=cwd, env=env,
-                                        capture_output=True, text=True, timeout=900))
+        return cli(*args, cwd=cwd)
 
     return run
 

@@ -68,16 +68,10 @@ def repaired(world, failed, run_cli_module):
 
 @pytest.fixture(scope="module")
 def run_cli_module():
-    import os
-    import subprocess
-    import sys
-
-    from conftest import CliResult
+    from conftest import cli
 
     def run(*args, cwd, env=None):
-        proc = subprocess.run([sys.executable, "-m", "enginekit", *args], cwd=cwd, capture_output=True, text=True,
-                              env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=900)
-        return CliResult(proc)
+        return cli(*args, cwd=cwd, env=env)
 
     return run
 

@@ -193,6 +193,12 @@ class Stages:
         identity = self.adapter.identity()  # a user module's source, declared outputs and preprocessing
         if identity:
             parts["identity"] = identity
+        if parts["model"] != self.adapter.variant:
+            # the content keys a checkpoint's stages; what its graph records of how it was asked for (the name it is
+            # called by, whether known from the file alone) is part of the graph's bytes, so of its key too: the
+            # graph of `export best.pt` and that of `export yolov8n -w best.pt` differ in their metadata
+            parts["recorded"] = {"name": self.adapter.variant,
+                                 "from_file": getattr(self.adapter, "facts", None) is not None}
         if self.adapter.nms is not None:  # a graph ending in NMS is another graph (absent: the keys of before)
             parts["nms"] = self.adapter.nms.to_json()
         # which axes stay symbolic: a YOLO graph takes any H x W since export keys held them (batch only before)

@@ -52,9 +52,17 @@ def main() -> None:
     stages = [e for e in outcome.events if e.kind == "stage" and e.label.startswith("labels:")]
     print(json.dumps({"weights": str(weights), "data": str(data), "imgsz": args.imgsz,
                       "torchvision_imported_before": imported_before,
-                      "labels_seconds": {e.label: e.seconds for e in stages},
+                      "labels_seconds": _by_label(stages),
                       "labels_seconds_total": round(sum(e.seconds or 0 for e in stages), 2),
                       "verify_seconds": round(total, 2), "passed": outcome.passed}, indent=1))
+
+
+def _by_label(stages) -> dict:
+    """Seconds per stage label, summed where a label repeats (the PyTorch reference is scored once, then found)."""
+    out: dict = {}
+    for e in stages:
+        out[e.label] = round(out.get(e.label, 0.0) + (e.seconds or 0.0), 3)
+    return out
 
 
 if __name__ == "__main__":

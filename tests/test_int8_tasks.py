@@ -74,7 +74,7 @@ def test_int8_calibrated_on_noise_fails_its_task_gate(task, int8_tasks):
     failed = {c.name for c in report.failures()}
     assert not outcome.passed
     assert "task recall" in failed and f"task {TASKS[task][1]}" in failed, (failed, art.task)
-    assert art.task["compared"] >= 4 and art.task["recall"] < 0.7, art.task
+    assert art.task["compared"] >= 4 and art.task["recall"] < 0.9, art.task  # well under the 0.95 gate
 
 
 @pytest.mark.slow

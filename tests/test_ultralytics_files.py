@@ -274,3 +274,25 @@ def test_a_graph_enginekit_made_from_an_ultralytics_onnx_keeps_its_precision(ult
     assert "precision" not in graph_metadata(theirs)  # Ultralytics' own FP32 file records none
     built = graph_metadata({**theirs, "precision": "int8", "int8_method": "max"})
     assert built["model"] == "yolov8n" and built["precision"] == "int8" and built["int8_method"] == "max"
+
+
+@pytest.mark.parametrize("task", ["classify", "detect", "segment"])
+def test_a_dynamic_ultralytics_file_runs_at_the_size_its_predictor_uses(task):
+    """``YOLO(file).predict`` runs a file of dynamic H/W at its default 640 whatever the recorded imgsz and whatever
+    the family's own default (classify's is 224): enginekit's processor takes the same size; a static file its own."""
+    from types import SimpleNamespace
+
+    from enginekit.families.processing import network_hw
+    from enginekit.families.ultralytics.identity import adopt_ultralytics_metadata
+    from ultralytics.cfg import DEFAULT_CFG
+
+    meta = {"author": "Ultralytics", "description": "Ultralytics best model trained on data.yaml", "task": task,
+            "names": "{0: 'a', 1: 'b'}", "stride": "32", "imgsz": "[96, 96]", "batch": "1",
+            "args": "{'batch': 1, 'dynamic': True, 'half': False}", "version": "8.4.0"}
+    adapter = SimpleNamespace(default_input=(1, 3, 224, 224), export_at_profile_size=False)
+    dynamic = adopt_ultralytics_metadata(meta)
+    assert network_hw(adapter, SimpleNamespace(fixed_hw=None), None, dynamic) == (DEFAULT_CFG.imgsz,) * 2
+    assert network_hw(adapter, SimpleNamespace(fixed_hw=None), 320, dynamic) == (320, 320)  # asked for: that size
+    static = adopt_ultralytics_metadata({**meta, "args": "{'batch': 1, 'dynamic': False}"})
+    assert "runs_at" not in static
+    assert network_hw(adapter, SimpleNamespace(fixed_hw=(96, 96)), None, static) == (96, 96)

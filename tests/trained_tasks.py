@@ -48,6 +48,11 @@ TRAIN_DENSE = {"imgsz": 128, "epochs": 8, "batch": 16, "seed": 0, "deterministic
 TRAIN_SEM = {**TRAIN_DENSE, "epochs": 24}
 # depth after 8 epochs of 4 steps: one map whatever the image (relative spread 0.0125): 4x the steps, batch 4
 TRAIN_DEPTH = {**TRAIN_DENSE, "epochs": 12, "batch": 4}
+# Training is deterministic on one machine but not across CPUs (their float arithmetic differs): on some, 12 epochs
+# leave the depth model near one map (val delta1 0.378, relative spread 0.045 on held-out images). Such a model is
+# trained again from scratch for 20 epochs (val delta1 0.676, spread 0.25; INT8 calibrated on shapes passes, on
+# noise fails, as the tests need); a usable 12-epoch model is kept as it is.
+DEPTH_USABLE = {"delta1": 0.5, "retrain": {**TRAIN_DEPTH, "epochs": 20}}
 TRAIN = {"imgsz": 160, "epochs": 12, "batch": 16, "seed": 0, "deterministic": True, "optimizer": "AdamW",
          "lr0": 0.004, "warmup_epochs": 1, "mosaic": 0.0, "hsv_h": 0.0, "fliplr": 0.0, "amp": False}
 
@@ -283,6 +288,8 @@ def cache_key(task: str) -> str:
              "names": NAMES, "ultralytics": ultralytics.__version__, "torch": torch.__version__}
     if task in DENSE_TASKS:
         parts["depth_m"] = DEPTH_M
+    if task == "depth":
+        parts["usable"] = DEPTH_USABLE
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
@@ -332,11 +339,25 @@ def _train_child(task: str, work: Path) -> None:
 
     data_utils.check_font = lambda *a, **k: None  # plots are off; offline the font fetch only waits
     yaml_path = write_dataset(work / "dataset", task)
-    model = YOLO(f"{MODELS[task]}.yaml", task=task)
-    model.train(data=str(yaml_path), device="cpu", workers=0, plots=False, val=False, project=str(work / "runs"),
-                name="train", exist_ok=True, verbose=False, **_settings(task)[1])
-    weights = work / "runs" / "train" / "weights"
-    shutil.copy2(weights / "best.pt" if (weights / "best.pt").exists() else weights / "last.pt", work / "best.pt")
+    def train(settings: dict) -> Path:
+        model = YOLO(f"{MODELS[task]}.yaml", task=task)
+        model.train(data=str(yaml_path), device="cpu", workers=0, plots=False, val=False, project=str(work / "runs"),
+                    name="train", exist_ok=True, verbose=False, **settings)
+        weights = work / "runs" / "train" / "weights"
+        return weights / "best.pt" if (weights / "best.pt").exists() else weights / "last.pt"
+
+    best = train(_settings(task)[1])
+    if task == "depth" and _val_metric(best, "delta1") < DEPTH_USABLE["delta1"]:
+        best = train(DEPTH_USABLE["retrain"])
+    shutil.copy2(best, work / "best.pt")
+
+
+def _val_metric(weights: Path, name: str) -> float:
+    """A metric of the final validation Ultralytics' trainer stores in the checkpoint (0 where none)."""
+    import torch
+
+    metrics = torch.load(weights, map_location="cpu", weights_only=False).get("train_metrics") or {}
+    return float(metrics.get(f"metrics/{name}", 0.0))
 
 
 if __name__ == "__main__":

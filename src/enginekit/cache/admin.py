@@ -98,11 +98,12 @@ class Cache(TieredCache):
                      "at": parts.get("at", "export" if kind == "parity" else "verify")})
         return found
 
-    def verdict_of(self, sha256: str, precision: str | None = None) -> dict | None:
-        """What the stored verdicts on a graph of this content say (``verdicts``), at ``precision`` where given:
-        ``{"passed": False, ...}`` where any failed, else the first that passed, else None (none judged it)."""
+    def verdict_of(self, sha256: str, precision: str | None = None, at: str | None = None) -> dict | None:
+        """What the stored verdicts on a graph of this content say (``verdicts``), at ``precision`` where given (and
+        only those made ``at`` a step, e.g. ``verify --data``, where given): ``{"passed": False, ...}`` where any
+        failed, else the first that passed, else None (none judged it)."""
         said = [v for v in self.verdicts().get(sha256, []) if v["passed"] is not None and
-                (precision is None or v["precision"] in (None, precision))]
+                (precision is None or v["precision"] in (None, precision)) and (at is None or v["at"] == at)]
         failed = [v for v in said if v["passed"] is False]
         return (failed or said or [None])[0]
 

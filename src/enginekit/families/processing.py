@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import ast
 
+import re
+
 import numpy as np
 
 from enginekit.results import Classification, DepthMap, SemanticMap
@@ -41,9 +43,14 @@ def parse_names(value) -> dict[int, str]:
 
 def network_hw(adapter, info, input_size, metadata: dict | None = None) -> tuple[int, int]:
     """The network's H x W: the graph's fixed size, else ``input_size`` (int or (H, W)), else the size a graph
-    of dynamic H/W was exported at where its family letterboxes to it (``export_shape``), else the family's."""
+    of dynamic H/W was exported at where its family letterboxes to it (``export_shape``), else the family's. A file
+    whose writer records the size its own predictor runs it at (``runs_at``: an Ultralytics file of dynamic H/W)
+    runs at that size."""
     fixed = info.fixed_hw
     if input_size is None:
+        runs_at = str((metadata or {}).get("runs_at") or "")
+        if not fixed and re.fullmatch(r"\d+x\d+", runs_at):
+            return tuple(int(v) for v in runs_at.split("x"))
         exported = (metadata or {}).get("export_shape") if getattr(adapter, "export_at_profile_size", False) else None
         if not fixed and exported:
             return tuple(int(v) for v in str(exported).split("x")[2:4])

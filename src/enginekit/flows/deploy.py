@@ -84,15 +84,18 @@ def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
         with reporting.stage(f"export {p.target.model} ({graph_precision})"):
             p = p.with_onnx(export_onnx(p, cache, True, shape if not _dynamic_hw(p.adapter) else None))
         verified = f"{graph_precision} graph: parity with PyTorch passed at export"
-    elif (p.target.manifest.get("parity") or {}).get("passed"):
-        verified = f"{p.target.precision or graph_precision} graph: parity passed (cache entry)"
-    else:  # a file: its stored verdict, found by its content wherever it lies (the file export or build wrote)
-        said = cache.verdict_of(sha256_file(Path(p.target.path)), p.target.precision or graph_precision)
+    else:  # its stored verdicts, found by its content wherever it lies (the file export or build wrote); a cache
+        # entry whose parity passed is verified unless a verify against labels failed it since
+        passed_parity = bool((p.target.manifest.get("parity") or {}).get("passed"))
+        said = cache.verdict_of(sha256_file(Path(p.target.path)), p.target.precision or graph_precision,
+                                at="verify --data" if passed_parity else None)
         if said is not None and said["passed"] is False and not request.allow_unverified:
-            raise ParityError(f"{request.target}: this graph failed its parity verdict ({said['at']}, "
+            raise ParityError(f"{request.target}: this graph failed its stored verdict ({said['at']}, "
                               f"{said['kind']} {said['key'][:12]}): fix it (enginekit build --repair) or pass "
                               "--allow-unverified")
-        if said is not None and said["passed"]:
+        if passed_parity:
+            verified = f"{p.target.precision or graph_precision} graph: parity passed (cache entry)"
+        elif said is not None and said["passed"]:
             verified = (f"{p.target.precision or graph_precision} graph: parity passed ({said['at']} verdict "
                         f"{said['key'][:12]}, found by the file's content)")
     predictor = open_plan(p, conf=request.conf, iou=request.iou, input_size=input_size, cache=cache)

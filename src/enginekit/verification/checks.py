@@ -214,6 +214,22 @@ def ground_truth_of_entry(report, entry, pipe, links, cache, gates, metadata, la
         art.size_bytes = (path.stat().st_size if art.kind == "onnx" else entry.file("engine.plan").stat().st_size)
         gt.judge(art, gt.reference(accepts), result, gates, art.precision)
         art.ground_truth["identity"] = f"onnx:{link['sha256']}" if art.kind == "onnx" else f"engine:{entry.key}"
+        if art.kind == "onnx":
+            labels_verdict(cache, art, link["sha256"], gt, pipe.subject)
+
+
+def labels_verdict(cache, art, graph: str, gt, subject: str) -> None:
+    """The verdict on a graph judged against labels, stored by the graph's content beside its parity verdicts: a
+    graph that fails the labels' gate is known as failed wherever it lies (``deploy``, ``predict``, ``cache ls``),
+    as one that fails parity is. Kept by the labels it was judged on: the latest judgement on them replaces the last
+    (a verify with other limits judges again)."""
+    parts = {"stage": "verdict", "version": VERDICT_VERSION, "name": art.name, "precision": art.precision,
+             "graph": graph, "labels": gt.digest, "network_hw": list(gt.hw), "at": "verify --data"}
+
+    def produce(tmp: Path) -> dict:
+        return {"report": art.state()}
+
+    cache.get_or_create("verdict", parts, produce, force=True, subject=subject)
 
 
 def _network_hw(adapter, metadata: dict, opt_shape) -> tuple[int, int]:
@@ -317,6 +333,7 @@ def verify_onnx_file(path: Path, reference, model, data, overrides, cache, spec=
         art.size_bytes = path.stat().st_size
         gt.judge(art, gt.reference(accepts), result, gates, precision)
         art.ground_truth["identity"] = identity
+        labels_verdict(cache, art, identity.split(":", 1)[1], gt, pipe.subject)
     return report
 
 

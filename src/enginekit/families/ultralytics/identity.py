@@ -295,6 +295,8 @@ def adopt_ultralytics_metadata(meta: dict) -> dict[str, str] | None:
            "stride": str(stride),
            "export_shape": f"1x{int(meta.get('channels', 3) or 3)}x{h}x{w}", "ultralytics": str(meta.get("version", "?")),
            "end2end": str(_literal(meta.get("end2end", False)) is True or bool(args.get("nms")))}
+    if args.get("dynamic"):  # the size its own predictor runs it at, whatever the family's default (classify: 224)
+        out["runs_at"] = f"{h}x{w}"
     if args.get("nms"):
         out["nms"] = "True"
     for key in ("kpt_shape", "kpt_names"):  # pose: the keypoints' layout, as Ultralytics records it

@@ -16,7 +16,6 @@ A family composes its processor from them (``class Tiny(SemanticMaps, ImageProce
 from __future__ import annotations
 
 import ast
-
 import re
 
 import numpy as np

@@ -220,7 +220,7 @@ def ground_truth_of_entry(report, entry, pipe, links, cache, gates, metadata, la
 
 def labels_verdict(cache, art, graph: str, gt, subject: str) -> None:
     """The verdict on a graph judged against labels, stored by the graph's content beside its parity verdicts: a
-    graph that fails the labels' gate is known as failed wherever it lies (``deploy``, ``predict``, ``cache ls``),
+    graph that fails the labels' gate is known as failed wherever it lies (``deploy``, ``cache ls``),
     as one that fails parity is. Kept by the labels it was judged on: the latest judgement on them replaces the last
     (a verify with other limits judges again)."""
     parts = {"stage": "verdict", "version": VERDICT_VERSION, "name": art.name, "precision": art.precision,

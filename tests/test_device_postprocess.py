@@ -103,3 +103,151 @@ def test_kept_rows_keeps_what_ultralytics_keeps():
             assert torch.equal(a, b), trial
             compared += len(a)
     assert compared > 1000
+
+
+def _crowded(g, batch: int, anchors: int, nc: int, extra: int, *, ties: bool, clusters: int):
+    """Raw detector outputs (B, 4 + nc + extra, anchors) whose boxes crowd around a few centres (NMS has work: long
+    chains of overlaps), scores spread, or rounded to ties."""
+    import torch
+
+    centre = torch.rand(batch, 2, clusters, generator=g) * torch.tensor([600.0, 600.0])[None, :, None] + 20
+    pick = torch.randint(0, clusters, (batch, anchors), generator=g)
+    xy = torch.gather(centre, 2, pick[:, None, :].expand(-1, 2, -1)) + torch.randn(batch, 2, anchors, generator=g) * 6
+    wh = torch.rand(batch, 2, anchors, generator=g) * 50 + 10
+    scores = torch.rand(batch, nc, anchors, generator=g) ** 3
+    if ties:
+        scores = torch.round(scores * 8) / 8
+    return torch.cat([xy, wh, scores, torch.randn(batch, extra, anchors, generator=g)], 1)
+
+
+def test_the_queued_decode_keeps_kept_rows_rows_or_says_it_cannot():
+    """The detector's postprocessing queued with no wait (``queued_nms``): where its flags let it answer, its rows are
+    ``kept_rows``' scaled to the frame, bit for bit (order, ties, classes, extra columns); where they do not (more
+    candidates than its cap, an IoU at the threshold), it says so and the processor asks ``kept_rows``.
+    Crowded boxes, ties, 1 to 80 classes, thresholds as users set them, frames of odd sizes."""
+    import torch
+    from ultralytics.utils.ops import scale_boxes
+
+    from enginekit.families.ultralytics.queued_nms import queue_rows
+    from enginekit.families.ultralytics.runtime import kept_rows
+
+    g = torch.Generator().manual_seed(1)
+    answered = declined = rows_compared = 0
+    for trial in range(60):
+        nc, extra = [(1, 0), (3, 32), (80, 0), (2, 51)][trial % 4]
+        anchors = [60, 500, 1764, 3024][trial % 4 - 1 if trial % 5 else 0]
+        conf, iou = [(0.25, 0.7), (0.5, 0.45), (0.1, 0.5)][trial % 3]
+        batch = 1 + trial % 2
+        pred = _crowded(g, batch, anchors, nc, extra, ties=trial % 3 == 0, clusters=1 + trial % 17)
+        hw, shapes = (224, 384), [SIZES[trial % 4], SIZES[(trial + 1) % 4]][:batch]
+        queued = queue_rows(pred, shapes, hw, conf, iou, nc=nc, max_det=300)
+        for q, ref, shape in zip(queued, kept_rows(pred, conf, iou, nc=nc, max_det=300), shapes):
+            rows = q.rows()
+            if rows is None:
+                declined += 1
+                continue
+            ref = ref.clone()
+            ref[:, :4] = scale_boxes(hw, ref[:, :4].clone(), shape)
+            assert rows.shape == tuple(ref.shape), trial
+            assert np.array_equal(rows, ref.numpy()), trial
+            answered += 1
+            rows_compared += len(rows)
+    assert answered >= 40 and rows_compared > 500, (answered, rows_compared)  # it compared something
+    assert declined > 0  # and the flags were exercised
+
+
+def test_the_queued_decode_declines_what_it_could_decide_otherwise():
+    """Its flags send an image to ``kept_rows``: more candidates than its cap; no fixed point within its rounds; a kept
+    candidate whose IoU with a later one is at the threshold (torchvision's kernel may round it the other way). Equal
+    scores it decides itself, as ``kept_rows`` on the CPU: the first in anchor order is kept."""
+    import torch
+
+    from enginekit.families.ultralytics.queued_nms import queue_rows
+    from enginekit.families.ultralytics.runtime import kept_rows
+
+    g = torch.Generator().manual_seed(2)
+    many = _crowded(g, 1, 3000, 3, 0, ties=False, clusters=5)
+    assert queue_rows(many, [(480, 640)], (224, 384), 0.05, 0.7, nc=3, cap=256)[0].rows() is None
+    assert queue_rows(many, [(480, 640)], (224, 384), 0.05, 0.7, nc=3, cap=3000)[0].rows() is not None
+    chain = _crowded(g, 1, 800, 1, 0, ties=False, clusters=1)  # one crowd: long chains of suppression
+    assert queue_rows(chain, [(480, 640)], (224, 384), 0.01, 0.3, nc=1, rounds=1)[0].rows() is None
+    # two boxes of IoU exactly 0.5 (10x10 and 10x20 sharing 10x10... union 200, inter 100): at threshold 0.5
+    pair = torch.zeros(1, 5, 2)
+    pair[0, :, 0] = torch.tensor([50.0, 50.0, 10.0, 20.0, 0.9])
+    pair[0, :, 1] = torch.tensor([50.0, 45.0, 10.0, 10.0, 0.8])
+    assert queue_rows(pair, [(480, 640)], (224, 384), 0.25, 0.5, nc=1)[0].rows() is None
+    assert queue_rows(pair, [(480, 640)], (224, 384), 0.25, 0.7, nc=1)[0].rows() is not None
+    same = pair.clone()
+    same[0, 4, :] = 0.8
+    same[0, 1, 1], same[0, 3, 1] = 49.0, 19.0  # IoU 0.9: one of the two is kept, the first
+    rows = queue_rows(same, [(224, 384)], (224, 384), 0.25, 0.7, nc=1)[0].rows()
+    assert rows is not None and len(rows) == 1 and np.array_equal(rows, kept_rows(same, 0.25, 0.7, nc=1)[0].numpy())
+    assert rows[0, 3] - rows[0, 1] == 20.0  # the first anchor's box (10 x 20)
+
+
+def test_the_trained_detectors_queued_results_equal_its_host_results(predictors):
+    """The trained detector's outputs on frames of odd sizes: ``queued_decode`` on tensors (the GPU's path, which the
+    predictor captures as a CUDA graph, run here eagerly on the CPU) gives the host path's Detections."""
+    import torch
+
+    p = predictors["detect"]
+    found = 0
+    for i, hw in enumerate(SIZES):
+        frame = _frame("detect", hw, 10 + i)
+        net_hw = p.processor.input_hw(hw)
+        outputs = p.infer_cpu(p.preprocess_cpu([frame], net_hw))
+        host = p.postprocess({k: np.asarray(v) for k, v in outputs.items()}, [hw], net_hw)[0]
+        tensors = {k: torch.from_numpy(np.array(v)) for k, v in outputs.items()}
+        spec = p.processor.queued_decode(tensors, [hw], net_hw)
+        assert spec is not None and p.processor.queued_decode(outputs, [hw], net_hw) is None  # host arrays: none
+        queued = spec.results([t.numpy() for t in spec.run(tensors)], tensors)[0]
+        _same(host, queued, f"queued {hw}")
+        assert queued.names == host.names
+        found += len(host)
+    assert found > 0
+
+
+def test_a_video_source_decodes_into_the_arrays_it_is_lent(tmp_path):
+    """``FrameSource.frames_into(take)``: a video's frames after the first are decoded into the arrays ``take``
+    lends (pinned buffers in a stream with a model on a GPU), each equal to what a plain read gives."""
+    import cv2
+
+    from enginekit.images import write_video
+    from enginekit.runtime.sources import open_source
+
+    video = write_video(tmp_path / "v.mp4", 6, (97, 130))
+    lent = []
+
+    def take(shape):
+        lent.append(np.zeros(shape, np.uint8))
+        return lent[-1]
+
+    frames = [f for _, f in open_source(str(video)).frames_into(take)]
+    cap = cv2.VideoCapture(str(video))
+    plain = [cap.read()[1] for _ in range(6)]
+    assert len(frames) == 6 and all(any(f is a for a in lent) for f in frames[1:])
+    assert all(np.array_equal(a, b) for a, b in zip(frames, plain))
+
+
+def test_pinned_frames_come_back_once_their_arrays_are_gone():
+    """The stream's pinned pool (a CUDA machine): a buffer is lent again only once every view of it is gone, and a
+    lent buffer is recognised as pinned for the upload."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("pinned memory needs a CUDA device")
+    from enginekit.runtime.pinned import PinnedFrames, pinned_tensor
+
+    pool = PinnedFrames(limit=4)
+    a = pool.take((8, 10, 3))
+    view = a[1:, :, ::-1]
+    address = a.__array_interface__["data"][0]
+    assert pinned_tensor(a) is not None and pinned_tensor(view) is None
+    del a
+    b = pool.take((8, 10, 3))
+    assert b.__array_interface__["data"][0] != address  # still held by the view
+    del view
+    c = pool.take((8, 10, 3))
+    assert c.__array_interface__["data"][0] == address and len(pool) == 2
+    pool.close()
+    assert pinned_tensor(b) is None

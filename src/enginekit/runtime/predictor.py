@@ -14,6 +14,7 @@ from enginekit.backends.pytorch import capture_graph
 from enginekit.families.registry import registered
 from enginekit.fsutil import refuse_special_file
 from enginekit.images import read_bgr
+from enginekit.runtime.pinned import pinned_tensor, uploaded
 from enginekit.runtime.stream import Stream
 
 
@@ -76,6 +77,7 @@ class Predictor:
         # frames repeat their shape): one launch instead of a dozen small kernels per frame
         self.graph_preprocess = bool(getattr(processor, "gpu_graphable", False))
         self._pre_graphs: dict[tuple, object] = {}
+        self._post_graphs: dict[tuple, object] = {}  # the queued decode's graphs (``_queue_postprocess``)
 
     @property
     def backend(self) -> str:
@@ -229,6 +231,13 @@ class Predictor:
         f = np.asarray(f)
         if f.dtype != np.uint8:
             raise UsageError(f"expected uint8 images, got {f.dtype}")
+        lent = pinned_tensor(f)
+        if lent is not None:  # decoded into pinned memory (a stream's source): one copy, straight from it
+            on_device = lent.to(device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            uploaded(lent, event)
+            return on_device
         key = (f.shape, slot)
         entry = self._pinned.get(key)
         if entry is None:
@@ -282,7 +291,11 @@ class Predictor:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream), torch.inference_mode():
             start.record(stream)
-            results = self.processor.postprocess(batch.outputs, batch.shapes, batch.hw)
+            # queued with no wait where the processor can (detection: one graph launch, one copy of the kept rows at
+            # the end), so the host queues it while the network still runs; else step by step, waiting where it must
+            collect = self._queue_postprocess(batch, stream)
+            results = collect() if collect is not None else self.processor.postprocess(batch.outputs, batch.shapes,
+                                                                                       batch.hw)
             end.record(stream)
         end.synchronize()
         pre, inf = (batch.events[i].elapsed_time(batch.events[i + 1]) for i in range(2))
@@ -291,6 +304,50 @@ class Predictor:
         for r in results:
             r.timings.share(pre, inf, post, len(results))
         return results
+
+    def _queue_postprocess(self, batch: "GpuBatch", stream):
+        """The processor's ``queued_decode`` for ``batch``, replayed from a CUDA graph captured per output shapes
+        and frame sizes (eager where it cannot be captured), its packed results copied to reused pinned buffers:
+        a callable that waits for that copy and returns the results. None where the processor has no such path."""
+        import torch
+
+        plan = getattr(self.processor, "queued_decode", None)
+        spec = plan(batch.outputs, batch.shapes, batch.hw) if plan is not None else None
+        if spec is None:
+            return None
+        outputs = batch.outputs
+        key = (spec.key, tuple((k, tuple(v.shape), v.dtype) for k, v in outputs.items()))
+        entry = self._post_graphs.get(key)
+        if entry is None:
+            entry = self._post_graphs[key] = self._capture_postprocess(spec, outputs)
+        if entry is False:
+            packed = spec.run(outputs)
+            hosts = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in packed]
+        else:
+            static_in, graph, packed, hosts = entry
+            for k, v in outputs.items():
+                static_in[k].copy_(v, non_blocking=True)
+            graph.replay()
+        for h, p in zip(hosts, packed):
+            h.copy_(p, non_blocking=True)  # read back by this call, before the next replay can rewrite it
+        ready = torch.cuda.Event()
+        ready.record(stream)
+
+        def collect() -> list:
+            ready.synchronize()
+            return spec.results([h.numpy() for h in hosts], outputs)
+
+        return collect
+
+    def _capture_postprocess(self, spec, outputs: dict):
+        import torch
+
+        static_in = {k: v.clone() for k, v in outputs.items()}
+        try:
+            graph, packed = capture_graph(lambda: spec.run(static_in), torch.device(self.info.device))
+        except RuntimeError:
+            return False
+        return static_in, graph, packed, [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in packed]
 
     def _eager_preprocess(self, tensors: list, hw, rgb: bool):
         import torch

@@ -27,9 +27,27 @@ class FrameSource:
     count: int | None  # None: a camera (endless)
     fps: float
     _frames: Iterator[tuple[str, np.ndarray]]
+    #: a video's or camera's reader: ``[take]``, where ``take(shape)`` lends the array the next frame is decoded into
+    _into: list | None = None
 
     def __iter__(self) -> Iterator[tuple[str, np.ndarray]]:
         return self._frames
+
+    def frames_into(self, take) -> Iterator[tuple[str, np.ndarray]]:
+        """The frames, each in an array from ``take(shape)`` (e.g. pinned memory, ``runtime.pinned``): a video or
+        camera decodes straight into it; images read before are copied into it."""
+        if self._into is not None:
+            self._into[0] = take
+            return self._frames
+        return ((name, _copied(frame, take)) for name, frame in self._frames)
+
+
+def _copied(frame: np.ndarray, take) -> np.ndarray:
+    if frame.dtype != np.uint8 or frame.ndim != 3:
+        return frame
+    out = take(frame.shape)
+    np.copyto(out, frame)
+    return out
 
 
 def _read(path: Path) -> np.ndarray:
@@ -40,14 +58,17 @@ def _read(path: Path) -> np.ndarray:
     return img
 
 
-def _capture(cap, first, stem: str, limit: int | None) -> Iterator[tuple[str, np.ndarray]]:
+def _capture(cap, first, stem: str, limit: int | None, into: list) -> Iterator[tuple[str, np.ndarray]]:
+    """``into[0]``, once set (``FrameSource.frames_into``): lends the array each next frame is decoded into
+    (OpenCV writes into an array of the frame's shape and type, and makes a new one otherwise)."""
     try:
         i = 0
         frame = first
         while frame is not None and (limit is None or i < limit):
             yield f"{stem}:{i}", frame
             i += 1
-            ok, frame = cap.read()
+            take = into[0]
+            ok, frame = cap.read(take(frame.shape)) if take is not None else cap.read()
             if not ok:
                 frame = None
     finally:
@@ -64,8 +85,9 @@ def open_source(source: str, *, max_frames: int | None = None) -> FrameSource:
         if not ok:
             cap.release()
             raise UsageError(f"camera {index} is absent or gives no frames")
+        into: list = [None]
         return FrameSource("camera", f"camera{index}", max_frames, cap.get(cv2.CAP_PROP_FPS) or 30.0,
-                           _capture(cap, first, f"camera{index}", max_frames))
+                           _capture(cap, first, f"camera{index}", max_frames, into), into)
     path = Path(source)
     if not path.exists():
         raise UsageError(f"source not found: {path} (an image, a folder, a video file, or a camera index)")
@@ -90,7 +112,9 @@ def open_source(source: str, *, max_frames: int | None = None) -> FrameSource:
     n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) or None
     if max_frames and n:
         n = min(n, max_frames)
-    return FrameSource("video", path.stem, n, cap.get(cv2.CAP_PROP_FPS) or 30.0, _capture(cap, first, path.stem, max_frames))
+    into = [None]
+    return FrameSource("video", path.stem, n, cap.get(cv2.CAP_PROP_FPS) or 30.0,
+                       _capture(cap, first, path.stem, max_frames, into), into)
 
 
 def draw(frame: np.ndarray, result) -> np.ndarray:

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from enginekit.errors import EnginekitError, ModelFailed, UsageError
+from enginekit.runtime.pinned import pool_for
 
 #: ``--drop``: what happens when frames come faster than the models take them (the queue between
 #: decoding and the models is full)
@@ -508,6 +509,7 @@ class Stream:
         self._gc_start = 0.0
         self._warming = False
         self.started_at = self.ended_at = 0.0
+        self._pinned = None  # pinned frame buffers the decoders read into (a model on a GPU)
 
     def _cadence(self, names: list[str]) -> dict[str, int]:
         every = {m: 1 for m in self.models}
@@ -544,6 +546,7 @@ class Stream:
             gc.freeze()
             self._gc_frozen = True
         gc.callbacks.append(self._gc_callback)
+        self._pinned = pool_for(self.predictors)
         for i, source in enumerate(self.sources):
             self._thread(self._decode, i, source)
         # Models on the CPU infer in turns: ONNX Runtime's and torch's intra-op threads take every core, so two
@@ -578,7 +581,9 @@ class Stream:
 
     def _decode(self, i: int, source: Iterable) -> None:
         q, pace = self.queues[i], self.options.pace
-        iterator = iter(source)
+        # where a model runs on a GPU, a source enginekit opened decodes into pinned buffers (one copy to the device)
+        iterator = iter(source.frames_into(self._pinned.take) if self._pinned is not None
+                        and hasattr(source, "frames_into") else source)
         index = 0
         first = time.perf_counter()
         try:
@@ -728,6 +733,8 @@ class Stream:
         if self._gc_frozen:
             gc.unfreeze()
             self._gc_frozen = False
+        if self._pinned is not None:
+            self._pinned.close()
 
     def run(self, on_step=None) -> "StreamStats":
         """Run to the end (``on_step(step)`` for each); the figures."""

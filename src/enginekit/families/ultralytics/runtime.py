@@ -138,12 +138,21 @@ class YoloProcessor(ImageProcessor):
         self.end2end = str(metadata.get("end2end")) == "True"
         self.conf, self.iou, self.max_det = conf, iou, max_det
         self.stride = int(metadata.get("stride") or 32)
+        self._input_hws: dict[tuple, tuple] = {}
+        self._letterboxes: dict[tuple, object] = {}
 
     def rect_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
         """The smallest stride-aligned rectangle ``YOLO(pt).predict`` letterboxes a frame of ``image_hw`` to."""
         return letterboxed_hw(tuple(image_hw), self.hw, auto=True, stride=self.stride)
 
     def input_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
+        key = tuple(image_hw)
+        hw = self._input_hws.get(key)
+        if hw is None:  # asked for every frame (a camera's repeat their shape): worked out once per shape
+            hw = self._input_hws[key] = self._input_hw(key)
+        return hw
+
+    def _input_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
         if self.rect and self.adapter.rect_hw(tuple(image_hw), tuple(self.hw)) is not None:
             hw = self.rect_hw(image_hw)
             if hw != tuple(self.hw) and self.info.accepts_hw(hw):
@@ -180,9 +189,12 @@ class YoloProcessor(ImageProcessor):
 
     def letterbox_for(self, image_hw: tuple[int, int], hw: tuple[int, int]):
         """The ``LetterBox`` that takes a frame of ``image_hw`` to the network input ``hw`` (``input_hw``'s)."""
-        if tuple(hw) != tuple(self.hw):  # the frame's rectangle
-            return letterbox(self.hw, auto=True, stride=self.stride)
-        return letterbox(hw)
+        key = tuple(hw)
+        box = self._letterboxes.get(key)
+        if box is None:  # made once per input size (it keeps no frame's state)
+            rect = key != tuple(self.hw)  # the frame's rectangle
+            box = self._letterboxes[key] = letterbox(self.hw, auto=True, stride=self.stride) if rect else letterbox(hw)
+        return box
 
     def host_step(self, frame_hw: tuple[int, int], hw: tuple[int, int]) -> bool:
         """Whether a frame of ``frame_hw`` is letterboxed on the host before it goes to the GPU (the default:
@@ -230,6 +242,22 @@ class YoloProcessor(ImageProcessor):
         return ultralytics_nms()(pred, self.conf, self.iou, max_det=self.max_det, nc=nc, end2end=self.end2end,
                                  rotated=rotated, max_time_img=1e6)
 
+    def queued_decode(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]):
+        """The detection decode as device work with no wait (``queued_nms``) for these outputs (device tensors), or
+        None (end-to-end rows, other tasks, host arrays). ``.run(outputs)``: the packed device tensors (fixed
+        shapes: the predictor may capture it as a CUDA graph); ``.results(host_arrays, outputs)``: what
+        ``postprocess`` returns, computed by ``postprocess`` itself where the packed flags say so."""
+        if type(self) is not YoloProcessor or self.end2end:
+            return None
+        if any(isinstance(v, np.ndarray) or not hasattr(v, "device") for v in outputs.values()):
+            return None
+        return QueuedDecode(self, [tuple(s) for s in image_hws], tuple(hw))
+
+    def _detections(self, det: np.ndarray, shape) -> Detections:
+        ids = det[:, 5].astype(np.int64)
+        return Detections(np.ascontiguousarray(det[:, :4], dtype=np.float32), det[:, 4].astype(np.float32), ids,
+                          self.names_of(ids), tuple(shape))
+
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Detections]:
         import torch
         from ultralytics.utils import ops
@@ -243,6 +271,31 @@ class YoloProcessor(ImageProcessor):
             results.append(Detections(det[:, :4].astype(np.float32), det[:, 4].astype(np.float32), ids,
                                       self.names_of(ids), tuple(shape)))
         return results
+
+
+class QueuedDecode:
+    """``YoloProcessor.queued_decode``'s answer for one batch's frame sizes and network size."""
+
+    def __init__(self, processor: YoloProcessor, image_hws: list, hw: tuple):
+        self.processor, self.image_hws, self.hw = processor, image_hws, hw
+        p = processor
+        self.key = ("detect", tuple(image_hws), hw, p.conf, p.iou, p.max_det)
+
+    def run(self, outputs: dict) -> list:
+        from enginekit.families.ultralytics.queued_nms import pack
+
+        p = self.processor
+        return pack(p.output(outputs, 0), self.image_hws, self.hw, p.conf, p.iou, max_det=p.max_det)
+
+    def results(self, host: list, outputs: dict) -> list[Detections]:
+        from enginekit.families.ultralytics.queued_nms import CAP, unpack
+
+        p = self.processor
+        anchors = outputs[p.info.output_names[0]].shape[-1]
+        rows = [unpack(np.asarray(h), 6, p.max_det, min(CAP, anchors)) for h in host]  # x1 y1 x2 y2 score class
+        if any(r is None for r in rows):
+            return p.postprocess(outputs, self.image_hws, self.hw)
+        return [p._detections(r, shape) for r, shape in zip(rows, self.image_hws)]
 
 
 def _numpy(t, dtype=np.float32) -> np.ndarray:

@@ -251,3 +251,28 @@ def test_pinned_frames_come_back_once_their_arrays_are_gone():
     assert c.__array_interface__["data"][0] == address and len(pool) == 2
     pool.close()
     assert pinned_tensor(b) is None
+
+
+def test_a_frame_copied_to_the_device_when_decoded_is_the_frame():
+    """A pool with a device copies a lent frame there as soon as it is decoded (``upload``); the predictor's upload
+    then takes that copy (``on_device``), equal to the frame; a frame lent again has no copy until uploaded again."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("pinned memory needs a CUDA device")
+    from enginekit.runtime.pinned import PinnedFrames, on_device
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    pool = PinnedFrames(limit=2, device=device)
+    a = pool.take((9, 11, 3))
+    a[:] = np.arange(a.size, dtype=np.uint8).reshape(a.shape)
+    assert on_device(a, device) is None
+    pool.upload(a)
+    copy = on_device(a, device)
+    assert copy is not None and np.array_equal(copy.cpu().numpy(), a)
+    address = a.__array_interface__["data"][0]
+    del a, copy
+    torch.cuda.synchronize()
+    b = pool.take((9, 11, 3))
+    assert b.__array_interface__["data"][0] == address and on_device(b, device) is None
+    pool.close()

@@ -14,7 +14,8 @@ import weakref
 
 import numpy as np
 
-#: address of a lent buffer's memory -> [its pinned tensor, the event of the last copy that read it]
+#: address of a lent buffer's memory -> [its pinned tensor, the event of the last copy that read it, its copy on the
+#: device already made (``PinnedFrames.upload``: (device tensor, event)) or None]
 _LENT: dict[int, list] = {}
 _LOCK = threading.Lock()
 
@@ -33,6 +34,25 @@ def pinned_tensor(frame) -> object | None:
     return entry[0]
 
 
+def on_device(frame, device):
+    """The copy of ``frame`` (a whole lent buffer) already queued to ``device`` by its decoder (``upload``), made safe
+    to read on the current stream (which waits for the copy); None where there is none."""
+    import torch
+
+    if not isinstance(frame, np.ndarray):
+        return None
+    entry = _LENT.get(_address(frame))
+    if entry is None or entry[2] is None or tuple(entry[0].shape) != frame.shape:
+        return None
+    copy, done = entry[2]
+    if copy.device != torch.device(device):
+        return None
+    stream = torch.cuda.current_stream(copy.device)
+    stream.wait_event(done)
+    copy.record_stream(stream)  # made on the decoder's stream: not reused before this stream has read it
+    return copy
+
+
 def uploaded(tensor, event) -> None:
     """``event`` marks the end of a copy that reads ``tensor``'s buffer: the buffer is not lent again before it."""
     entry = _LENT.get(tensor.data_ptr())
@@ -43,8 +63,10 @@ def uploaded(tensor, event) -> None:
 class PinnedFrames:
     """A pool of pinned uint8 frame buffers, by shape. ``take(shape)`` lends one as a NumPy array."""
 
-    def __init__(self, limit: int = 32):
+    def __init__(self, limit: int = 32, device=None):
         self.limit = limit
+        self.device = device  # where ``upload`` copies a frame as soon as it is decoded (None: nowhere)
+        self._stream = None
         self._free: dict[tuple, list] = {}  # shape -> pinned tensors not lent
         self._made: list = []
         self._closed = False
@@ -67,10 +89,28 @@ class PinnedFrames:
             tensor = torch.empty(shape, dtype=torch.uint8).pin_memory()
             with _LOCK:
                 self._made.append(tensor)
-                _LENT[tensor.data_ptr()] = [tensor, None]
+                _LENT[tensor.data_ptr()] = [tensor, None, None]
+        _LENT[tensor.data_ptr()][2] = None  # its device copy was of the frame before
         array = tensor.numpy()
         weakref.finalize(array, self._give_back, shape, tensor)
         return array
+
+    def upload(self, frame: np.ndarray) -> None:
+        """Queue ``frame``'s copy to ``device`` (on a stream of the pool's own) as soon as it is decoded: a model that
+        takes the whole frame on the device then finds it there (``on_device``), its copy overlapped with the steps
+        before. Nothing for an array the pool did not lend."""
+        import torch
+
+        entry = _LENT.get(_address(frame)) if self.device is not None else None
+        if entry is None or entry[2] is not None:
+            return
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device)
+        with torch.cuda.stream(self._stream):
+            copy = entry[0].to(self.device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        entry[1], entry[2] = done, (copy, done)
 
     def _give_back(self, shape: tuple, tensor) -> None:
         with _LOCK:
@@ -92,8 +132,10 @@ class PinnedFrames:
 
 
 def pool_for(predictors) -> PinnedFrames | None:
-    """A pool where some predictor runs on a CUDA device (pinned memory needs one), else None."""
-    if not any(getattr(p.info, "on_gpu", False) for p in predictors):
+    """A pool where some predictor runs on a CUDA device (pinned memory needs one), else None; its frames are copied to
+    that device as soon as they are decoded where every such predictor runs on the same one."""
+    gpus = {str(p.info.device) for p in predictors if getattr(p.info, "on_gpu", False)}
+    if not gpus:
         return None
     try:
         import torch
@@ -102,4 +144,4 @@ def pool_for(predictors) -> PinnedFrames | None:
             return None
     except ImportError:
         return None
-    return PinnedFrames()
+    return PinnedFrames(device=torch.device(gpus.pop()) if len(gpus) == 1 else None)

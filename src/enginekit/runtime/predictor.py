@@ -14,7 +14,7 @@ from enginekit.backends.pytorch import capture_graph
 from enginekit.families.registry import registered
 from enginekit.fsutil import refuse_special_file
 from enginekit.images import read_bgr
-from enginekit.runtime.pinned import pinned_tensor, uploaded
+from enginekit.runtime.pinned import on_device, pinned_tensor, uploaded
 from enginekit.runtime.stream import Stream
 
 
@@ -231,6 +231,9 @@ class Predictor:
         f = np.asarray(f)
         if f.dtype != np.uint8:
             raise UsageError(f"expected uint8 images, got {f.dtype}")
+        early = on_device(f, device)
+        if early is not None:  # its decoder copied it to the device already (a stream's source)
+            return early
         lent = pinned_tensor(f)
         if lent is not None:  # decoded into pinned memory (a stream's source): one copy, straight from it
             on_device = lent.to(device, non_blocking=True)

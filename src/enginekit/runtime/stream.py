@@ -510,6 +510,7 @@ class Stream:
         self._warming = False
         self.started_at = self.ended_at = 0.0
         self._pinned = None  # pinned frame buffers the decoders read into (a model on a GPU)
+        self._whole: dict[tuple, bool] = {}  # frame shape -> some GPU model takes such frames whole to the device
 
     def _cadence(self, names: list[str]) -> dict[str, int]:
         every = {m: 1 for m in self.models}
@@ -598,10 +599,30 @@ class Stream:
                 except StopIteration:
                     return
                 decode_ms = (time.perf_counter() - t0) * 1e3
+                if self._pinned is not None and self._whole_frame_on_device(image):
+                    self._pinned.upload(image)  # to the GPU now, while the steps before this frame's still run
                 q.put(Frame(i, index, str(name), image, decode_ms, t0), self.stop)
                 index += 1
         finally:
             q.close()
+
+    def _whole_frame_on_device(self, image) -> bool:
+        """Whether some model on a GPU takes a frame of this shape whole to the device (no step on the host first)."""
+        shape = getattr(image, "shape", None)
+        if shape is None or len(shape) != 3:
+            return False
+        known = self._whole.get(shape)
+        if known is None:
+            known = False
+            for p in self.predictors:
+                proc = getattr(p, "processor", None)
+                if proc is None or not p.info.on_gpu:
+                    continue
+                step = getattr(proc, "host_step", None)
+                if step is None or not step(shape[:2], proc.input_hw(shape[:2])):
+                    known = True
+            self._whole[shape] = known
+        return known
 
     def _dispatch(self) -> None:
         k = self.options.frames_per_step

@@ -14,7 +14,7 @@ from enginekit.backends.pytorch import capture_graph
 from enginekit.families.registry import registered
 from enginekit.fsutil import refuse_special_file
 from enginekit.images import read_bgr
-from enginekit.runtime.pinned import on_device, pinned_tensor, uploaded
+from enginekit.runtime.pinned import on_device as decoded_on_device, pinned_tensor, uploaded
 from enginekit.runtime.stream import Stream
 
 
@@ -231,7 +231,7 @@ class Predictor:
         f = np.asarray(f)
         if f.dtype != np.uint8:
             raise UsageError(f"expected uint8 images, got {f.dtype}")
-        early = on_device(f, device)
+        early = decoded_on_device(f, device)
         if early is not None:  # its decoder copied it to the device already (a stream's source)
             return early
         lent = pinned_tensor(f)

@@ -55,6 +55,10 @@ class GpuBatch:
     host_ms: float = 0.0  # preprocessing on the host before the upload (Ultralytics' letterbox)
 
 
+#: queued-decode CUDA graphs a predictor keeps (one per output shapes and frame sizes)
+POST_GRAPHS = 8
+
+
 class Predictor:
     """``predictor(images, rgb=False)`` -> one result per image (a single image: one result).
 
@@ -78,6 +82,7 @@ class Predictor:
         self.graph_preprocess = bool(getattr(processor, "gpu_graphable", False))
         self._pre_graphs: dict[tuple, object] = {}
         self._post_graphs: dict[tuple, object] = {}  # the queued decode's graphs (``_queue_postprocess``)
+        self._post_seen: dict[tuple, int] = {}
 
     @property
     def backend(self) -> str:
@@ -322,8 +327,16 @@ class Predictor:
         key = (spec.key, tuple((k, tuple(v.shape), v.dtype) for k, v in outputs.items()))
         entry = self._post_graphs.get(key)
         if entry is None:
-            entry = self._post_graphs[key] = self._capture_postprocess(spec, outputs)
-        if entry is False:
+            # captured from a key's second sighting (a camera's frames repeat their size; a folder of photographs of
+            # many sizes runs eagerly), and at most POST_GRAPHS kept (the oldest dropped)
+            if len(self._post_seen) > 4096:  # a stream of ever new sizes: forget the counts
+                self._post_seen.clear()
+            seen = self._post_seen[key] = self._post_seen.get(key, 0) + 1
+            if seen >= 2:
+                while len(self._post_graphs) >= POST_GRAPHS:
+                    self._post_graphs.pop(next(iter(self._post_graphs)))
+                entry = self._post_graphs[key] = self._capture_postprocess(spec, outputs)
+        if entry is None or entry is False:
             packed = spec.run(outputs)
             hosts = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in packed]
         else:

@@ -79,7 +79,7 @@ def pairwise_iou(boxes):
 
 
 def queue_image(x, conf: float, iou: float, *, nc: int, max_det: int, image_hw, hw, cap: int = CAP,
-                rounds: int = ROUNDS, max_wh: int = 7680, host=None):
+                rounds: int = ROUNDS, max_wh: int = 7680):
     """Queue one image's decode: ``x`` (anchors, 4 + nc + extra) float32 on its device. Returns the packed tensor
     on the device: FLAGS values, then ``max_det`` rows of x1 y1 x2 y2 (in ``image_hw``'s pixels) score class
     extra."""
@@ -92,7 +92,8 @@ def queue_image(x, conf: float, iou: float, *, nc: int, max_det: int, image_hw, 
     score, cls = x[:, 4:4 + nc].max(1)
     cand = score > conf
     n = cand.sum()
-    order = torch.where(cand, score, torch.full_like(score, float("-inf"))).sort(descending=True, stable=True).indices[:k]
+    ranked = torch.where(cand, score, torch.full_like(score, float("-inf")))
+    order = ranked.sort(descending=True, stable=True).indices[:k]
     ranks = torch.arange(k, device=device)
     valid = ranks < n
     s = score[order]

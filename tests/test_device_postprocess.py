@@ -185,6 +185,63 @@ def test_the_queued_decode_declines_what_it_could_decide_otherwise():
     assert rows[0, 3] - rows[0, 1] == 20.0  # the first anchor's box (10 x 20)
 
 
+_KERNEL_CHECK = r"""
+import sys
+import numpy as np, torch
+sys.path[:0] = sys.argv[1:3]
+from test_device_postprocess import _crowded, SIZES
+from enginekit.families.ultralytics import queued_kernels
+from enginekit.families.ultralytics.queued_nms import CAP, pack, unpack
+
+assert queued_kernels.interpreted() and queued_kernels.usable(torch.device("cpu")), queued_kernels._BROKEN
+g = torch.Generator().manual_seed(4)
+answered = declined = rows = 0
+for trial in range(14):
+    nc, extra = [(1, 0), (3, 32), (80, 0), (2, 51)][trial % 4]
+    anchors = [60, 500, 1764, 3024, 700][trial % 5]
+    conf, iou = [(0.25, 0.7), (0.5, 0.45), (0.1, 0.5)][trial % 3]
+    pred = _crowded(g, 1, anchors, nc, extra, ties=trial % 3 == 0, clusters=1 + trial % 17)
+    shape, width = SIZES[trial % 4], pred.shape[1] - nc + 2
+    ops = pack(pred, [shape], (224, 384), conf, iou, nc=nc, kernels=False, rounds=CAP + 1)[0].numpy()
+    tri = pack(pred, [shape], (224, 384), conf, iou, nc=nc, kernels=True)[0].numpy()
+    a, b = (unpack(v, width, 300, min(CAP, anchors)) for v in (ops, tri))
+    assert (a is None) == (b is None), (trial, ops[:4], tri[:4])
+    if a is None:
+        declined += 1
+        continue
+    assert np.array_equal(ops[:4], tri[:4]) and np.array_equal(a, b), trial
+    answered += 1
+    rows += len(a)
+# two boxes of IoU exactly 0.5 at threshold 0.5: declined (torchvision decides), answered at 0.7
+pair = torch.zeros(1, 5, 2)
+pair[0, :, 0] = torch.tensor([50.0, 50.0, 10.0, 20.0, 0.9])
+pair[0, :, 1] = torch.tensor([50.0, 45.0, 10.0, 10.0, 0.8])
+at = pack(pair, [(480, 640)], (224, 384), 0.25, 0.5, nc=1, kernels=True)[0].numpy()
+above = pack(pair, [(480, 640)], (224, 384), 0.25, 0.7, nc=1, kernels=True)[0].numpy()
+assert unpack(at, 6, 300, 2) is None and at[3] == 1.0 and unpack(above, 6, 300, 2) is not None
+print(answered, declined, rows)
+"""
+
+
+def test_the_triton_kernels_answer_as_the_torch_operations(tmp_path):
+    """``queued_kernels`` (the queued decode's suppression and compaction in two Triton kernels, which a CUDA device
+    runs; here Triton's interpreter runs them on the CPU) give what ``queue_image``'s torch operations give: the same
+    flags and the same kept rows, bit for bit, on crowded boxes, ties, extra columns and odd frame sizes; declined
+    where those decline (more candidates than the cap; an IoU at the threshold)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    here = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", _KERNEL_CHECK, str(here), str(here.parent / "src")],
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answered, declined, rows = (int(v) for v in done.stdout.split()[-3:])
+    assert answered >= 6 and declined >= 1 and rows > 300, (answered, declined, rows)
+
+
 def test_the_trained_detectors_queued_results_equal_its_host_results(predictors):
     """The trained detector's outputs on frames of odd sizes: ``queued_decode`` on tensors (the GPU's path, which the
     predictor captures as a CUDA graph, run here eagerly on the CPU) gives the host path's Detections."""

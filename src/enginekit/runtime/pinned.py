@@ -9,6 +9,7 @@ lends ordinary memory), and is lent again only after the last copy that read it 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 
@@ -70,11 +71,25 @@ class PinnedFrames:
         self._free: dict[tuple, list] = {}  # shape -> pinned tensors not lent
         self._made: list = []
         self._closed = False
+        # held while a model may capture a CUDA graph (``held``): the decoder's CUDA calls (pinned allocation, event
+        # queries, its copies) wait, since a capture in CUDA's global mode (ONNX Runtime's) fails on any of them
+        self._cuda = threading.Lock()
+
+    @contextlib.contextmanager
+    def held(self):
+        """No CUDA call from the pool (the decoding thread waits) while this is entered: a stream's warm-ups, where
+        a backend captures its graph."""
+        with self._cuda:
+            yield
 
     def take(self, shape: tuple) -> np.ndarray:
+        shape = tuple(int(v) for v in shape)
+        with self._cuda:
+            return self._take(shape)
+
+    def _take(self, shape: tuple) -> np.ndarray:
         import torch
 
-        shape = tuple(int(v) for v in shape)
         tensor = None
         with _LOCK:
             free = self._free.get(shape, [])
@@ -104,6 +119,12 @@ class PinnedFrames:
         entry = _LENT.get(_address(frame)) if self.device is not None else None
         if entry is None or entry[2] is not None:
             return
+        with self._cuda:
+            self._upload(entry)
+
+    def _upload(self, entry: list) -> None:
+        import torch
+
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.device)
         with torch.cuda.stream(self._stream):

@@ -83,6 +83,7 @@ class Predictor:
         self._pre_graphs: dict[tuple, object] = {}
         self._post_graphs: dict[tuple, object] = {}  # the queued decode's graphs (``_queue_postprocess``)
         self._post_seen: dict[tuple, int] = {}
+        self._timing_events: list = []  # CUDA events (timing) whose figures were read: reused, not made per frame
 
     @property
     def backend(self) -> str:
@@ -267,7 +268,7 @@ class Predictor:
 
         device = torch.device(self.info.device)
         stream = self.stream or torch.cuda.current_stream(device)
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        events = self._events(3)
         shapes = [tuple(f.shape[:2]) for f in frames]
         t0 = time.perf_counter()
         frames = self.host_frames(frames, hw)
@@ -296,27 +297,45 @@ class Predictor:
                 v.record_stream(stream)  # made on the predictor's stream, read on this one
         else:
             stream = batch.stream
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = self._events(2)
+        host_ms = 0.0
         with torch.cuda.stream(stream), torch.inference_mode():
             start.record(stream)
             # queued with no wait where the processor can (detection: one graph launch, one copy of the kept rows at
             # the end), so the host queues it while the network still runs; else step by step, waiting where it must
-            collect = self._queue_postprocess(batch, stream)
-            results = collect() if collect is not None else self.processor.postprocess(batch.outputs, batch.shapes,
-                                                                                       batch.hw)
-            end.record(stream)
+            queued = self._queue_postprocess(batch, stream)
+            if queued is not None:
+                ready, build = queued
+                end.record(stream)  # the device's part ends here; the host's (the results) is timed apart
+                ready.synchronize()
+                t0 = time.perf_counter()
+                results = build()
+                host_ms = (time.perf_counter() - t0) * 1e3
+                self._timing_events.append(ready)
+            else:
+                results = self.processor.postprocess(batch.outputs, batch.shapes, batch.hw)
+                end.record(stream)
         end.synchronize()
         pre, inf = (batch.events[i].elapsed_time(batch.events[i + 1]) for i in range(2))
         pre += batch.host_ms
-        post = start.elapsed_time(end)
+        post = start.elapsed_time(end) + host_ms
+        self._timing_events.extend((*batch.events, start, end))  # read: free to be recorded again
         for r in results:
             r.timings.share(pre, inf, post, len(results))
         return results
 
+    def _events(self, count: int) -> list:
+        """``count`` timing CUDA events: ones already read where there are, else new."""
+        import torch
+
+        pool = self._timing_events
+        return [pool.pop() if pool else torch.cuda.Event(enable_timing=True) for _ in range(count)]
+
     def _queue_postprocess(self, batch: "GpuBatch", stream):
         """The processor's ``queued_decode`` for ``batch``, replayed from a CUDA graph captured per output shapes
         and frame sizes (eager where it cannot be captured), its packed results copied to reused pinned buffers:
-        a callable that waits for that copy and returns the results. None where the processor has no such path."""
+        ``(ready, build)``, the event after that copy and a callable that makes the results once it has happened.
+        None where the processor has no such path."""
         import torch
 
         plan = getattr(self.processor, "queued_decode", None)
@@ -346,14 +365,9 @@ class Predictor:
             graph.replay()
         for h, p in zip(hosts, packed):
             h.copy_(p, non_blocking=True)  # read back by this call, before the next replay can rewrite it
-        ready = torch.cuda.Event()
+        ready = self._events(1)[0]
         ready.record(stream)
-
-        def collect() -> list:
-            ready.synchronize()
-            return spec.results([h.numpy() for h in hosts], outputs)
-
-        return collect
+        return ready, lambda: spec.results([h.numpy() for h in hosts], outputs)
 
     def _capture_postprocess(self, spec, outputs: dict):
         import torch
@@ -369,11 +383,15 @@ class Predictor:
         import torch
 
         batch = []
+        # BGR to RGB after the processor's steps where they treat every channel alike (the letterbox): the
+        # channels of the small input swapped, not those of the whole frame (the same values)
+        late = not rgb and getattr(self.processor, "channel_wise", False)
         for t in tensors:
             chw = t.permute(2, 0, 1).float()
-            if not rgb:
+            if not rgb and not late:
                 chw = chw.flip(0)
-            batch.append(self.processor.preprocess_gpu(chw, hw))
+            x = self.processor.preprocess_gpu(chw, hw)
+            batch.append(x.flip(0) if late else x)
         x = torch.stack(batch).contiguous()
         return x if x.dtype == torch.float32 else x.float()
 

@@ -648,6 +648,8 @@ class Stream:
                 if new:  # warm-ups run with nothing else in flight, before the step is timed
                     held = self._drain()
                     self._warming = True  # collections while warming up are not the stream's pauses
+                    quiet = self._pinned.held() if self._pinned is not None else contextlib.nullcontext()
+                    quiet.__enter__()  # the decoder makes no CUDA call meanwhile (a backend may capture its graph)
                     try:
                         for w in new:
                             try:
@@ -657,6 +659,7 @@ class Stream:
                             if warmed:
                                 self.warmups += 1
                     finally:
+                        quiet.__exit__(None, None, None)
                         self._warming = False
                         for _ in range(held):
                             self.slots.release()

@@ -14,6 +14,9 @@ network still runs, and the first wait is for the last copy:
 - the first ``max_det`` kept rows, scaled to the frame by Ultralytics' ``scale_boxes``, copied to pinned memory
   with four flags in one copy.
 
+On a CUDA device with Triton, the suppression and compaction run as two Triton kernels (``queued_kernels``: the
+same rule, iterated until a round changes nothing) instead of about sixty small torch operations.
+
 The host then reads the flags and takes the rows, or, where the flags say this path could differ from
 ``kept_rows``, computes them by ``kept_rows`` itself: more candidates than ``cap``; no fixed point within
 ``rounds``; a kept candidate's IoU with a later one within 1e-6 of the threshold (torchvision's kernel may fuse
@@ -79,10 +82,12 @@ def pairwise_iou(boxes):
 
 
 def queue_image(x, conf: float, iou: float, *, nc: int, max_det: int, image_hw, hw, cap: int = CAP,
-                rounds: int = ROUNDS, max_wh: int = 7680):
+                rounds: int = ROUNDS, max_wh: int = 7680, kernels: bool | None = None):
     """Queue one image's decode: ``x`` (anchors, 4 + nc + extra) float32 on its device. Returns the packed tensor
     on the device: FLAGS values, then ``max_det`` rows of x1 y1 x2 y2 (in ``image_hw``'s pixels) score class
-    extra."""
+    extra. ``kernels``: suppression and compaction by ``queued_kernels``' two Triton kernels (iterated to the fixed
+    point: ``rounds`` does not apply) rather than torch's operations; default: where they run (a CUDA device with
+    Triton; ``cap`` a power of two)."""
     import torch
     from ultralytics.utils.ops import scale_boxes, xywh2xyxy
 
@@ -94,6 +99,24 @@ def queue_image(x, conf: float, iou: float, *, nc: int, max_det: int, image_hw, 
     n = cand.sum()
     ranked = torch.where(cand, score, torch.full_like(score, float("-inf")))
     order = ranked.sort(descending=True, stable=True).indices[:k]
+    thr = float(np.float32(iou))  # the threshold as float32, as torchvision's kernel
+    packed = None
+    if kernels is None:
+        kernels = _kernels_run(device, cap)
+    if kernels:
+        from enginekit.families.ultralytics import queued_kernels
+
+        try:
+            packed = queued_kernels.suppress_and_keep(x, score, cls, order, n, nc=nc, k=k, cap=cap, max_det=max_det,
+                                                      thr=thr, border=BORDER, max_wh=max_wh)
+        except Exception as exc:  # noqa: BLE001 - Triton failed to build or run here: torch's operations instead
+            if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+                raise
+            queued_kernels.failed(exc)
+        else:
+            out_rows = packed[FLAGS:].view(max_det, width)
+            out_rows[:, :4] = scale_boxes(tuple(hw), out_rows[:, :4].clone(), tuple(image_hw))
+            return packed
     ranks = torch.arange(k, device=device)
     valid = ranks < n
     s = score[order]
@@ -101,7 +124,6 @@ def queue_image(x, conf: float, iou: float, *, nc: int, max_det: int, image_hw, 
     rows = torch.cat((xywh2xyxy(x[order, :4]), s[:, None], c[:, None], x[order, 4 + nc:]), 1)
     m = pairwise_iou(rows[:, :4] + c[:, None] * max_wh)
     pair = valid[:, None] & valid[None, :] & (ranks[:, None] < ranks[None, :])  # i before j, both candidates
-    thr = float(np.float32(iou))  # the threshold as float32, as torchvision's kernel
     suppresses = (m > thr) & pair
     # a round: kept = candidate and suppressed by no kept one before it (counts of 0/1 products: exact in float32)
     weights, candidate = suppresses.float(), valid.float()
@@ -123,17 +145,27 @@ def queue_image(x, conf: float, iou: float, *, nc: int, max_det: int, image_hw, 
     return torch.cat((flags, out_rows.reshape(-1)))
 
 
+def _kernels_run(device, cap: int) -> bool:
+    """Whether ``queued_kernels`` takes the suppression here: Triton for this device, ``cap`` a power of two."""
+    if cap < 16 or cap & (cap - 1):
+        return False
+    from enginekit.families.ultralytics import queued_kernels
+
+    return queued_kernels.usable(device)
+
+
 def pack(pred, image_hws, hw, conf: float, iou: float, *, nc: int = 0, max_det: int = 300, cap: int = CAP,
-         rounds: int = ROUNDS) -> list:
+         rounds: int = ROUNDS, kernels: bool | None = None) -> list:
     """A batch ``pred`` (B, 4 + nc + extra, anchors) -> one packed device tensor per image (``queue_image``): device
     work only, fixed shapes, no wait (a CUDA graph can hold it)."""
     nc = nc or (pred.shape[1] - 4)
-    return [queue_image(x, conf, iou, nc=nc, max_det=max_det, image_hw=shape, hw=hw, cap=cap, rounds=rounds)
+    return [queue_image(x, conf, iou, nc=nc, max_det=max_det, image_hw=shape, hw=hw, cap=cap, rounds=rounds,
+                        kernels=kernels)
             for x, shape in zip(pred.transpose(-1, -2), image_hws)]
 
 
 def queue_rows(pred, image_hws, hw, conf: float, iou: float, *, nc: int = 0, max_det: int = 300,
-               cap: int = CAP, rounds: int = ROUNDS) -> list[Queued]:
+               cap: int = CAP, rounds: int = ROUNDS, kernels: bool | None = None) -> list[Queued]:
     """Queue the decode of a batch ``pred`` on the current stream, eagerly: one ``Queued`` per image, each with its
     copy to pinned memory and an event (no wait here)."""
     import torch
@@ -141,7 +173,8 @@ def queue_rows(pred, image_hws, hw, conf: float, iou: float, *, nc: int = 0, max
     nc = nc or (pred.shape[1] - 4)
     width, taken = pred.shape[1] - nc + 2, min(cap, pred.shape[-1])
     out = []
-    for packed in pack(pred, image_hws, hw, conf, iou, nc=nc, max_det=max_det, cap=cap, rounds=rounds):
+    for packed in pack(pred, image_hws, hw, conf, iou, nc=nc, max_det=max_det, cap=cap, rounds=rounds,
+                       kernels=kernels):
         if packed.device.type == "cuda":
             host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
             host.copy_(packed, non_blocking=True)

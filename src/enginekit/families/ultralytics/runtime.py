@@ -127,6 +127,9 @@ class YoloProcessor(ImageProcessor):
     which gives other boxes on a frame that is not square. ``input_note`` says which, and why."""
 
     gpu_graphable = True  # preprocess_gpu launches only device work: the predictor may capture it
+    #: preprocess_gpu treats the three channels alike (resize, grey padding, / 255): the predictor may swap BGR
+    #: to RGB after it, on the small input rather than the whole frame
+    channel_wise = True
     #: the family letterboxes as Ultralytics' predictor (RT-DETR stretches instead: no rectangle)
     rect = True
 
@@ -429,6 +432,7 @@ class RtdetrProcessor(HostStretch, YoloProcessor):
     stretched to the network's size (Ultralytics' ``scale_fill``), no letterbox."""
 
     rect = False  # stretched to the network's size, as RTDETRPredictor (scale_fill): no rectangle
+    channel_wise = False  # ImageProcessor's preprocess_gpu (it may normalise per channel)
 
     def postprocess(self, outputs: dict, image_hws: list[tuple[int, int]], hw: tuple[int, int]) -> list[Detections]:
         from ultralytics.utils import ops

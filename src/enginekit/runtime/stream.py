@@ -309,11 +309,12 @@ class _Worker:
         images = [f.image for f in step.frames]
         p, gpu = self.predictor, self.predictor.info.on_gpu
         runs = max(self.options.warmup, getattr(getattr(p, "session", None), "capture_runs", 0) if gpu else 0)
+        chunks = p.chunks(images, self.options.batch)
         for _ in range(runs):
-            for hw, idx in p.chunks(images, self.options.batch):
+            for hw, idx in chunks:
                 chunk = [images[i] for i in idx]
-                if gpu:  # the path the timed steps take: outputs kept, postprocessing on its own stream
-                    p.finish_gpu(p.submit_gpu(chunk, hw, self.options.rgb, keep_outputs=True))
+                if gpu:  # the path the timed steps take
+                    p.finish_gpu(p.submit_gpu(chunk, hw, self.options.rgb, keep_outputs=self._keep(chunks)))
                 else:
                     p.run_chunk(chunk, hw, self.options.rgb)
         self.seen.add(key)
@@ -422,8 +423,10 @@ class _Worker:
             times = ModelTimes()
             try:
                 with _on_step(step):
-                    submitted = [(idx, p.submit_gpu([images[i] for i in idx], hw, o.rgb, keep_outputs=True))
-                                 for hw, idx in p.chunks(images, o.batch)]
+                    chunks = p.chunks(images, o.batch)
+                    keep = self._keep(chunks)
+                    submitted = [(idx, p.submit_gpu([images[i] for i in idx], hw, o.rgb, keep_outputs=keep))
+                                 for hw, idx in chunks]
             except _StepFailed:
                 while pending:  # the steps before the failing one still finish
                     self._gpu_finish(*pending.popleft())
@@ -431,6 +434,12 @@ class _Worker:
             pending.append((step, times, submitted))
             if len(pending) > 1:
                 self._gpu_finish(*pending.popleft())
+
+    def _keep(self, chunks: list) -> bool:
+        """Whether a step's outputs are copied out of the session's buffers (postprocessed on a stream of their own):
+        where another call is queued before they are read (two steps in flight, or a step of several calls); one
+        step of one call in flight is postprocessed on the predictor's stream, straight from them."""
+        return self.options.in_flight > 1 or len(chunks) > 1
 
     def _gpu_finish(self, step: StepResult, times: ModelTimes, submitted) -> None:
         with _on_step(step):

@@ -193,7 +193,7 @@ from test_device_postprocess import _crowded, SIZES
 from enginekit.families.ultralytics import queued_kernels
 from enginekit.families.ultralytics.queued_nms import CAP, pack, unpack
 
-assert queued_kernels.interpreted() and queued_kernels.usable(torch.device("cpu")), queued_kernels._BROKEN
+assert queued_kernels.interpreted() and queued_kernels.usable(torch.device("cpu"), CAP), queued_kernels._BROKEN
 g = torch.Generator().manual_seed(4)
 answered = declined = rows = 0
 for trial in range(14):

@@ -657,21 +657,21 @@ class Stream:
                 if new:  # warm-ups run with nothing else in flight, before the step is timed
                     held = self._drain()
                     self._warming = True  # collections while warming up are not the stream's pauses
-                    quiet = self._pinned.held() if self._pinned is not None else contextlib.nullcontext()
-                    quiet.__enter__()  # the decoder makes no CUDA call meanwhile (a backend may capture its graph)
-                    try:
-                        for w in new:
-                            try:
-                                warmed = w.warm_up(step)
-                            except Exception as exc:  # noqa: BLE001 - the model's failure on this step's frames
-                                raise _model_failed(w.predictor.model, exc, [f.name for f in step.frames], index) from exc
-                            if warmed:
-                                self.warmups += 1
-                    finally:
-                        quiet.__exit__(None, None, None)
-                        self._warming = False
-                        for _ in range(held):
-                            self.slots.release()
+                    # the decoder makes no CUDA call meanwhile (a backend may capture its graph)
+                    with self._pinned.held() if self._pinned is not None else contextlib.nullcontext():
+                        try:
+                            for w in new:
+                                try:
+                                    warmed = w.warm_up(step)
+                                except Exception as exc:  # noqa: BLE001 - the model's failure on this step's frames
+                                    names = [f.name for f in step.frames]
+                                    raise _model_failed(w.predictor.model, exc, names, index) from exc
+                                if warmed:
+                                    self.warmups += 1
+                        finally:
+                            self._warming = False
+                            for _ in range(held):
+                                self.slots.release()
                 step.dispatched = step.done = time.perf_counter()
                 with self._lock:
                     self._pending[index] = step

@@ -2,10 +2,10 @@
 
 Step for step what ``queued_nms.queue_image`` does with about sixty small torch operations, in two launches:
 
-- ``_suppression`` (one program per ``ROWS`` candidates): each pair's IoU with torchvision's arithmetic on the
+- ``suppression`` (one program per ``ROWS`` candidates): each pair's IoU with torchvision's arithmetic on the
   class-offset boxes, written as one byte per pair: bit 0 "i before j, both candidates, IoU above the threshold",
   bit 1 "IoU within ``border`` of the threshold";
-- ``_keep`` (one program): greedy NMS as the fixed point of "kept = a candidate no kept candidate before it
+- ``keep`` (one program): greedy NMS as the fixed point of "kept = a candidate no kept candidate before it
   suppresses", iterated from "all kept" until a round changes nothing (each round settles at least one more
   candidate, so it ends), whether a kept candidate's IoU with a later one is near the threshold, then the first
   ``max_det`` kept rows in score order (x1 y1 x2 y2 score class extra) and the four flags, written in place.
@@ -33,10 +33,11 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def usable(device) -> bool:
-    """Whether the kernels run for tensors on ``device``: a CUDA device with Triton importable (or the
-    interpreter, on the CPU), and no earlier failure."""
-    if _BROKEN:
+def usable(device, cap: int) -> bool:
+    """Whether the kernels run for tensors on ``device`` with ``cap`` candidates: a CUDA device with Triton importable
+    (or the interpreter, on the CPU), ``cap`` a power of two of at least ``ROWS`` (a block's size), and no earlier
+    failure."""
+    if _BROKEN or cap < ROWS or cap & (cap - 1):
         return False
     if getattr(device, "type", str(device)) != "cuda" and not interpreted():
         return False

@@ -100,12 +100,11 @@ def queue_image(x, conf: float, iou: float, *, nc: int, max_det: int, image_hw, 
     ranked = torch.where(cand, score, torch.full_like(score, float("-inf")))
     order = ranked.sort(descending=True, stable=True).indices[:k]
     thr = float(np.float32(iou))  # the threshold as float32, as torchvision's kernel
-    packed = None
-    if kernels is None:
-        kernels = _kernels_run(device, cap)
-    if kernels:
-        from enginekit.families.ultralytics import queued_kernels
+    from enginekit.families.ultralytics import queued_kernels
 
+    if kernels is None:
+        kernels = queued_kernels.usable(device, cap)
+    if kernels:
         try:
             packed = queued_kernels.suppress_and_keep(x, score, cls, order, n, nc=nc, k=k, cap=cap, max_det=max_det,
                                                       thr=thr, border=BORDER, max_wh=max_wh)
@@ -143,15 +142,6 @@ def queue_image(x, conf: float, iou: float, *, nc: int, max_det: int, image_hw, 
     out_rows[:, :4] = scale_boxes(tuple(hw), out_rows[:, :4].clone(), tuple(image_hw))
     flags = torch.stack((n.float(), kept.float(), settled.float(), border.float()))
     return torch.cat((flags, out_rows.reshape(-1)))
-
-
-def _kernels_run(device, cap: int) -> bool:
-    """Whether ``queued_kernels`` takes the suppression here: Triton for this device, ``cap`` a power of two."""
-    if cap < 16 or cap & (cap - 1):
-        return False
-    from enginekit.families.ultralytics import queued_kernels
-
-    return queued_kernels.usable(device)
 
 
 def pack(pred, image_hws, hw, conf: float, iou: float, *, nc: int = 0, max_det: int = 300, cap: int = CAP,

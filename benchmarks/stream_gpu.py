@@ -186,6 +186,16 @@ def show(runs: dict, index: int) -> None:
         print(f"  goal {g['goal']}: {g['value']} ({g['limit']}) {'met' if g['met'] else 'NOT met'}")
 
 
+def graphs(predictor) -> str:
+    """Whether the network replays a captured CUDA graph (the backends that say so)."""
+    session = getattr(predictor, "session", None)
+    if hasattr(session, "graphs"):  # ONNX Runtime CUDA: per input shape
+        return f"{session.graphs} input shape(s) replay ONNX Runtime's CUDA graph"
+    if getattr(session, "cuda_graph", None) is not None:
+        return f"CUDA graph: {'yes' if session.cuda_graph else 'no'}"
+    return "CUDA graph: not said"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=None, help="cuda:N (default) or cpu (small sizes)")
@@ -233,6 +243,9 @@ def main() -> int:
             }
             repeats.append({"runs": runs, "goals": goals(runs)})
             show(runs, len(repeats))
+            if len(repeats) == 1:
+                for p in (yolo, depth):
+                    print(f"  {p.model}: {graphs(p)}")
     from enginekit.gpu import gpu_info
 
     medians = median_goals([r["goals"] for r in repeats])

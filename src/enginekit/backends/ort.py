@@ -142,15 +142,19 @@ class OnnxRuntimeCuda(_OnnxRuntime):
 
     The session computes on the predictor's own CUDA stream (``user_compute_stream``), so the
     preprocessing before it and the postprocessing after it are ordered without a host sync.
-    Output buffers are kept per input shape and reused; with ``cuda_graph`` one session per
-    input shape replays ORT's captured graph (where ORT refuses to capture, an NMS Loop say, the
-    plain session runs).
+    Output buffers are kept per input shape and reused; with ``cuda_graph`` (the default) a session per
+    input shape replays ORT's captured graph, at most ``MAX_GRAPHS`` of them, made at the shape's first run
+    where the graph's H/W are fixed or frames come in a few shapes (``graph_per_shape``: YOLO's letterbox
+    rectangles), at its second otherwise (a folder of photographs of many sizes runs the plain session).
+    That session fixes the graph's named dynamic dimensions to the shape, so its shape computations fold to
+    constants and every node can run on the GPU: ORT captures only a graph all on its CUDA provider. Where
+    ORT refuses to capture (an NMS Loop, a node left on the CPU) the plain session runs every shape.
 
     With ``fuse_attention`` the session runs a copy of the graph whose attention blocks are ONNX
     Runtime's fused ``MultiHeadAttention`` (``enginekit.onnx.attention``; built once per graph into
     ``cache``); ``source_path`` stays the graph asked for, ``fused_attention`` counts the blocks fused.
 
-    Options: ``cuda_graph`` (None: where H/W are fixed, or ``graph_per_shape``), ``prefer_nhwc``, ``stream``, ``fuse_attention``,
+    Options: ``cuda_graph`` (None: yes), ``graph_per_shape``, ``prefer_nhwc``, ``stream``, ``fuse_attention``,
     ``cache``; bench: ``threads``.
     """
 
@@ -200,9 +204,13 @@ class OnnxRuntimeCuda(_OnnxRuntime):
         self.session = self._make_session(graph=False)  # runs every shape; learns output shapes
         name, shape, dtype, outs = _io(self.session)
         self.info = SessionInfo(self.name, f"cuda:{self.index}", name, outs, shape, dtype, _max_batch(shape))
-        if cuda_graph is None:  # default: replay a captured graph where H/W are fixed (one graph per batch size), or
-            # where frames come in a few shapes (``graph_per_shape``: YOLO's letterbox rectangles, one per aspect)
-            self.cuda_graph = self.info.fixed_hw is not None or bool(self.options.get("graph_per_shape"))
+        self._dim_names = tuple(self.session.get_inputs()[0].shape)  # a name (str) where a dimension is dynamic
+        if cuda_graph is None:
+            self.cuda_graph = True
+        # a shape's graph session at its first run where shapes are few (fixed H/W: one per batch size; YOLO's
+        # letterbox rectangles: one per aspect), at its second otherwise
+        few = self.info.fixed_hw is not None or bool(self.options.get("graph_per_shape"))
+        self.graph_at = 1 if few else 2
         self.run_options = self.ort.RunOptions()
         # ordering on our stream is enough: no device-wide sync at the end of each run
         self.run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
@@ -211,19 +219,36 @@ class OnnxRuntimeCuda(_OnnxRuntime):
     #: first: ``min_num_runs_before_cuda_graph_capture_``) and keeps it in that thread's context; its capture
     #: is cudaStreamCaptureModeGlobal, which any other thread's CUDA call meanwhile spoils
     GRAPH_CAPTURE_RUNS = 3
+    #: graph sessions kept (one per input shape; each holds its own copy of the weights)
+    MAX_GRAPHS = 8
 
     @property
     def capture_runs(self) -> int:
-        return self.GRAPH_CAPTURE_RUNS if self.cuda_graph else 0
+        """Runs of one shape after which its graph is captured (a stream warms up with them)."""
+        return self.graph_at - 1 + self.GRAPH_CAPTURE_RUNS if self.cuda_graph else 0
 
-    def _make_session(self, *, graph: bool):
+    @property
+    def graphs(self) -> int:
+        """Input shapes whose graph session has run as often as ORT needs to capture (so far)."""
+        return sum(1 for state in self._buffers.values() if state.get("graph_runs", 0) >= self.GRAPH_CAPTURE_RUNS)
+
+    def fixed_dims(self, shape: tuple) -> dict[str, int]:
+        """The graph's named dynamic input dimensions fixed to ``shape`` (none where one name takes two sizes)."""
+        dims: dict[str, int] = {}
+        for name, size in zip(self._dim_names, shape):
+            if isinstance(name, str):
+                if dims.setdefault(name, int(size)) != int(size):
+                    return {}
+        return dims
+
+    def _make_session(self, *, graph: bool, dims: dict[str, int] | None = None):
         from enginekit.onnx.runtime import CPU, CUDA, session
 
         options = {"device_id": str(self.index), "user_compute_stream": str(self.stream.cuda_stream),
                    "enable_cuda_graph": "1" if graph else "0"}
         if self.prefer_nhwc is not None:
             options["prefer_nhwc"] = "1" if self.prefer_nhwc else "0"
-        sess = session(self.path, providers=[(CUDA, options), CPU])
+        sess = session(self.path, providers=[(CUDA, options), CPU], dims=dims)
         if CUDA not in sess.get_providers():
             raise CapabilityError("ONNX Runtime could not start its CUDA provider on this GPU")
         return sess
@@ -237,7 +262,7 @@ class OnnxRuntimeCuda(_OnnxRuntime):
         return binding
 
     def _prepare(self, x) -> dict:
-        """Output buffers (and, with a CUDA graph, the input buffer and its session) for one input shape."""
+        """One input shape's output buffers (the plain session's run, to learn their shapes)."""
         import torch
 
         shape = tuple(x.shape)
@@ -250,34 +275,45 @@ class OnnxRuntimeCuda(_OnnxRuntime):
         with torch.cuda.stream(self.stream), torch.inference_mode(False):  # updated in place later
             outs = {n: torch.empty(tuple(v.shape()), dtype=_torch_dtype(v.data_type()), device=x.device)
                     for n, v in zip(self.info.output_names, values)}
-            state = {"outs": outs}
-            if self.cuda_graph:  # fixed addresses: ORT captures its graph on a later run (``capture_runs``)
-                try:
-                    sess = self._make_session(graph=True)
-                except Exception:  # noqa: BLE001 - ORT refuses graph capture for control flow (an NMS Loop)
-                    self.cuda_graph = False
-                else:
-                    inp = torch.empty(shape, dtype=x.dtype, device=x.device)
-                    state.update(inp=inp, session=sess, binding=self._bind(sess, inp, outs))
-        self._buffers[shape] = state
+        state = self._buffers[shape] = {"outs": outs, "runs": 0}
         return state
+
+    def _graph_session(self, state: dict, x) -> None:
+        """The shape's session that captures its graph: fixed input and output addresses (ORT captures on a
+        later run, ``capture_runs``), the graph's dynamic dimensions fixed to the shape."""
+        import torch
+
+        try:
+            sess = self._make_session(graph=True, dims=self.fixed_dims(tuple(x.shape)))
+        except Exception:  # noqa: BLE001 - ORT refuses graph capture for control flow (an NMS Loop)
+            self.cuda_graph = False
+            return
+        with torch.cuda.stream(self.stream), torch.inference_mode(False):
+            inp = torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
+        state.update(inp=inp, session=sess, binding=self._bind(sess, inp, state["outs"]))
 
     def infer(self, x):
         """``x``: a contiguous CUDA tensor, written on ``self.stream`` (or before it)."""
         state = self._buffers.get(tuple(x.shape)) or self._prepare(x)
-        if self.cuda_graph:
+        state["runs"] += 1
+        if (self.cuda_graph and "session" not in state and state["runs"] >= self.graph_at
+                and sum("session" in s for s in self._buffers.values()) < self.MAX_GRAPHS):
+            self._graph_session(state, x)
+        if self.cuda_graph and "session" in state:
             state["inp"].copy_(x)
             try:
                 state["session"].run_with_iobinding(state["binding"], self.run_options)
             except Exception:  # noqa: BLE001 - ORT refuses graph capture when a node runs on the CPU
-                if state.get("ran"):
+                if state.get("graph_runs"):
                     raise
-                self.cuda_graph = False
-                self._buffers.clear()
-                return self.infer(x)
-            state["ran"] = True
-        else:
-            self.session.run_with_iobinding(self._bind(self.session, x, state["outs"]), self.run_options)
+                self.cuda_graph = False  # every shape runs the plain session
+                for s in self._buffers.values():
+                    for key in ("inp", "session", "binding"):
+                        s.pop(key, None)
+            else:
+                state["graph_runs"] = state.get("graph_runs", 0) + 1
+                return state["outs"]
+        self.session.run_with_iobinding(self._bind(self.session, x, state["outs"]), self.run_options)
         return state["outs"]
 
     def timed(self, batch, *, include_copies: bool = False, threads: int | None = None):

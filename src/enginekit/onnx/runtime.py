@@ -35,25 +35,28 @@ def providers() -> list[str]:
 _available = providers  # ``session``'s argument of that name hides the function
 
 
-def options(*, threads: int | None = None, log_level: int = 4):
+def options(*, threads: int | None = None, log_level: int = 4, dims: dict[str, int] | None = None):
     """Session options: ONNX Runtime's own log off but for fatal errors (level 4; an error it logs is raised as
-    an exception too, which enginekit reports in one line), ``threads`` intra-op threads."""
+    an exception too, which enginekit reports in one line), ``threads`` intra-op threads; ``dims``: named
+    dynamic dimensions fixed to a size (the graph's shape computations fold to constants at load)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = log_level
     if threads:
         opts.intra_op_num_threads = threads
+    for name, size in (dims or {}).items():
+        opts.add_free_dimension_override_by_name(name, int(size))
     return opts
 
 
 def session(model, *, cpu_only: bool = True, providers: list | None = None, threads: int | None = None,
-            log_level: int = 4):
+            log_level: int = 4, dims: dict[str, int] | None = None):
     """An InferenceSession over ``model`` (a path, serialized bytes or a ModelProto).
 
     ``providers``: the providers in order of preference (entries may be ``(name, options)``);
     default: the CPU, or with ``cpu_only=False`` CUDA too where a GPU exists (``providers()``).
-    A ModelProto's IR version is capped for ONNX Runtime.
+    A ModelProto's IR version is capped for ONNX Runtime. ``dims``: see ``options``.
     """
     import onnxruntime as ort
 
@@ -63,7 +66,8 @@ def session(model, *, cpu_only: bool = True, providers: list | None = None, thre
     elif not isinstance(model, bytes):
         model = str(Path(model))
     chosen = providers if providers is not None else ([CPU] if cpu_only else _available())
-    return ort.InferenceSession(model, sess_options=options(threads=threads, log_level=log_level), providers=chosen)
+    opts = options(threads=threads, log_level=log_level, dims=dims)
+    return ort.InferenceSession(model, sess_options=opts, providers=chosen)
 
 
 def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

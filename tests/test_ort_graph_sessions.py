@@ -166,3 +166,27 @@ def test_where_ort_refuses_to_capture_every_shape_runs_the_plain_session(failure
     b.infer(torch.zeros(1, 3, 384, 384))
     b.infer(torch.zeros(4, 3, 384, 384))
     assert b.session.runs == plain + 1 + 2 and all(s.runs <= 1 for s in b.made)
+
+
+def test_a_fixed_input_is_what_the_graph_session_reads(monkeypatch):
+    """``infer_fixed``: the shape's graph session is bound to the caller's tensor itself (no copy per run); a later
+    call with another tensor of that shape copies it there. ``infer`` binds a buffer of the session's own."""
+    b = _backend(fixed_hw=True)
+    bound = []
+    real = _Binding.bind_input
+    monkeypatch.setattr(_Binding, "bind_input", lambda self, *a: (bound.append(a[-1]), real(self, *a))[1])
+    x = torch.rand(1, 3, 384, 384)
+    b.infer_fixed(x)
+    state = b._buffers[(1, 3, 384, 384)]
+    assert state["inp"] is x and bound[-1] == x.data_ptr()  # the graph session reads x where it is
+    runs = b.made[0].runs
+    x.mul_(2)  # rewritten in place (the preprocessing graph's next replay)
+    b.infer_fixed(x)
+    assert b.made[0].runs == runs + 1 and state["inp"] is x
+    y = torch.rand(1, 3, 384, 384)
+    b.infer(y)
+    assert torch.equal(x, y)  # copied into the bound tensor, then run
+    plain = _backend(fixed_hw=True)
+    z = torch.rand(1, 3, 384, 384)
+    plain.infer(z)
+    assert plain._buffers[(1, 3, 384, 384)]["inp"] is not z

@@ -324,9 +324,11 @@ def test_captured_preprocessing_gives_what_eager_preprocessing_gives(model, cach
         replayed = []
         uploaded = [torch.from_numpy(np.ascontiguousarray(h)).to(device) for h in predictor.host_frames(frames, hw)]
         for t in uploaded:  # the first frame captures, the next two replay
-            replayed.append(predictor._preprocess_gpu([t], hw, False, device).clone())
+            x, fixed = predictor._preprocess_gpu([t], hw, False, device)
+            assert fixed  # a replayed graph's own output
+            replayed.append(x.clone())
         predictor.graph_preprocess = False
-        eager = [predictor._preprocess_gpu([t.clone()], hw, False, device) for t in uploaded]
+        eager = [predictor._preprocess_gpu([t.clone()], hw, False, device)[0] for t in uploaded]
     torch.cuda.synchronize()
     captured = list(predictor._pre_graphs.values())
     assert len(captured) == 1 and captured[0] is not False  # captured once, replayed for the same shape

@@ -278,9 +278,10 @@ class OnnxRuntimeCuda(_OnnxRuntime):
         state = self._buffers[shape] = {"outs": outs, "runs": 0}
         return state
 
-    def _graph_session(self, state: dict, x) -> None:
+    def _graph_session(self, state: dict, x, *, on_input: bool = False) -> None:
         """The shape's session that captures its graph: fixed input and output addresses (ORT captures on a
-        later run, ``capture_runs``), the graph's dynamic dimensions fixed to the shape."""
+        later run, ``capture_runs``), the graph's dynamic dimensions fixed to the shape. ``on_input``: the graph
+        reads ``x`` itself (``infer_fixed``), else a buffer of its own that each run copies its input into."""
         import torch
 
         try:
@@ -288,19 +289,31 @@ class OnnxRuntimeCuda(_OnnxRuntime):
         except Exception:  # noqa: BLE001 - ORT refuses graph capture for control flow (an NMS Loop)
             self.cuda_graph = False
             return
-        with torch.cuda.stream(self.stream), torch.inference_mode(False):
-            inp = torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
+        if on_input:
+            inp = x
+        else:
+            with torch.cuda.stream(self.stream), torch.inference_mode(False):
+                inp = torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)
         state.update(inp=inp, session=sess, binding=self._bind(sess, inp, state["outs"]))
 
     def infer(self, x):
         """``x``: a contiguous CUDA tensor, written on ``self.stream`` (or before it)."""
+        return self._infer(x, fixed=False)
+
+    def infer_fixed(self, x):
+        """A shape's graph session bound to ``x`` itself where ``x`` is the input it is made with (no copy at each
+        run); any other tensor of that shape is copied into it, as ``infer`` does."""
+        return self._infer(x, fixed=True)
+
+    def _infer(self, x, *, fixed: bool):
         state = self._buffers.get(tuple(x.shape)) or self._prepare(x)
         state["runs"] += 1
         if (self.cuda_graph and "session" not in state and state["runs"] >= self.graph_at
                 and sum("session" in s for s in self._buffers.values()) < self.MAX_GRAPHS):
-            self._graph_session(state, x)
+            self._graph_session(state, x, on_input=fixed)
         if self.cuda_graph and "session" in state:
-            state["inp"].copy_(x)
+            if state["inp"] is not x:
+                state["inp"].copy_(x)
             try:
                 state["session"].run_with_iobinding(state["binding"], self.run_options)
             except Exception:  # noqa: BLE001 - ORT refuses graph capture when a node runs on the CPU

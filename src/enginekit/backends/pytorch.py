@@ -131,30 +131,42 @@ class Torch(Backend):
         return {n: o.float() for n, o in zip(self.info.output_names, out)}
 
     def infer(self, x):
+        return self._infer(x, fixed=False)
+
+    def infer_fixed(self, x):
+        """A shape's graph captured on ``x`` itself where ``x`` is its first input (no copy into a buffer of the
+        graph's own at each call); any other tensor of that shape is copied in, as ``infer`` does."""
+        return self._infer(x, fixed=True)
+
+    def _infer(self, x, *, fixed: bool):
         import numpy as np
 
         torch = self.torch
-        with torch.inference_mode():
-            if isinstance(x, np.ndarray):
-                x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.torch_device)
-                return {k: v.cpu().numpy() for k, v in self._forward(x).items()}
-            if not self.cuda_graph:
-                return self._forward(x)
-            shape = tuple(x.shape)
-            if shape not in self._graphs:
-                try:
-                    self._graphs[shape] = self._capture(x)
-                except RuntimeError:  # a module that copies from the host in its forward (RT-DETR's anchors)
-                    self._graphs[shape] = None
-            if self._graphs[shape] is None:  # runs as it is, kernel by kernel
-                return self._forward(x)
-            graph, static_in, static_out = self._graphs[shape]
+        if not torch.is_inference_mode_enabled():
+            with torch.inference_mode():
+                return self._infer(x, fixed=fixed)
+        if isinstance(x, np.ndarray):
+            x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.torch_device)
+            return {k: v.cpu().numpy() for k, v in self._forward(x).items()}
+        if not self.cuda_graph:
+            return self._forward(x)
+        shape = x.shape
+        entry = self._graphs.get(shape, False)
+        if entry is False:
+            try:
+                entry = self._graphs[shape] = self._capture(x, on_input=fixed)
+            except RuntimeError:  # a module that copies from the host in its forward (RT-DETR's anchors)
+                entry = self._graphs[shape] = None
+        if entry is None:  # runs as it is, kernel by kernel
+            return self._forward(x)
+        graph, static_in, static_out = entry
+        if static_in is not x:
             static_in.copy_(x)
-            graph.replay()
-            return static_out
+        graph.replay()
+        return static_out
 
-    def _capture(self, x):
-        static_in = x.clone()
+    def _capture(self, x, *, on_input: bool = False):
+        static_in = x if on_input else x.clone()
         for _ in range(2):  # more warm-up: cuDNN picks its algorithms outside the capture
             self._forward(static_in)
         graph, static_out = capture_graph(lambda: self._forward(static_in), self.torch_device)

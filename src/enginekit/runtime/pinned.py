@@ -35,20 +35,21 @@ def pinned_tensor(frame) -> object | None:
     return entry[0]
 
 
-def on_device(frame, device):
+def on_device(frame, device, stream=None):
     """The copy of ``frame`` (a whole lent buffer) already queued to ``device`` by its decoder (``upload``), made safe
-    to read on the current stream (which waits for the copy); None where there is none."""
+    to read on ``stream`` (default: the current one), which waits for the copy; None where there is none."""
     import torch
 
     if not isinstance(frame, np.ndarray):
         return None
-    entry = _LENT.get(_address(frame))
-    if entry is None or entry[2] is None or tuple(entry[0].shape) != frame.shape:
+    entry = _LENT.get(frame.ctypes.data)
+    if entry is None or entry[2] is None or entry[0].shape != frame.shape:
         return None
     copy, done = entry[2]
-    if copy.device != torch.device(device):
+    if copy.device != device:
         return None
-    stream = torch.cuda.current_stream(copy.device)
+    if stream is None:
+        stream = torch.cuda.current_stream(copy.device)
     stream.wait_event(done)
     copy.record_stream(stream)  # made on the decoder's stream: not reused before this stream has read it
     return copy

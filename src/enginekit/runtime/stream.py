@@ -255,6 +255,7 @@ class _Worker:
         self.turn = turn or contextlib.nullcontext()  # models on the CPU infer in turns (each uses every core)
         self.inbox: queue.Queue = queue.Queue(maxsize=options.in_flight)
         self.seen: set = set()  # input shapes warmed up on
+        self._chunks: dict = {}  # frame shapes -> the predictor's chunks of them
         self.threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -280,10 +281,19 @@ class _Worker:
         t.start()
         self.threads.append(t)
 
+    def chunks(self, images: list) -> list:
+        """``predictor.chunks`` of a step's images, worked out once per frame shapes (a camera's repeat theirs)."""
+        key = tuple(i.shape for i in images)
+        chunks = self._chunks.get(key)
+        if chunks is None:
+            if len(self._chunks) > 256:  # ever new shapes (a folder of photographs): forget them
+                self._chunks.clear()
+            chunks = self._chunks[key] = self.predictor.chunks(images, self.options.batch)
+        return chunks
+
     def shape_key(self, step: StepResult) -> tuple:
         images = [f.image for f in step.frames]
-        return tuple((tuple(hw), tuple(tuple(images[i].shape) for i in idx))
-                     for hw, idx in self.predictor.chunks(images, self.options.batch))
+        return tuple((tuple(hw), tuple(tuple(images[i].shape) for i in idx)) for hw, idx in self.chunks(images))
 
     def warm_up(self, step: StepResult) -> bool:
         """``warm`` on the thread that serves this model's steps (a GPU model's own: where a backend keeps what
@@ -395,6 +405,11 @@ class _Worker:
 
     # -- GPU: one thread; the next step is queued on the GPU before this one is postprocessed -------------
     def _gpu_loop(self) -> None:
+        serving = getattr(self.predictor, "serving", None)  # on its CUDA stream, in inference mode, for the run
+        with serving() if serving is not None else contextlib.nullcontext():
+            self._gpu_steps()
+
+    def _gpu_steps(self) -> None:
         p, o = self.predictor, self.options
         pending: collections.deque = collections.deque()
         while True:
@@ -423,7 +438,7 @@ class _Worker:
             times = ModelTimes()
             try:
                 with _on_step(step):
-                    chunks = p.chunks(images, o.batch)
+                    chunks = self.chunks(images)
                     keep = self._keep(chunks)
                     submitted = [(idx, p.submit_gpu([images[i] for i in idx], hw, o.rgb, keep_outputs=keep))
                                  for hw, idx in chunks]

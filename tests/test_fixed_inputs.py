@@ -35,7 +35,7 @@ def _torch_session(monkeypatch):
 
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1))
-    session = pytorch.Torch(Artifact.of_module(module, "images", ["y"], (1, 3, None, None)))
+    session = pytorch.Torch(Artifact.of_module(module, "images", ["y"], (1, 3, None, None)), device="cpu")
     session.activate()
     monkeypatch.setattr(pytorch, "capture_graph", _fake_capture)
     session.cuda_graph = True  # the GPU's path, its graphs stood in for

@@ -113,8 +113,8 @@ class Predictor:
     def serving(self):
         """For a thread that serves this predictor's GPU batches one after another (a stream's worker): the thread
         stays on the predictor's CUDA stream and in inference mode while inside, so that ``submit_gpu`` and
-        ``finish_gpu`` do not enter them again for every batch (about 25 us of host time on a frame's way to the
-        network). Elsewhere they enter them as before."""
+        ``finish_gpu`` do not enter them again for every batch (about 20 us of host time each, measured on an H200
+        machine). Elsewhere they enter them as before."""
         if not self.info.on_gpu or self.stream is None:
             yield
             return

@@ -344,3 +344,31 @@ def test_captured_preprocessing_gives_what_eager_preprocessing_gives(model, cach
         assert np.array_equal(with_graph.boxes, without.boxes) and np.array_equal(with_graph.scores, without.scores)
     else:
         assert np.array_equal(with_graph.depth, without.depth)
+
+
+@pytest.mark.gpu
+def test_device_input_after_predicting_outside_inference_mode(cache):
+    """``device_input`` after the predictor ran (its preprocessing graph captured in inference mode): called from
+    plain code, it gives the frame's input (a copy: the next replay does not rewrite it), not an error about
+    inference tensors."""
+    if not _cuda():
+        pytest.skip("needs a CUDA GPU")
+    import cv2
+    import torch
+
+    import enginekit
+
+    predictor = enginekit.load("depth", random_init=True, backend="torch", cuda_graph=False, input_size=252,
+                               cache=cache)
+    bus = cv2.imread(str(_bus()))
+    flipped = np.ascontiguousarray(bus[:, ::-1])
+    hw = predictor.processor.input_hw(bus.shape[:2])
+    predictor(bus)
+    predictor(bus)  # captured, then replayed
+    assert not torch.is_inference_mode_enabled()
+    first = predictor.device_input([bus], hw)
+    second = predictor.device_input([flipped], hw)
+    torch.cuda.synchronize()
+    assert (first - second).abs().max().item() > 0.1  # the first is not rewritten by the second's replay
+    want = predictor.device_input([bus], hw, device="cpu")
+    assert (first.cpu() - want).abs().max().item() < 1e-2

@@ -195,10 +195,11 @@ class FakeGpuPredictor(FakePredictor):
         return self.postprocess(outputs, None, None)
 
 
-def test_a_gpu_model_warms_up_on_its_own_thread_with_the_runs_its_backend_needs():
+def test_a_gpu_model_warms_up_on_the_thread_that_queues_its_steps_with_the_runs_its_backend_needs():
     """ONNX Runtime's CUDA provider captures its graph on the third run of a shape on a thread and keeps it
     there, in a mode any other thread's CUDA call spoils: the stream runs those runs (``capture_runs``) on the
-    model's own thread, before any timed step, even with --warmup 0."""
+    thread that queues the model's timed steps too (the dispatching one: no hand-over before the network),
+    before any timed step, even with --warmup 0; postprocessing runs on the model's own thread."""
 
     class Capturing(FakeGpuPredictor):
         def __init__(self, model, **kw):
@@ -206,16 +207,23 @@ def test_a_gpu_model_warms_up_on_its_own_thread_with_the_runs_its_backend_needs(
             self.session = type("Session", (), {"capture_runs": 3})()
             self.threads_seen: list[tuple[str, int]] = []
 
+            self.finished_on: list[str] = []
+
         def submit_gpu(self, frames, hw, rgb=False, *, keep_outputs=False):
             self.threads_seen.append((threading.current_thread().name, int(frames[0][0, 0, 0])))
             return super().submit_gpu(frames, hw, rgb, keep_outputs=keep_outputs)
+
+        def finish_gpu(self, outputs):
+            self.finished_on.append(threading.current_thread().name)
+            return super().finish_gpu(outputs)
 
     model, other = Capturing("m"), FakeGpuPredictor("other")
     stream = Stream([model, other], [frames(4)], StreamOptions(warmup=0))
     assert [s.index for s in stream] == [0, 1, 2, 3]
     names = {name for name, _ in model.threads_seen}
-    assert names == {"enginekit-m-_gpu_loop"}, names  # warm-up and timed runs alike: the model's own thread
+    assert names == {"enginekit-stream-_dispatch"}, names  # warm-up and timed runs alike: one thread
     assert [v for _, v in model.threads_seen] == [0, 0, 0, 0, 1, 2, 3]  # three untimed runs of the shape first
+    assert model.finished_on[3:] == ["enginekit-m-_gpu_loop"] * 4  # the timed steps' postprocessing: its own
     assert stream.warmups == 1  # the model that needs them; the other ran no warm-up (--warmup 0)
 
 
@@ -274,6 +282,53 @@ def test_drop_queue_policies_directly():
         q.close()
         assert [q.get(stop).index for _ in range(2)] == kept and q.get(stop) is None
         assert sorted(q.dropped) == sorted({0, 1, 2, 3} - set(kept))
+
+
+def test_the_decoder_is_woken_once_the_step_is_given_not_when_its_frame_is_taken():
+    """The dispatcher takes a step's frames without waking the decoder waiting for room (``get(wake=False)``), so
+    that it takes no share of the interpreter while the step's GPU work is queued; ``room()`` wakes it after. A
+    dispatcher that needs another frame from the queue (several frames per step) wakes it first, before it waits."""
+    from enginekit.runtime.stream import Frame
+
+    class Counting(threading.Condition):
+        wakes = 0
+
+        def notify_all(self):
+            Counting.wakes += 1
+            super().notify_all()
+
+    stop = threading.Event()
+    q = DropQueue(1, "none")
+    q.cond = Counting()
+    q.put(Frame(0, 0, "0", None, 0.0, 0.0), stop)
+    base = Counting.wakes
+    assert q.get(stop, wake=False).index == 0 and Counting.wakes == base  # taken; the decoder not woken
+    q.room()
+    q.room()
+    assert Counting.wakes == base + 1  # woken once, by the first
+    q.put(Frame(0, 1, "1", None, 0.0, 0.0), stop)
+    assert q.get(stop, wake=False).index == 1
+    woken = Counting.wakes
+
+    waiting, woke = threading.Event(), []
+
+    def decoder():  # gives the next frame once woken (or after 5 s)
+        with q.cond:
+            waiting.set()
+            woke.append(q.cond.wait(5))
+        q.put(Frame(0, 2, "2", None, 0.0, 0.0), stop)
+
+    t = threading.Thread(target=decoder, daemon=True)
+    t.start()
+    assert waiting.wait(5)
+    with q.cond:  # the decoder holds the lock from ``waiting`` until its wait: it is waiting now
+        pass
+    got = q.get(stop, wake=False)  # the queue is empty: the owed wake comes first, then the frame
+    t.join(10)
+    assert got is not None and got.index == 2 and woke == [True] and Counting.wakes > woken
+    q.room()  # nothing owed after the wait's own wake: no further wake needed, the call is harmless
+    q.put(Frame(0, 3, "3", None, 0.0, 0.0), stop)
+    assert q.get(stop).index == 3  # the default still wakes at once
 
 
 # -- a real graph: the stream gives what the predictor gives frame by frame ------------------------------------

@@ -245,7 +245,18 @@ class Predictor:
         import torch
 
         device = torch.device(device) if device is not None else self.torch_device()
-        return self._device_batch(self.host_frames(frames, hw), hw, rgb, device)[0]
+        frames = self.host_frames(frames, hw)
+        if device.type != "cuda":
+            return self._device_batch(frames, hw, rgb, device)[0]
+        # as the predictor's own calls run it: on its stream, in inference mode (a graph captured by an earlier call
+        # keeps its buffers as inference tensors); a copy of the graph's output, which its next replay rewrites
+        stream = self.stream or torch.cuda.current_stream(device)
+        with self._on(stream):
+            x, fixed = self._device_batch(frames, hw, rgb, device, stream)
+            if fixed:
+                x = x.clone()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        return x
 
     def _device_batch(self, frames: list, hw, rgb: bool, device, stream=None):
         """``(batch, fixed)``: the session's input on ``device`` and whether it is a replayed graph's own output
@@ -369,8 +380,13 @@ class Predictor:
         """``count`` timing CUDA events: ones already read where there are, else new."""
         import torch
 
-        pool = self._timing_events
-        return [pool.pop() if pool else torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        pool, out = self._timing_events, []
+        for _ in range(count):
+            try:  # a stream's dispatching thread and its model's thread both take events (submit, finish)
+                out.append(pool.pop())
+            except IndexError:
+                out.append(torch.cuda.Event(enable_timing=True))
+        return out
 
     def _queue_postprocess(self, batch: "GpuBatch", stream):
         """The processor's ``queued_decode`` for ``batch``, replayed from a CUDA graph captured per output shapes

@@ -4,8 +4,10 @@
       -> steps: K frames of each source (stereo or several cameras: one batch)
       -> per model, on the steps its cadence takes: preprocess -> infer -> postprocess
          CPU: one thread per stage, so a model preprocesses step N+1 while it infers step N;
-         GPU: one thread queueing work on the model's CUDA stream: step N+1's upload, preprocessing
-         and network are queued before step N is postprocessed (on a stream of its own)
+         GPU: the dispatching thread queues each step's upload, preprocessing and network on the
+         model's CUDA stream as it dispatches the step (no hand-over before the network); the model's
+         own thread postprocesses them in order, step N on a stream of its own while step N+1's
+         network runs
       -> results in step order, each step once every model due on it has answered
 
 ``Stream(predictors, sources, options)`` is an iterator of ``StepResult``; ``stats()`` gives each
@@ -158,6 +160,7 @@ class DropQueue:
         self.items: collections.deque = collections.deque()
         self.cond = threading.Condition()
         self.closed = False
+        self._owed = False  # a frame was taken without waking the decoder (``get(wake=False)``)
         self.dropped: list[int] = []  # frame indices dropped
 
     def put(self, item: Frame, stop: threading.Event) -> None:
@@ -173,16 +176,34 @@ class DropQueue:
             self.items.append(item)
             self.cond.notify_all()
 
-    def get(self, stop: threading.Event) -> Frame | None:
-        """The next frame; None once the queue is closed and empty (or the stream stops)."""
+    def get(self, stop: threading.Event, *, wake: bool = True) -> Frame | None:
+        """The next frame; None once the queue is closed and empty (or the stream stops). ``wake=False``: the
+        decoder waiting for room is not woken yet (``room``), so that it takes no share of the interpreter while
+        the caller queues the frame's work on a GPU (on an H200 machine, Depth-Anything on torch: the network's
+        launch 0.36 -> 0.24 ms after the step's dispatch, with the iterator's bookkeeping moved before it frees
+        the step's slot)."""
         with self.cond:
             while not self.items and not self.closed and not stop.is_set():
+                if self._owed:  # a frame taken without waking the decoder: it must go on to give this one
+                    self._owed = False
+                    self.cond.notify_all()
                 self.cond.wait(0.1)
             if not self.items or stop.is_set():
                 return None
             item = self.items.popleft()
-            self.cond.notify_all()
+            if wake:
+                self._owed = False
+                self.cond.notify_all()
+            else:
+                self._owed = True
             return item
+
+    def room(self) -> None:
+        """Wake the decoder waiting for room, where a ``get(wake=False)`` has not yet."""
+        with self.cond:
+            if self._owed:
+                self._owed = False
+                self.cond.notify_all()
 
     def close(self) -> None:
         with self.cond:
@@ -295,20 +316,26 @@ class _Worker:
         images = [f.image for f in step.frames]
         return tuple((tuple(hw), tuple(tuple(images[i].shape) for i in idx)) for hw, idx in self.chunks(images))
 
-    def warm_up(self, step: StepResult) -> bool:
-        """``warm`` on the thread that serves this model's steps (a GPU model's own: where a backend keeps what
-        its first runs capture); the stream calls it with nothing else in flight. True when it warmed up."""
+    def send(self, step: StepResult) -> bool:
+        """Give ``step`` to this model (on the dispatching thread). A GPU model's work is queued on the GPU here,
+        at once: its thread is woken only to finish it (postprocessing), while the GPU runs the network; the
+        frame's way to the network takes no hand-over between threads. Every session call of a GPU model,
+        warm-ups included, is made from this one thread: ONNX Runtime's CUDA provider keeps a captured graph per
+        thread. False when the stream stopped."""
         if not self.predictor.info.on_gpu:
-            return self.warm(step)
-        request = _WarmUp(step)
-        if not _put(self.inbox, request, self.stop):
-            return False
-        while not request.done.wait(0.1):
-            if self.stop.is_set():
-                return False
-        if request.error is not None:
-            raise request.error
-        return request.warmed
+            return _put(self.inbox, step, self.stop)
+        p, o = self.predictor, self.options
+        images = [f.image for f in step.frames]
+        times = ModelTimes()
+        try:
+            with _on_step(step):
+                chunks = self.chunks(images)
+                keep = self._keep(chunks)
+                item = (step, times, [(idx, p.submit_gpu([images[i] for i in idx], hw, o.rgb, keep_outputs=keep))
+                                      for hw, idx in chunks])
+        except _StepFailed as failed:  # raised by the model's thread once the steps before it are finished
+            item = failed
+        return _put(self.inbox, item, self.stop)
 
     def warm(self, step: StepResult) -> bool:
         """Untimed runs on ``step``'s input shapes when this model has not met them: ``--warmup`` of them, and
@@ -403,52 +430,24 @@ class _Worker:
         times.latency = (time.perf_counter() - step.dispatched) * 1e3
         self.answer(step, self.predictor.model, results, times)
 
-    # -- GPU: one thread; the next step is queued on the GPU before this one is postprocessed -------------
+    # -- GPU: steps queued by the dispatching thread (``send``), finished on this model's own thread ---------
     def _gpu_loop(self) -> None:
         serving = getattr(self.predictor, "serving", None)  # on its CUDA stream, in inference mode, for the run
         with serving() if serving is not None else contextlib.nullcontext():
             self._gpu_steps()
 
     def _gpu_steps(self) -> None:
-        p, o = self.predictor, self.options
-        pending: collections.deque = collections.deque()
+        """Finish the steps ``send`` queued on the GPU, in order (the next step's network runs meanwhile where
+        two are in flight)."""
         while True:
-            step = _get(self.inbox, self.stop, timeout=0.0 if pending else None)
-            if step is None:  # nothing new yet: finish what the GPU has
-                if pending:
-                    self._gpu_finish(*pending.popleft())
-                continue
-            if step is _END:
+            item = _get(self.inbox, self.stop)
+            if item is _END or item is _STOP_WORKER:
                 return
-            if step is _STOP_WORKER:
-                while pending:
-                    self._gpu_finish(*pending.popleft())
-                return
-            if isinstance(step, _WarmUp):  # on this thread, with nothing else in flight (the stream waits)
-                while pending:
-                    self._gpu_finish(*pending.popleft())
-                try:
-                    step.warmed = self.warm(step.step)
-                except Exception as exc:  # noqa: BLE001 - raised again on the thread that asked
-                    step.error = exc
-                finally:
-                    step.done.set()
+            if item is None:
                 continue
-            images = [f.image for f in step.frames]
-            times = ModelTimes()
-            try:
-                with _on_step(step):
-                    chunks = self.chunks(images)
-                    keep = self._keep(chunks)
-                    submitted = [(idx, p.submit_gpu([images[i] for i in idx], hw, o.rgb, keep_outputs=keep))
-                                 for hw, idx in chunks]
-            except _StepFailed:
-                while pending:  # the steps before the failing one still finish
-                    self._gpu_finish(*pending.popleft())
-                raise
-            pending.append((step, times, submitted))
-            if len(pending) > 1:
-                self._gpu_finish(*pending.popleft())
+            if isinstance(item, _StepFailed):  # its submission failed on the dispatching thread
+                raise item
+            self._gpu_finish(*item)
 
     def _keep(self, chunks: list) -> bool:
         """Whether a step's outputs are copied out of the session's buffers (postprocessed on a stream of their own):
@@ -478,13 +477,6 @@ class _Worker:
 
 _STOP_WORKER = object()
 
-
-class _WarmUp:
-    """A GPU worker's warm-up on a step's shapes, run on the worker's own thread; ``done`` once it ran."""
-
-    def __init__(self, step: "StepResult"):
-        self.step, self.done = step, threading.Event()
-        self.warmed, self.error = False, None
 
 #: after a model fails on a step, how long the stream waits for a step before it that makes no progress
 FAILURE_GRACE_S = 10.0
@@ -649,6 +641,13 @@ class Stream:
         return known
 
     def _dispatch(self) -> None:
+        # queuing a GPU model's steps (``_Worker.send``), this thread stays on its CUDA stream where there is one
+        gpu = [p for p in self.predictors if p.info.on_gpu]
+        serving = getattr(gpu[0], "serving", None) if len(gpu) == 1 else None
+        with serving() if serving is not None else contextlib.nullcontext():
+            self._dispatch_steps()
+
+    def _dispatch_steps(self) -> None:
         k = self.options.frames_per_step
         index = 0
         try:
@@ -659,7 +658,7 @@ class Stream:
                 frames: list[Frame] = []
                 for q in self.queues:
                     for _ in range(k):
-                        f = q.get(self.stop)
+                        f = q.get(self.stop, wake=False)  # woken once the step is given to the models (``room``)
                         if f is None:
                             break
                         frames.append(f)
@@ -677,7 +676,7 @@ class Stream:
                         try:
                             for w in new:
                                 try:
-                                    warmed = w.warm_up(step)
+                                    warmed = w.warm(step)  # here: the thread that makes the model's session calls
                                 except Exception as exc:  # noqa: BLE001 - the model's failure on this step's frames
                                     names = [f.name for f in step.frames]
                                     raise _model_failed(w.predictor.model, exc, names, index) from exc
@@ -693,9 +692,13 @@ class Stream:
                     self._due[index] = set(due)
                 if not due:  # no model's turn (cadences): the step is done as it is
                     self.done.put(index)
-                for w in self._workers:
-                    if w.predictor.model in due and not _put(w.inbox, step, self.stop):
-                        return
+                try:
+                    for w in self._workers:
+                        if w.predictor.model in due and not w.send(step):
+                            return
+                finally:
+                    for q in self.queues:  # the decoders go on now: the step's GPU work is queued
+                        q.room()
                 index += 1
                 self._dispatched = index
                 if not complete:
@@ -744,10 +747,10 @@ class Stream:
                     if ready:
                         del self._due[expected]
                 if step is not None:
-                    self.slots.release()
-                    expected += 1
                     self.ended_at = step.done
                     self.records.append(_record(step))
+                    self.slots.release()  # after this thread's own bookkeeping: the next step's dispatch not slowed
+                    expected += 1
                     if self._gc_frozen and expected % REFREEZE_EVERY == 0:
                         gc.freeze()  # what the steps so far left alive (the caller's records) joins the frozen heap
                     yield step

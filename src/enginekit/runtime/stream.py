@@ -346,7 +346,7 @@ class _Worker:
         images = [f.image for f in step.frames]
         p, gpu = self.predictor, self.predictor.info.on_gpu
         runs = max(self.options.warmup, getattr(getattr(p, "session", None), "capture_runs", 0) if gpu else 0)
-        chunks = p.chunks(images, self.options.batch)
+        chunks = self.chunks(images)
         for _ in range(runs):
             for hw, idx in chunks:
                 chunk = [images[i] for i in idx]

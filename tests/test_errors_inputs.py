@@ -554,7 +554,11 @@ def test_a_reason_shared_by_every_artifact_is_said_once():
     line = failure_summary([f"{a}: {reason}" for a in ("onnx-export", "onnx-simplify", "engine")])
     assert line.count("nothing to compare") == 1 and "onnx-export, onnx-simplify, engine" in line
     many = failure_summary([f"a: check{i} = 1 (limit <= 0)" for i in range(5)])
-    assert many.endswith("and 2 more")
+    assert many.endswith("and 2 more checks")
+    # the count after "and" is of checks, as the count before the list: 5 checks in 4 groups, 3 shown
+    grouped = failure_summary(["a: x = 1 (limit <= 0)", "b: x = 1 (limit <= 0)", "a: y = 1 (limit <= 0)",
+                               "a: z = 1 (limit <= 0)", "a: w = 1 (limit <= 0)"])
+    assert grouped.endswith("; and 1 more check") and grouped.count(";") == 3, grouped
 
 
 @pytest.mark.parametrize("args", [[], ["cache"], ["recipes"]], ids=["enginekit", "cache", "recipes"])

@@ -227,7 +227,7 @@ def test_cli_corrupt_weights_and_onnx(run_cli, tmp_path):
     assert_one_line_error(r, 2, "bad.pt")
     (tmp_path / "bad.pth").write_bytes(b"garbage" * 100)
     r = run_cli("export", "depth", "--weights", "bad.pth")
-    assert_one_line_error(r, 2, "cannot read checkpoint")
+    assert_one_line_error(r, 2, "cannot read bad.pth as Depth-Anything weights", "a text file")
     (tmp_path / "bad.onnx").write_bytes(b"\x08\x07garbage" * 50)
     r = run_cli("simplify", "bad.onnx")
     assert_one_line_error(r, 2, "not a valid ONNX model")

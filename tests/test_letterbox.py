@@ -197,24 +197,21 @@ def test_the_runtime_feeds_the_pt_predict_input_bit_for_bit(cpu_predictors, pt_i
         assert np.array_equal(adapter.preprocess_rect(np.ascontiguousarray(bgr[..., ::-1]), (640, 640)), pt_inputs[name])
 
 
-def test_gpu_letterbox_is_opt_in_and_not_the_pt_input(trained_detector, cache, pt_inputs, cpu_predictors):
-    """``gpu_letterbox=True`` resizes on the device (torch bilinear on floats): close to Ultralytics' input but
-    not it (on bus.jpg 0.26 grey levels apart on average, 0.75 at most), so the check above tells the two apart.
-    The default never takes that path."""
+def test_the_gpu_letterbox_is_the_pt_input_and_the_default(trained_detector, cache, pt_inputs, cpu_predictors):
+    """A GPU session takes the whole frame to the device and letterboxes it there with OpenCV's own arithmetic
+    (``exact_resize``): run on CPU tensors, the same steps give Ultralytics' input bit for bit, with or without the
+    old ``gpu_letterbox`` flag (a no-op now); no frame is letterboxed on the host first."""
     import enginekit
 
     default = cpu_predictors["torch"].processor
-    assert not default.gpu_letterbox and default.host_step((1080, 810), (640, 480))
-    predictor = enginekit.load(trained_detector.model, weights=trained_detector.weights, backend="torch",
-                               device="cpu", cache=cache, gpu_letterbox=True)
-    assert predictor.processor.gpu_letterbox and not predictor.processor.host_step((1080, 810), (640, 480))
-    bgr = _frames()["bus"]
-    hw = predictor.processor.input_hw(bgr.shape[:2])
-    resized = predictor.device_input([bgr], hw, device="cpu").numpy()
-    want = pt_inputs["bus"]
-    assert resized.shape == want.shape and not np.array_equal(resized, want)
-    apart = np.abs(resized - want) * 255
-    assert 0.05 < apart.mean() < 1 and apart.max() <= 2, (apart.mean(), apart.max())
+    assert not default.host_step((1080, 810), (640, 480))
+    opted = enginekit.load(trained_detector.model, weights=trained_detector.weights, backend="torch",
+                           device="cpu", cache=cache, gpu_letterbox=True)
+    for predictor in (cpu_predictors["torch"], opted):
+        for name, bgr in _frames().items():
+            hw = predictor.processor.input_hw(bgr.shape[:2])
+            resized = predictor.device_input([bgr], hw, device="cpu").numpy()
+            assert np.array_equal(resized, pt_inputs[name]), (name, np.abs(resized - pt_inputs[name]).max())
 
 
 @pytest.mark.gpu
@@ -244,13 +241,11 @@ def test_the_gpu_input_is_the_pt_predict_input_on_the_gpu(backend, trained_detec
         torch.cuda.synchronize()
         for g in got:
             assert g.shape == want.shape and torch.equal(g, want), (name, (g - want).abs().max().item())
-    opted = enginekit.load(trained_detector.model, weights=trained_detector.weights, backend=backend, cache=cache,
-                           gpu_letterbox=True)
-    assert "gpu_letterbox: frames resized on the GPU" in opted.reason, opted.reason
+    assert "letterboxed on the GPU with OpenCV's arithmetic" in predictor.reason, predictor.reason
 
 
 def test_the_reason_says_where_frames_are_resized_on_the_gpu():
-    """``predictor.reason`` carries the processor's note: the opt-in GPU resize says it is not the .pt's input."""
+    """``predictor.reason`` carries the processor's note: on a GPU, where frames are letterboxed (exactly)."""
     from enginekit.backends.base import SessionInfo
     from enginekit.families import resolve
     from enginekit.families.ultralytics.runtime import YoloProcessor
@@ -258,8 +253,7 @@ def test_the_reason_says_where_frames_are_resized_on_the_gpu():
     adapter = resolve("yolov8n")
     gpu = SessionInfo("onnxruntime-cuda", "cuda:0", "images", ("output0",), (None, 3, None, None))
     cpu = SessionInfo("onnxruntime-cpu", "cpu", "images", ("output0",), (None, 3, None, None))
-    default = YoloProcessor(adapter, {}, gpu).input_note
-    assert "smallest 32-aligned rectangle" in default and "gpu_letterbox" not in default
-    opted = YoloProcessor(adapter, {}, gpu, gpu_letterbox=True).input_note
-    assert "smallest 32-aligned rectangle" in opted and "gpu_letterbox: frames resized on the GPU" in opted
-    assert "gpu_letterbox" not in YoloProcessor(adapter, {}, cpu, gpu_letterbox=True).input_note  # nothing resized there
+    for flag in (False, True):  # gpu_letterbox: a no-op now
+        on_gpu = YoloProcessor(adapter, {}, gpu, gpu_letterbox=flag).input_note
+        assert "smallest 32-aligned rectangle" in on_gpu and "letterboxed on the GPU with OpenCV's arithmetic" in on_gpu
+        assert "on the GPU" not in YoloProcessor(adapter, {}, cpu, gpu_letterbox=flag).input_note  # resized on the host

@@ -204,17 +204,27 @@ def test_nms_request_round_trips_through_the_manifest():
 
 
 @pytest.mark.parametrize("args, needles", [
-    (["export", "yolo26n", "--nms", "--random-init"], ["--nms", "yolo26n", "one-to-one head"]),
-    (["export", "yolov10n", "--nms", "--random-init"], ["--nms", "yolov10n", "one-to-one head"]),
-    (["export", "yolo26n-seg", "--nms", "--random-init"], ["--nms", "yolo26n-seg", "one-to-one head"]),
     (["export", "yolo26n-sem", "--nms", "--random-init"], ["--nms", "semantic", "no boxes"]),
     (["export", "yolo11n-cls", "--nms", "--random-init"], ["--nms", "classify", "no boxes"]),
     (["build", "depth", "--nms", "--random-init"], ["--nms", "depth"]),
-    (["verify", "yolo26n", "--nms", "--random-init"], ["--nms", "one-to-one head"]),
     (["build", "model.onnx", "--nms"], ["--nms", "model name"]),
 ])
 def test_nms_refused_where_there_is_no_nms_to_add(run_cli, args, needles):
     assert_one_line_error(run_cli(*args), 2, *needles)
+
+
+@pytest.mark.parametrize("model", ["yolo26n", "yolov10n"])
+def test_a_head_with_both_branches_takes_nms_on_its_one_to_many_branch(run_cli, model, tmp_path):
+    """YOLO26's and YOLOv10's heads hold a one-to-one branch beside the one-to-many one; Ultralytics' predictor runs
+    the one-to-many branch at its default and its exporter puts NMS after it for nms=True: so does --nms."""
+    import onnx
+
+    result = run_cli("export", model, "--nms", "--random-init", "--imgsz", "160", "-o", "m.onnx")
+    assert result.code == 0, result.stderr
+    graph = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    meta = {p.key: p.value for p in graph.metadata_props}
+    assert meta["nms"] == "True" and [d.dim_value for d in graph.graph.output[0].type.tensor_type.shape.dim][1:] == \
+        [300, 6]
 
 
 def test_nms_graph_batch_beyond_its_trace_is_refused(graphs, run_cli):

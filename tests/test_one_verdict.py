@@ -90,6 +90,31 @@ def test_a_failing_int8_build_exits_1_with_its_figures_and_caches_no_engine(worl
     assert re.search(r"failed parity \((parity|task) [a-z_0-9 ]+ = [-0-9.e]+ \(limit", line), line
 
 
+def test_verify_with_labels_names_the_failed_build_check_and_builds_nothing_then_recheck_says_so(world, failed,
+                                                                                                 run_cli_module):
+    """The chain a user runs: build failed (above); ``verify --data`` with the same flags judges the same graph (same
+    content) on two labelled images, and whatever it finds there, the graph's record holds build's failure: exit 1
+    naming it, no engine built, exit code = table = JUnit. ``--recheck`` sets the earlier checks aside, says so, and
+    judges from scratch."""
+    assert failed.code == 1
+    flags = ["--precision", "int8", "--calib-data", "calib", "--calib-count", "8", "--imgsz", IMGSZ]
+    run = run_cli_module("verify", "best.pt", "--data", "data/shapes.yaml", *flags, "--junit", "chain.xml",
+                         cwd=world, env=_env(world))
+    text = " ".join(run.stderr.split())
+    assert run.code == 1, run.stderr[-3000:]
+    assert "an earlier check of this graph failed: build" in text and "task recall" in text, text[-3000:]
+    assert "no engine of it in the cache" in text and _entries(world, "engine") == []
+    junit = ET.parse(world / "chain.xml").getroot()
+    assert any(c.get("name") == "no earlier check of this graph failed" for c in junit.iter("testcase")
+               if c.find("failure") is not None)
+    again = run_cli_module("verify", "best.pt", "--data", "data/shapes.yaml", *flags, "--recheck", cwd=world,
+                           env=_env(world))
+    said = " ".join(again.stderr.split())
+    assert "--recheck:" in said and "earlier check(s)" in said and "set aside" in said, said[-3000:]
+    assert "an earlier check of this graph failed" not in said
+    assert _entries(world, "engine") == []
+
+
 def test_repair_keeps_a_few_nodes_passes_and_caches(world, repaired):
     assert repaired.code == 0, repaired.stderr[-3000:]
     [engine] = _entries(world, "engine")
@@ -122,8 +147,8 @@ def test_verify_data_judges_what_build_made_and_builds_no_int8(world, repaired, 
     assert f"judging the 1 engine(s) the cache holds for it: {engine.name[:12]}" in text, run.stderr[-2000:]
     assert "calibrated on calib" in text
     engines = _entries(world, "engine")
-    int8 = [e for e in engines if json.loads((e / "manifest.json").read_text())["precision"]["mode"] == "int8"]
-    assert int8 == [engine]  # nothing built for INT8 (an FP16 engine is: none existed)
+    assert engines == [engine]  # verify builds no engine (none for FP16 either: it judged the FP16 graphs alone)
+    assert "no engine of it in the cache: judging its graphs, building none" in text
     report = json.loads((world / "report" / "report.json").read_text())
     assert engine.name in json.dumps(report)
     junit = ET.parse(world / "ci.xml").getroot()
@@ -218,7 +243,7 @@ def test_a_graph_that_failed_its_labels_is_known_as_failed_by_its_content(world,
     assert judged.code == 1 and "labels map50_95 drop" in judged.stderr, judged.stderr[-2000:]
     assert "FAIL" not in "".join(line for line in judged.stderr.splitlines() if "boxes" in line)  # parity passed
     refused = run_cli_module("deploy", "triton", "loose.onnx", "--repo", "models", cwd=tmp_path, env=_env(world))
-    assert_one_line_error(refused, 1, "failed its stored verdict", "verify --data")
+    assert_one_line_error(refused, 1, "failed a check", "verify --data", "labels map50_95 drop")
     assert not (tmp_path / "models").exists()
     assert run_cli_module("verify", "best.onnx", "--reference", "best.pt", "--data", data, cwd=tmp_path,
                           env=_env(world)).code == 0

@@ -53,7 +53,11 @@ def test_shipped_recipe_validates_and_round_trips(path, tmp_path):
     assert recipe.trt == "tensorrt-rtx" and recipe.cells()
     if recipe.adapter().framework == "ultralytics":  # detectors, segmenters, pose models
         assert recipe.profiles == ["1x3x640x640:8x3x640x640:16x3x640x640"]
-        assert {"fp16", "int8"} <= set(recipe.precisions)
+        assert "fp16" in recipe.precisions
+        # a random-weight detector's INT8 fails its own gates on the embedded photographs: not shipped as a cell
+        # the nightly refuses every night (the recipe says how to add it with real weights and images)
+        if recipe.adapter().task == "detect":
+            assert "int8" not in recipe.precisions and "int8" in path.read_text()
     else:
         sides = {int(s.split("x")[-1]) for p in recipe.profiles for s in p.split(":")}
         assert sides == {392, 518} and "fp16" in recipe.precisions
@@ -327,3 +331,20 @@ def test_recipe_labels_go_to_verify(tmp_path):
     gates = Gates(recipe.adapter(), request.tolerances)
     assert gates.ground_truth("int8")["map50_95_drop"] == 0.02
     assert gates.ground_truth("fp16")["map50_95_drop"] == 0.01  # the family's default elsewhere
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_shipped_recipe_passes_its_own_verify_at_a_small_size(path, run_cli, tmp_path):
+    """What ``make nightly`` gates on, cheaply: each shipped recipe's verify (every precision it lists, its gates, its
+    calibration) at a small input, judging the graphs it makes (verify builds no engine). A recipe that stops passing
+    fails here, in CI, before a nightly does."""
+    from enginekit.recipes import load_recipe
+
+    recipe = load_recipe(path)
+    size = "70" if recipe.adapter().family.startswith("depth") else "96"
+    result = run_cli("verify", str(path), "--imgsz", size, env={"ENGINEKIT_CACHE": str(tmp_path / "cache")},
+                     timeout=900)
+    assert result.code == 0, result.stderr[-3000:]
+    for precision in recipe.precisions:
+        assert f"({precision})" in result.stderr or precision in result.stderr, (precision, result.stderr[-2000:])

@@ -496,7 +496,9 @@ def test_trained_task_graph_passes_and_its_perturbed_graph_fails(task, held_out,
 # -- every head exports as Ultralytics' exporter sets it up ---------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("name, shapes, end2end", [
-    ("yolo26n", {"output0": (2, 300, 6)}, "True"),  # one-to-one head: kept boxes, no NMS
+    # both branches: its one-to-many one, as YOLO(pt).predict runs it at its default (nms=None): 4 + 80 channels
+    # over the anchors of 128 x 128 (16 x 16 + 8 x 8 + 4 x 4)
+    ("yolo26n", {"output0": (2, 84, 336)}, "False"),
     ("yolo26n-sem", {"output0": (2, 19, 128, 128)}, "False"),  # logits at the input's size
     ("yolo26n-depth", {"output0": (2, 1, 128, 128)}, "False"),
 ])

@@ -115,6 +115,7 @@ def test_deploy_writes_a_checked_repository_once(run_cli, tmp_path):
     assert first.stdout.strip() == str(repo.resolve())
     net = (repo / "yolo12n-net" / "config.pbtxt").read_text()
     assert 'platform: "onnxruntime_onnx"' in net and "preferred_batch_size: [ 4 ]" in net
+    assert "kind: KIND_AUTO" in net  # loads on a server with no GPU too (the GPU where it has one)
     assert (repo / "yolo12n-net" / "1" / "model.onnx").stat().st_size > 1_000_000
     assert "Verified: fp32 graph: parity with PyTorch passed at export" in (repo / "yolo12n" / "README.md").read_text()
     assert "`yolo12n` and `yolo12n-net`" in (repo / "README.md").read_text()
@@ -412,3 +413,48 @@ def test_server_restarts_on_the_same_repository(served):
     path = images["shapes"][1]
     record = json.loads(_ask(_client(server), "shapes", path, encoded=False).as_numpy("RESULT")[0].tobytes())
     assert _matched(record["detections"], expected["shapes"][path.name])[0] == len(expected["shapes"][path.name])
+
+
+def _serving_steps() -> str:
+    """The bash block of docs/serving.md that the docs say the suite runs as written."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
+    block = re.search(r"<!-- serving-steps: [^>]*-->\s*```bash\n(.*?)```\s*<!-- /serving-steps -->", text, re.S)
+    assert block, "docs/serving.md has no serving-steps block"
+    return block.group(1)
+
+
+def test_the_serving_steps_of_the_docs_answer_like_predict_json(tmp_path, trained_detector):
+    """docs/serving.md's steps, run as written (bash, in a folder with best.pt and bus.jpg, the suite's Python first
+    on the PATH, a free port): the server they start answers with the record ``enginekit predict best.pt bus.jpg
+    --json`` writes (found, the detections, timings)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from triton_server import _free_port
+
+    if triton_home() is None:
+        pytest.skip("nvidia-pytriton (the tritonserver binary) is not installed")
+    shutil.copy(trained_detector.weights, tmp_path / "best.pt")
+    shutil.copy(_photo("bus.jpg"), tmp_path / "bus.jpg")
+    env = dict(os.environ, PORT=str(_free_port()), PATH=f"{Path(sys.executable).parent}{os.pathsep}"
+               f"{os.environ.get('PATH', '')}", OMP_NUM_THREADS="1")
+    script = "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + _serving_steps()
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900, start_new_session=True)
+    log_file = tmp_path / "tritonserver.log"
+    log = log_file.read_text(errors="replace")[-3000:] if log_file.exists() else ""
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:], log)
+    served = json.loads(proc.stdout.strip().splitlines()[-1])
+    predicted = subprocess.run([sys.executable, "-m", "enginekit", "predict", "best.pt", "bus.jpg", "--json"],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert predicted.returncode == 0, predicted.stderr
+    record = json.loads(predicted.stdout)
+    want = next(iter(record["frames"][0]["results"].values())) if "frames" in record else record
+    assert served["found"] == want["found"] and {"preprocess_ms", "infer_ms"} <= set(served["timings"]), served
+    assert len(served["detections"]) == len(want["detections"]) >= 1
+    hits, worst = _matched(served["detections"], want["detections"])
+    assert hits == len(want["detections"]), (hits, worst)

@@ -99,8 +99,12 @@ def test_a_stored_verdict_is_the_verdict_it_stored(cache, tmp_path):
 
 
 def test_require_engine_without_gpu_exits_3(run_cli, tmp_path):
-    r = run_cli("verify", "yolo12n", "--random-init", "--profile", "1x3x256x256", "--require-engine",
-                env={"ENGINEKIT_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""})  # GPUs hidden
+    env = {"ENGINEKIT_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""}  # GPUs hidden
+    # verify builds no engine: where build made none, the engine that must run is not there, said so
+    none = run_cli("verify", "yolo12n", "--random-init", "--profile", "1x3x256x256", "--require-engine", env=env)
+    assert_one_line_error(none, 3, "require-engine", "no engine built")
+    assert run_cli("build", "yolo12n", "--random-init", "--profile", "1x3x256x256", env=env).code == 0
+    r = run_cli("verify", "yolo12n", "--random-init", "--profile", "1x3x256x256", "--require-engine", env=env)
     assert_one_line_error(r, 3, "require-engine", "no GPU")
 
 

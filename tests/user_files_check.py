@@ -1,6 +1,7 @@
 """The property the user-file corpus (``tests/user_files.py``) is held to: for every file ``YOLO(file)`` loads,
 ``enginekit.load(file)`` predicts what ``YOLO(file).predict`` does on the same non-square frames (boxes IoU >= 0.99,
-same classes; rotated boxes by their rotated IoU; classify: the same top-1), or refuses in one line naming a
+same classes; rotated boxes by their rotated IoU; masks IoU >= 0.95 against its ``retina_masks`` masks, at the
+photograph's size as enginekit's; keypoints within 2 px; classify: the same top-1), or refuses in one line naming a
 missing capability, never a missing name.
 
     python tests/user_files_check.py      # every corpus file, one line each (the figures the notes quote)
@@ -58,6 +59,45 @@ class Compared:
     seconds: float = 0.0
 
 
+MIN_MASK_IOU = 0.95
+MAX_KEYPOINT_PX = 2.0
+
+
+def _their_extra(result, task: str):
+    """Masks at the photograph's resolution (bool N x H x W: Ultralytics' ``retina_masks`` path, which enginekit's
+    masks follow) or keypoints (N x K x 3), or None."""
+    if task == "segment" and result.masks is not None:
+        return result.masks.data.numpy() > 0.5
+    if task == "segment":
+        return np.zeros((0, *result.orig_shape), bool)
+    if task == "pose":
+        return result.keypoints.data.numpy() if result.keypoints is not None else np.zeros((0, 0, 3), np.float32)
+    return None
+
+
+def _our_extra(result, task: str):
+    if task == "segment":
+        return np.asarray(result.masks, dtype=bool)
+    if task == "pose":
+        return np.asarray(result.keypoints, dtype=np.float32)
+    return None
+
+
+def _extra_detail(task: str, ours, theirs, matched) -> str:
+    """Where matched instances' masks (IoU) or keypoints (pixels) differ beyond the property's limits; "" if not."""
+    if ours is None or theirs is None or not len(matched):
+        return ""
+    if task == "segment":
+        worst = 1.0
+        for t, o in enumerate(matched):
+            a, b = theirs[t], ours[o]
+            union = np.logical_or(a, b).sum()
+            worst = min(worst, float(np.logical_and(a, b).sum() / union) if union else 1.0)
+        return f"mask IoU {worst:.3f}" if worst < MIN_MASK_IOU else ""
+    worst = float(np.abs(theirs[:, :, :2] - ours[matched][:, :, :2]).max())
+    return f"keypoints {worst:.2f} px apart" if worst > MAX_KEYPOINT_PX else ""
+
+
 def _theirs(result, task: str):
     if task == "classify":
         return int(result.probs.top1), None, None
@@ -88,8 +128,10 @@ def compare_file(path: Path, task: str, folder: Path, **load_options) -> Compare
     images = frames(folder, task)
     found, worst, details = 0, 1.0, []
     for image in images:
-        ours = _ours(predictor(str(image)), task)
-        theirs = _theirs(model.predict(str(image), conf=CONF, verbose=False)[0], task)
+        our_result = predictor(str(image))
+        # masks at the photograph's size, as enginekit gives them (the boxes are the same either way)
+        their_result = model.predict(str(image), conf=CONF, verbose=False, retina_masks=task == "segment")[0]
+        ours, theirs = _ours(our_result, task), _theirs(their_result, task)
         if task == "classify":
             found += 1
             if ours[0] != theirs[0]:
@@ -108,6 +150,10 @@ def compare_file(path: Path, task: str, folder: Path, **load_options) -> Compare
         worst = min(worst, float(iou.max(1).min()))
         if iou.max(1).min() < MIN_IOU or not (oc[best] == tc).all():
             details.append(f"{image.name}: IoU {iou.max(1).min():.3f}, classes {oc[best].tolist()} vs {tc.tolist()}")
+            continue
+        extra = _extra_detail(task, _our_extra(our_result, task), _their_extra(their_result, task), best)
+        if extra:
+            details.append(f"{image.name}: {extra}")
     return Compared(path.name, len(images), found, worst, not details, "; ".join(details),
                     time.perf_counter() - start)
 

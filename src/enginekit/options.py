@@ -107,8 +107,9 @@ def _flavour(value: str) -> str:
 def _calibration_method(value: Optional[str]) -> Optional[str]:
     from enginekit.stages.int8 import CALIBRATION_METHODS
 
-    if value is not None and value not in CALIBRATION_METHODS:
-        raise ValueError(f"unknown calibration method {value!r}: choose {', '.join(CALIBRATION_METHODS)}")
+    if value is not None and value not in (*CALIBRATION_METHODS, "auto"):
+        raise ValueError(f"unknown calibration method {value!r}: choose {', '.join(CALIBRATION_METHODS)} or auto (each "
+                         "calibrated and judged on images apart from calibration, the best kept)")
     return value
 
 
@@ -166,7 +167,7 @@ CALIB_DATA = Option("calib_data", ("--calib-data",), Optional[Path], None,
 CALIB_COUNT = Option("calib_count", ("--calib-count",), int, 8, "Calibration inputs.", PANEL_CALIB,
                      recipe=("calibration", "count"), limits={"ge": 1})
 CALIB_METHOD = Option("calib_method", ("--calib-method",), Optional[str], None,
-                      "max, entropy, percentile... (default: the family's).", PANEL_CALIB,
+                      "max, entropy, or auto: each judged, the best kept (default: the family's).", PANEL_CALIB,
                       recipe=("calibration", "method"), check=_calibration_method)
 CALIB_CACHE = Option("calib_cache", ("--calib-cache",), Optional[Path], None,
                      "Calibration cache to read (if it exists) or write.", PANEL_CALIB, recipe=("calibration", "cache"))

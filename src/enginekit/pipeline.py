@@ -123,6 +123,25 @@ class Artifact:
         return {"stage": self.stage, "kind": self.entry.kind, "key": self.entry.key, "sha256": self.sha256}
 
 
+def repair_record_problem(manifest: dict) -> str | None:
+    """Why a stored repair record is not what a repair search writes (``Stages.remember_repair``): its nodes a list of
+    node names, its result a dict that lists the same nodes, counts as counts; None where it is."""
+    nodes, result = manifest.get("nodes"), manifest.get("result")
+    if not isinstance(nodes, list) or not all(isinstance(n, str) and n for n in nodes):
+        return f"nodes is {type(nodes).__name__}, not a list of node names"
+    if not isinstance(result, dict):
+        return f"result is {type(result).__name__}, not a record"
+    if "nodes" in result and result["nodes"] != nodes:
+        return f"its result's nodes ({str(result.get('nodes'))[:40]}) are not its nodes"
+    for name in ("trials", "candidates", "moved"):
+        value = result.get(name)
+        if name in result and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            return f"result.{name} is {value!r}, not a count"
+    if not isinstance(result.get("judged_on", ""), str):
+        return "result.judged_on is not a description"
+    return None
+
+
 class Stages:
     """Runs the stages for one model request, loading the model only when a stage misses.
 
@@ -359,13 +378,26 @@ class Stages:
         return self.stage("int8-repair", parts, produce, f"int8 repair ({len(nodes)} node(s) back in FP32)")
 
     def recalled_repair(self, search: dict) -> Entry | None:
-        """What an earlier repair search described by ``search`` found (kind ``repair``), if it passed."""
-        return self.cache.lookup("repair", key_for(search)).entry
+        """What an earlier repair search described by ``search`` found (kind ``repair``), if it passed. A stored
+        record that does not parse as one (edited, written by another version) is corrupt: said in a warning and
+        not used; the search runs again and its result replaces the record."""
+        entry = self.cache.lookup("repair", key_for(search)).entry
+        if entry is None:
+            return None
+        problem = repair_record_problem(entry.manifest)
+        if problem is not None:
+            reporting.warning(f"repair: the stored repair {entry.key[:10]} is corrupt ({problem}): not used, "
+                              "measuring again")
+            self._corrupt_repairs = {*getattr(self, "_corrupt_repairs", ()), entry.key}
+            return None
+        return entry
 
     def remember_repair(self, search: dict, nodes: list[str], record: dict) -> None:
-        """Keep the nodes a passing repair search found, for the next search described alike."""
+        """Keep the nodes a passing repair search found, for the next search described alike (replacing a corrupt
+        record of the same search)."""
+        replace = key_for(search) in getattr(self, "_corrupt_repairs", ())
         self.cache.get_or_create("repair", search, lambda _tmp: {"nodes": nodes, "result": record},
-                                 subject=self.subject)
+                                 subject=self.subject, force=replace)
 
     def _data_digest(self, data: CalibrationData, shape: Shape) -> str:
         if self.adapter is None and not data.is_array:
@@ -434,6 +466,13 @@ class Stages:
                                                      subject=self.subject)
             s.status = status
         return entry, status
+
+    def find_engine(self, source: Artifact, profiles: list, flavour, options, precision: dict) -> Entry | None:
+        """The cached engine ``engine`` would build or find for these arguments, or None: looked up, never built."""
+        gpu = gpu_info()
+        targets = resolve_targets(flavour, options.target_cc, gpu)
+        parts = engine_key_parts(source.sha256, precision, profiles, flavour, targets, gpu, options)
+        return self.cache.lookup("engine", key_for(parts)).entry
 
     def check_shapes(self, shape: Shape) -> list[Shape]:
         """Shapes a simplified graph is proven equal at: batch 1 and 2, and for dynamic H/W models the

@@ -227,12 +227,18 @@ class ExportRequest(_ModelOptions):
     rel_l2: Optional[float] = Field(None, gt=0, allow_inf_nan=False)
     force: bool = False
     recheck: bool = False  # check parity again although a verdict on the same content is stored
+    #: the size as ``--imgsz`` gave it (``1080x1920``), which messages about the input name; None: ``--input``'s
+    imgsz_given: Optional[str] = None
 
     @model_validator(mode="before")
     @classmethod
     def _imgsz(cls, data: Any) -> Any:
         """``imgsz`` (Ultralytics' word: ``320`` or ``384x640``) is the input at batch 1."""
-        return _imgsz_into(data, "input", lambda shape: shape)
+        given = data.get("imgsz") if isinstance(data, dict) else None
+        data = _imgsz_into(data, "input", lambda shape: shape)
+        if given is not None:
+            data["imgsz_given"] = str(given)
+        return data
 
     @field_validator("simplifier")
     @classmethod
@@ -288,6 +294,10 @@ class BuildRequest(_ModelOptions):
     verify: bool = True
     repair: bool = False
     tolerances: Tolerances = Tolerances()  # --tol: the gates of --repair
+    #: photographs the build's verdict is judged on; None: --calib-data's images it did not calibrate on, else embedded
+    images: Optional[Path] = None
+    #: build from a graph whose record holds a failed check (the engine's manifest keeps the override and the check)
+    accept_failed: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -607,8 +617,11 @@ def image_size(text: str, what: str = "--input") -> tuple[int, int]:
     ``imgsz``) is N or HxW only: a batch and channels are ``--input``'s, so ``2x1x320x320`` is refused rather than
     read as its last two numbers. A size whose one RGB image would not fit in memory is refused before any work."""
     text = str(text).strip()
-    dims = tuple(parse_shape(f"{text}x{text}" if text.isdigit() else text, what=what))
     nchw = what in ("--input", "input")
+    if not nchw and not re.fullmatch(r"\d+(x\d+)*", text):
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise UsageError(f"malformed {what} {shown!r}: expected a size (640) or HxW (384x640)")
+    dims = tuple(parse_shape(f"{text}x{text}" if text.isdigit() else text, what=what))
     if len(dims) not in ((2, 4) if nchw else (2,)) or min(dims) < 1:
         also = " (NxCxHxW is --input's)" if len(dims) == 4 else ""
         raise UsageError(f"{what} {text!r}: expected a size (320) or HxW (384x640){also}")

@@ -38,12 +38,14 @@ class Timings:
                 "postprocess_ms": round(self.postprocess, 3), "total_ms": round(self.total, 3), "batch": self.batch}
 
 
-def counted_names(names) -> str:
-    """``4 persons, 1 bus``: each name with its count, most first (Ultralytics' predictor's wording);
-    ``(no detections)`` for none."""
+def counted_names(names, class_ids=None) -> str:
+    """``4 persons, 1 bus``: each name with its count, in the order of the class indices (``class_ids``, beside
+    ``names``), as Ultralytics' ``Results.verbose`` lists them; ``(no detections)`` for none."""
     from collections import Counter
 
-    counts = Counter(str(n) for n in names)
+    names = [str(n) for n in names]
+    ids = [int(i) for i in class_ids] if class_ids is not None and len(class_ids) == len(names) else None
+    counts = Counter(zip(ids, names) if ids is not None else ((0, n) for n in names))
     if not counts:
         return "(no detections)"
 
@@ -52,7 +54,8 @@ def counted_names(names) -> str:
             return f"#{name}"
         return name + ("s" if n > 1 and name[-1:].isalpha() and not name.endswith("s") else "")
 
-    return ", ".join(f"{n} {label(name, n)}" for name, n in counts.most_common())
+    order = sorted(counts) if ids is not None else [key for key, _ in counts.most_common()]
+    return ", ".join(f"{counts[key]} {label(key[1], counts[key])}" for key in order)
 
 
 @dataclass
@@ -73,7 +76,7 @@ class Detections:
 
     def found(self) -> str:
         """What it found, as Ultralytics' predictor says it: ``4 persons, 1 bus`` (most first)."""
-        return counted_names(self.names)
+        return counted_names(self.names, self.class_ids)
 
     def to_json(self) -> dict:
         return {
@@ -174,7 +177,7 @@ class OrientedBoxes:
         return len(self.scores)
 
     def found(self) -> str:
-        return counted_names(self.names)
+        return counted_names(self.names, self.class_ids)
 
     @property
     def corners(self) -> np.ndarray:

@@ -246,7 +246,10 @@ class InputConstraint:
     spatial_multiple: int  # every H/W must be a multiple of this (14 for DINOv2 patches)
     model_label: str  # for messages
 
-    def check(self, shape: Shape, *, what: str = "input") -> None:
+    def check(self, shape: Shape, *, what: str = "input", shown: str | None = None) -> None:
+        """``shown``: how the user gave the size (``--imgsz 1080x1920``), which messages name in place of
+        ``what`` and the shape."""
+        said = shown or f"{what} {format_shape(shape)}"
         if len(shape) != 4:
             raise UsageError(
                 f"{what} {format_shape(shape)} has rank {len(shape)}; {self.model_label} takes NxCxHxW"
@@ -259,7 +262,7 @@ class InputConstraint:
             if side % self.spatial_multiple:
                 lo, hi = nearest_multiples(side, self.spatial_multiple)
                 raise UsageError(
-                    f"{what} {format_shape(shape)}: {side} is not a multiple of {self.spatial_multiple} "
+                    f"{said}: {side} is not a multiple of {self.spatial_multiple} "
                     f"for {self.model_label} (nearest: {lo} or {hi})"
                 )
 

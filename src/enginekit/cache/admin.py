@@ -47,9 +47,15 @@ class Cache(TieredCache):
             parity = manifest.get("parity") if kind == "engine" else None
             graph = ((manifest.get("files") or {}).get("model.onnx") or {}).get("sha256") \
                 if kind.startswith("onnx-") and isinstance(manifest.get("files"), dict) else None
+            if kind == "engine":  # an engine stands on its source graph: every check that graph had counts
+                graph = (manifest.get("source_onnx") or {}).get("sha256") if isinstance(
+                    manifest.get("source_onnx"), dict) else None
             if graph:
                 verdicts = self.verdicts() if verdicts is None else verdicts
                 said = [v["passed"] for v in verdicts.get(graph, []) if v["passed"] is not None]
+                own = (parity or {}).get("passed") if isinstance(parity, dict) else None
+                if own is not None:
+                    said.append(own)
                 parity = {"passed": all(said)} if said else None
             rows.append(
                 EntryInfo(

@@ -377,6 +377,14 @@ class LocalCache:
         """Entries whose manifest reads and matches its folder (no hashing, no use recorded)."""
         return list(self._entries(kind))
 
+    def forget(self, kind: str, key: str) -> bool:
+        """Remove one entry, under its lock (``verify --recheck`` sets a graph's earlier checks aside so); whether
+        there was one."""
+        with self.lock(kind, key):
+            existed = os.path.lexists(self.entry_dir(kind, key))
+            self._discard(kind, key)
+        return existed
+
     def has(self, kind: str, key: str) -> bool:
         """Whether a complete-looking entry is here (its manifest only; no use recorded)."""
         return self._inspect(kind, key, verify=False).entry is not None

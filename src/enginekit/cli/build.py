@@ -31,6 +31,8 @@ def register(app: typer.Typer) -> None:
         no_verify: Annotated[bool, typer.Option("--no-verify", rich_help_panel=PANEL_GATES, help="Skip the parity check the manifest records.")] = False,
         repair: Annotated[bool, typer.Option("--repair", rich_help_panel=PANEL_GATES, help="fp16/int8 failing its gate: fewest nodes back to FP32.")] = False,
         tol: Annotated[Optional[list[str]], typer.Option("--tol", rich_help_panel=PANEL_GATES, help="The limits the build (and --repair) judge the graph by: int8.recall=0.9 (repeatable).")] = None,
+        accept_failed: Annotated[bool, typer.Option("--accept-failed", rich_help_panel=PANEL_GATES, help="Build from a graph that failed a check (the engine records it; it stays failed).")] = False,
+        images: Annotated[Optional[Path], typer.Option("--images", rich_help_panel=PANEL_GATES, help="Photographs the build judges its graph on (default: --calib-data's images it did not calibrate on, else embedded).")] = None,
         output: Annotated[Optional[Path], typer.Option("--output", "-o", rich_help_panel=PANEL_REPORTS, help="Also copy the plan here.")] = None,
         ultralytics_metadata: Annotated[bool, typer.Option("--ultralytics-metadata", rich_help_panel=PANEL_REPORTS, help="The copy with Ultralytics' header, for YOLO(NAME.engine).")] = False,
         force: ForceOpt = False,
@@ -70,7 +72,7 @@ def register(app: typer.Typer) -> None:
         request = BuildRequest(
             target=target, profiles=profile or [], imgsz=imgsz, precision=precision, **engine_request(engine), weights=weights,
             random_init=random_init, seed=seed, explain=explain, verify=not no_verify, force=force,
-            repair=repair, tolerances=tol or [], nms=nms, declared=declared,
+            repair=repair, tolerances=tol or [], nms=nms, declared=declared, images=images, accept_failed=accept_failed,
         )
         quiet_third_party()
         outcome = api.build(request)

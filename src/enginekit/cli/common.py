@@ -125,7 +125,11 @@ def failure_summary(failures: list[str], shown: int = 3) -> str:
         groups.setdefault(what, []).append(artifact)
     items = [f"{', '.join(a for a in dict.fromkeys(artifacts) if a)}: {what}" if any(artifacts) else what
              for what, artifacts in groups.items()]
-    return "; ".join(items[:shown]) + (f"; and {len(items) - shown} more" if len(items) > shown else "")
+    # "and N more" counts the checks left out (a group lists several artifacts' one check), as the count before
+    # it counts checks: "5 check(s) failed: a; b, c: d; e; and 1 more check"
+    rest = sum(len(artifacts) for artifacts in list(groups.values())[shown:])
+    more = f"; and {rest} more check{'s' if rest != 1 else ''}" if rest else ""
+    return "; ".join(items[:shown]) + more
 
 
 def quiet_third_party() -> None:

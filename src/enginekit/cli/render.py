@@ -105,7 +105,9 @@ class RichReporter(reporting.Reporter):
             label = item.label
             if counts:
                 c = counts[-1]
-                label += f", {c.label} {c.done}/{c.total if c.total is not None else '?'}"
+                count = f"{c.done}/{c.total if c.total is not None else '?'}"
+                # a count running alone (no stage around it) is the item: its label once, then the count
+                label += f" {count}" if c is item else f", {c.label} {count}"
             self.console.print(f"  still running: {label} ({_elapsed(time.monotonic() - started)})",
                                markup=False, highlight=False)
 
@@ -302,9 +304,13 @@ def ladder_table(outcome) -> None:
         table.add_column(col, no_wrap=True)
     for r in rows:
         drop = "" if r["artifact"] == "PyTorch" else f"{r['drop']:+.4f}" if r["drop"] is not None else ""
+        if drop and r.get("interval"):  # the drop's 95% interval (a paired bootstrap over the images)
+            drop += f" [{r['interval'][0]:+.3f}, {r['interval'][1]:+.3f}]"
         other = [f for f in r.get("failing", []) if "labels" not in f]  # a check of the artifact besides the labels'
         if r["passed"] is None:
             gate = "reference" if r["artifact"] == "PyTorch" else ""
+        elif not r["passed"] and r.get("undecided"):
+            gate = f"[bold red]FAIL[/] (not enough evidence: the interval straddles {r['limit']:g})"
         elif not r["passed"]:
             gate = f"[bold red]FAIL[/] (> {r['limit']:g})"
         elif other or r.get("verdict") is False:  # the labels' drop is within its limit, the artifact is not

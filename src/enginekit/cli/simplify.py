@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         from enginekit.fsutil import check_output_path
 
         check_output_path(dest, "--output")
-        from enginekit.flows.build import adapter_from_onnx
+        from enginekit.flows.graphs import adapter_from_onnx
 
         adapter, _ = adapter_from_onnx(model) if model.is_file() else (None, None)
         report = simplify_onnx(model, dest, tool=tool, check_shapes=shapes,

@@ -25,6 +25,7 @@ import numpy as np
 
 from enginekit.compare.metrics import STATISTICS, output_stats, passes
 from enginekit.compare.parts import OutputPart, Tolerance
+from enginekit.compare.intervals import Interval, decide, images_to_decide, rate_interval, rate_trials_to_decide
 from enginekit.compare.tolerances import Tolerances
 from enginekit.compare.metrics import GROUND_TRUTH_PART
 from enginekit.precisions import PRECISIONS
@@ -79,16 +80,41 @@ class Check:
     passed: bool
     #: a condition, not a figure against a limit ("nothing to compare", "runs on ONNX Runtime"): said as it is
     condition: bool = False
+    #: what the check is, stable from run to run (a JUnit test case's name): "" for the name's words before any
+    #: figure or detail
+    key: str = ""
+    #: the figure's 95% interval ([low, high]: ``compare.intervals``), where it is a sample over images
+    interval: list | None = None
+
+    @property
+    def case_name(self) -> str:
+        """The check's name without what changes from run to run (figures, files, counts): "task: nothing to
+        compare (...)" is "task: nothing to compare"."""
+        if self.key:
+            return self.key
+        if not self.condition:
+            return self.name
+        import re
+
+        return re.split(r"\s*[(;]|:\s+(?=\S*\d)", self.name, maxsplit=1)[0].strip() or self.name
 
     def __str__(self) -> str:
         if self.condition:
             return f"{self.artifact}: {self.name}"
-        return f"{self.artifact}: {self.name} = {self.value:.4g} (limit {self.op} {self.limit:g})"
+        return f"{self.artifact}: {self.name} = {self.value:.4g}{self.interval_text} (limit {self.op} {self.limit:g})"
+
+    @property
+    def interval_text(self) -> str:
+        """" [95%: 0.01, 0.05]" where the figure has an interval, else ""."""
+        if not self.interval:
+            return ""
+        low, high = self.interval
+        return f" [95%: {low:.4g}, {high:.4g}]"
 
     @classmethod
-    def unmet(cls, artifact: str, what: str) -> "Check":
-        """A failed condition: ``what`` did not hold (no figure, no limit)."""
-        return cls(artifact, what, 0.0, ">=", 1.0, False, condition=True)
+    def unmet(cls, artifact: str, what: str, key: str = "") -> "Check":
+        """A failed condition: ``what`` did not hold (no figure, no limit); ``key``: its stable name."""
+        return cls(artifact, what, 0.0, ">=", 1.0, False, condition=True, key=key)
 
 
 def _check(artifact: str, name: str, value: float, op: str, limit: float) -> Check:
@@ -437,7 +463,9 @@ def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_
             result.notes.append("task metrics not computed: no photographs among the inputs")
         return
     ref_batch, got_batch = _photo_batch(photo_ref), _photo_batch(photo_got)
-    result.task = adapter.task_metrics(ref_batch, got_batch, metadata, gates.options(precision))
+    rated = precision in PRECISIONS and PRECISIONS[precision].reduced  # its gates decided on their intervals
+    options = {**gates.options(precision), **({"intervals": 1.0} if rated else {})}
+    result.task = adapter.task_metrics(ref_batch, got_batch, metadata, options)
     result.task_gates = gates.task(precision)
     if result.task.get("compared", 1.0) <= 0:
         what = adapter.nothing_to_compare(result.task)
@@ -449,17 +477,69 @@ def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_
     minimum = gates.sample_minimum(precision) if any(m in RATE_GATES for m in result.task_gates) else 0
     found = result.task.get("reference_detections", result.task.get("compared", 0.0))
     if minimum and found < minimum:
-        images = len(next(iter(photo_ref.values())))
+        images = len({c["input"].split(" @")[0] for c in result.cases if c.get("kind") == "photo"}) or \
+            len(next(iter(photo_ref.values())))
         wanted = int(math.ceil(images * minimum / found))
         what = (f"not enough evidence: {found:g} reference detections on {images} image{'s' * (images != 1)}, too few "
                 f"to judge the {_rule(result.task_gates)} (one flip is {100 / found:.0f}%; it takes {minimum}); verify "
                 f"on about {wanted} images of what the model sees (--images DIR --image-count {wanted})")
         if require_task:
-            result.checks.append(Check(name, f"task: {what}", found, ">=", float(minimum), False))
+            result.checks.append(Check(name, f"task: {what}", found, ">=", float(minimum), False,
+                                       key="task: enough reference detections"))
         else:
             result.notes.append(f"task metrics: {what}")
     for metric, (op, limit) in result.task_gates.items():
-        result.checks.append(_check(name, f"task {metric}", result.task.get(metric, float("nan")), op, limit))
+        check = _check(name, f"task {metric}", result.task.get(metric, float("nan")), op, limit)
+        counts = _rate_counts(result.task, metric)
+        bounds = (result.task.get(f"{metric}_low"), result.task.get(f"{metric}_high"))
+        if counts is not None:  # how sure the share is: its exact 95% interval, shown and stored beside it
+            check.interval = rate_interval(*counts).to_json()
+        elif None not in bounds:  # an mAP's bootstrap interval over the photographs
+            check.interval = [float(bounds[0]), float(bounds[1])]
+        result.checks.append(check)
+
+
+def interval_check(artifact: str, metric: str, value: float, interval: Interval, op: str, limit: float,
+                   images: int) -> Check:
+    """A figure over images decided on its bootstrap interval: as ``rate_check``."""
+    verdict = decide(interval, op, limit)
+    name = f"task {metric}"
+    if verdict == "undecided":
+        need = images_to_decide(interval, value, limit, images)
+        name = (f"task {metric}: not enough evidence: {metric} {value:.3g} is between {interval.low:.3f} and "
+                f"{interval.high:.3f} on {images} image(s); about {need} images of what the model sees would decide "
+                f"(--images DIR --image-count {need})")
+    return Check(artifact, name, value, op, limit, verdict == "pass", key=f"task {metric}", interval=interval.to_json())
+
+
+def _rate_counts(task: dict[str, float], metric: str) -> tuple[int, int] | None:
+    """(kept, of) behind a share gate: recall is the reference's detections the candidate kept, precision the
+    candidate's that the reference has."""
+    if metric not in RATE_GATES or metric not in task:
+        return None
+    of = task.get("reference_detections" if metric == "recall" else "candidate_detections")
+    if of is None:
+        return None
+    return int(round(task[metric] * of)), int(of)
+
+
+def rate_check(artifact: str, metric: str, kept: int, of: int, op: str, limit: float, images: int) -> Check:
+    """A share gate decided on its exact 95% interval (``compare.intervals``): it passes where the whole interval is
+    within the limit, fails where none of it is, and is otherwise "not enough evidence", saying about how many images
+    of the same kind would decide (a failed check: the same verdict in export, build and verify)."""
+    interval = rate_interval(kept, of)
+    verdict = decide(interval, op, limit)
+    value = kept / of if of else 0.0
+    name = f"task {metric}"
+    if verdict == "undecided":
+        trials = rate_trials_to_decide(kept, of, op, limit)
+        per_image = of / max(images, 1) if of else 1.0
+        need = int(math.ceil(trials / max(per_image, 1e-9)))
+        decide_on = (f"about {need} images of what the model sees would decide (--images DIR --image-count {need})"
+                     if trials < 100_000 else "more images do not decide a share at its limit")
+        name = (f"task {metric}: not enough evidence: {metric} {value:.3g} is between {interval.low:.3f} and "
+                f"{interval.high:.3f} on {of} detection(s) of {images} image(s); {decide_on}")
+    return Check(artifact, name, value, op, limit, verdict == "pass", key=f"task {metric}", interval=interval.to_json())
 
 
 def _rule(task_gates: dict[str, tuple[str, float]]) -> str:

@@ -20,6 +20,13 @@ from typing import Callable
 import numpy as np
 
 from enginekit.compare.instances import Instances, Similarity
+from enginekit.compare import intervals
+from enginekit.compare.intervals import resamples
+
+#: predictions x replicates a bootstrap of one candidate's mAP scores at most (about 5 s on a 2-core CPU), and the
+#: fewest replicates it takes
+BOOTSTRAP_WORK = 1_000_000
+MIN_REPLICATES = 100
 
 #: Ultralytics' metrics class per task, and the prefix of our keys per results_dict suffix
 _METRICS = {"detect": "DetMetrics", "segment": "SegmentMetrics", "pose": "PoseMetrics", "obb": "OBBMetrics"}
@@ -61,6 +68,7 @@ class InstanceScores:
         self.box, self.extra = box, extra
         self.images = 0
         self.instances = 0
+        self.stats: list[dict] = []  # per image, for the bootstrap over images
 
     def add(self, truth: Instances, pred: Instances, name: str = "") -> None:
         """One image: its labels (``truth``) and the candidate's predictions down to the validator's conf."""
@@ -74,8 +82,32 @@ class InstanceScores:
             stat[key] = _match(pred, truth, self.extra(truth, pred)) if len(truth) and len(pred) else \
                 np.zeros((len(pred), 10), dtype=bool)
         self.metrics.update_stats(stat)
+        self.stats.append(stat)
         self.images += 1
         self.instances += len(truth)
+
+    def replicates(self) -> dict[str, list[float]]:
+        """The task's own mAP50-95 and mAP50 (boxes; masks for segment, keypoints for pose) on ``intervals.resamples``
+        of the images: what a paired bootstrap of a drop is made of (the same resamples for the reference and a
+        candidate)."""
+        from ultralytics.utils.metrics import ap_per_class
+
+        key = _EXTRA_STAT.get(self.task, "tp")
+        parts = [(s[key], s["conf"], s["pred_cls"], s["target_cls"]) for s in self.stats]
+        out: dict[str, list[float]] = {"map50_95": [], "map50": []}
+        # fewer replicates where each is long to score (a large split at the validator's conf 0.001): the first rows of
+        # the same seeded draw, so a reference and a candidate stay paired on the replicates both have
+        predictions = sum(len(p[1]) for p in parts)
+        count = min(intervals.REPLICATES, max(MIN_REPLICATES, int(BOOTSTRAP_WORK / max(predictions, 1))))
+        for idx in resamples(len(parts), count):
+            chosen = [parts[i] for i in idx]
+            tp = np.concatenate([c[0] for c in chosen]) if chosen else np.zeros((0, 10), bool)
+            ap = ap_per_class(tp, np.concatenate([c[1] for c in chosen]), np.concatenate([c[2] for c in chosen]),
+                              np.concatenate([c[3] for c in chosen]))[5] if len(tp) else np.zeros((0, 10))
+            out["map50_95"].append(float(ap.mean()) if len(ap) else 0.0)
+            out["map50"].append(float(ap[:, 0].mean()) if len(ap) else 0.0)
+        prefix = {"segment": "mask_", "pose": "pose_"}.get(self.task, "")
+        return {prefix + k: [round(v, 6) for v in values] for k, values in out.items()}
 
     def result(self) -> dict[str, float]:
         self.metrics.process()
@@ -87,7 +119,8 @@ class InstanceScores:
             prefix = _SUFFIX.get("(" + suffix)
             if prefix is not None and stem in _NAMES:
                 out[prefix + _NAMES[stem]] = float(value)
-        return {**out, "images": float(self.images), "instances": float(self.instances)}
+        return {**out, "images": float(self.images), "instances": float(self.instances),
+                "replicates": self.replicates()}
 
 
 class ClassifyScores:
@@ -109,8 +142,10 @@ class ClassifyScores:
 
         m = ClassifyMetrics()
         m.process(self.targets, self.preds)
+        hits = np.asarray([float(p[0, 0] == t[0]) for p, t in zip(self.preds, self.targets)])
+        boot = [float(hits[idx].mean()) if len(idx) else 0.0 for idx in resamples(len(hits))]
         return {"top1": float(m.top1), "top5": float(m.top5), "images": float(len(self.targets)),
-                "instances": float(len(self.targets))}
+                "instances": float(len(self.targets)), "replicates": {"top1": [round(v, 6) for v in boot]}}
 
 
 class SemanticScores:
@@ -124,6 +159,7 @@ class SemanticScores:
 
     def __init__(self):
         self.matrix: np.ndarray | None = None
+        self.per_image: list[np.ndarray] = []  # for the bootstrap over images
         self.images = 0
         self.pixels = 0
 
@@ -138,9 +174,18 @@ class SemanticScores:
             raise ValueError(f"class maps of {n} classes after {self.matrix.shape[0]}")
         valid = truth >= 0
         t, p = truth[valid].astype(np.int64), pred[valid].astype(np.int64)
-        self.matrix += np.bincount(t * n + p, minlength=n * n).reshape(n, n)
+        image = np.bincount(t * n + p, minlength=n * n).reshape(n, n)
+        self.matrix += image
+        self.per_image.append(image)
         self.images += 1
         self.pixels += int(valid.sum())
+
+    @staticmethod
+    def _miou(m: np.ndarray) -> float:
+        inter = np.diag(m).astype(np.float64)
+        union = m.sum(0) + m.sum(1) - inter
+        present = union > 0
+        return float((inter[present] / union[present]).mean()) if present.any() else 0.0
 
     def result(self) -> dict[str, float]:
         m = self.matrix if self.matrix is not None else np.zeros((2, 2), np.int64)
@@ -148,14 +193,17 @@ class SemanticScores:
         union = m.sum(0) + m.sum(1) - inter
         present = union > 0
         total = m.sum()
-        return {"miou": float((inter[present] / union[present]).mean()) if present.any() else 0.0,
+        stack = np.stack(self.per_image) if self.per_image else np.zeros((0, 2, 2), np.int64)
+        boot = [self._miou(stack[idx].sum(0)) if len(idx) else 0.0 for idx in resamples(len(stack))]
+        return {"miou": self._miou(m),
                 "pixel_accuracy": float(inter.sum() / total) if total else 0.0, "classes": float(present.sum()),
-                "images": float(self.images), "instances": float(self.pixels), "pixels": float(self.pixels)}
+                "images": float(self.images), "instances": float(self.pixels), "pixels": float(self.pixels),
+                "replicates": {"miou": [round(v, 6) for v in boot]}}
 
 
 def drops(reference: dict[str, float], candidate: dict[str, float]) -> dict[str, float]:
     """The candidate's loss against the reference on each figure both have (positive: worse)."""
-    skip = {"images", "instances", "rectangles", "pixels", "classes"}
+    skip = {"images", "instances", "rectangles", "pixels", "classes", "replicates"}
     return {f"{k}_drop": float(reference[k] - candidate[k]) for k in reference
             if k in candidate and k not in skip and isinstance(reference[k], (int, float))}
 

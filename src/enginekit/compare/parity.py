@@ -7,7 +7,7 @@ ONNX Runtime's CPU FP16 kernels do not compute what a GPU does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +83,7 @@ class ParityResult:
             "parts": c.parts_json() if c else {},
             "worst": self.worst(),
             "task": self.task,
+            "checks": [asdict(check) for check in c.checks] if c else [],
             "notes": c.notes if c else [],
             "cases": c.cases if c else [],
         }

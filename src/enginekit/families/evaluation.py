@@ -93,7 +93,8 @@ class InstanceEvaluation:
         metrics, refs, cands = compare_instances(
             lambda outputs, c, max_det: self.decode_each(outputs, metadata, c, max_det=max_det), reference, candidate,
             similarity=self.similarity(metadata), conf=conf, margin=margin, prefix=self.metric_prefix,
-            box_map50=self.box_map50, ranked_max_det=self.ranked_max_det)
+            box_map50=self.box_map50, ranked_max_det=self.ranked_max_det,
+            intervals=bool(options.get("intervals")))  # the mAP's bootstrap, where a gate is decided on it
         return {**metrics, **self.decoding_notes(refs, cands)}
 
     def picture_boxes(self, outputs, metadata, hw, conf):

@@ -108,6 +108,9 @@ class Export(ABC):
     weights_folders: bool = False
     input_name: str = ""
     output_names: tuple[str, ...] = ()
+    #: the rank each output of its graphs has (checked when a graph or engine is loaded: a file whose metadata names
+    #: this family but whose outputs are another's is refused there); {}: not checked
+    output_ranks: dict[str, int] = {}
     #: the shape ``enginekit export`` uses when none is given (N, C, H, W)
     default_input: Shape = ()
     #: axes of each input/output that stay symbolic in the exported graph

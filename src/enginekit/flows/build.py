@@ -1,7 +1,8 @@
 """The build flow: a model name or an ONNX file -> a cached engine.
 
-export -> simplify -> fp16 | int8 | fp8 (-> repair) -> engine, each stage a cache entry. Every
-option is validated before heavy work; a cache hit loads no model and no ONNX.
+export -> simplify -> fp16 | int8 | fp8 (-> repair) -> engine, each stage a cache entry (the graphs:
+``flows.graphs``). Every option is validated before heavy work; a cache hit loads no model and no ONNX. No
+engine is built from a graph whose record holds a failed check (``verification.record``).
 """
 
 from __future__ import annotations
@@ -11,30 +12,21 @@ from pathlib import Path
 
 from enginekit import reporting
 from enginekit.compare.comparison import Gates
-from enginekit.compare.parity import ParityResult
 from enginekit.errors import ParityError, UsageError
 from enginekit.requests import BuildRequest
 from enginekit._version import __version__
-from enginekit.backends import ONNX, verifier
-from enginekit.cache import Cache
-from enginekit.calibration import CalibrationData
-from enginekit.compare.parity import ReferenceCache, check_onnx, parity_inputs
 from enginekit.engine_file import write_with_header
-from enginekit.families.registry import graph_metadata, resolve_recorded
 from enginekit.families.ultralytics.identity import ultralytics_header
-from enginekit.flows.repair import repair
-from enginekit.flows.store import engine_by_identity, publish_build
+from enginekit.families.registry import graph_metadata, resolve_recorded
+from enginekit.flows.graphs import explain, graph_chain, graph_parity, judging_images
+from enginekit.flows.store import publish_build
 from enginekit.gpu import gpu_info
 from enginekit.hashing import sha256_file
-from enginekit.images import images_of, load_images
-from enginekit.onnx.graph import get_metadata, input_dims, load_model
-from enginekit.pipeline import Artifact, Stages, copy_file_atomic, engine_key_parts
+from enginekit.onnx.graph import get_metadata, load_model
+from enginekit.pipeline import Artifact, copy_file_atomic, engine_key_parts
 from enginekit.precisions import get as get_precision
-from enginekit.requests import workspace_bytes
-from enginekit.shapes import bind_to_inputs, bind_to_model, parse_profile
-from enginekit.stages.int8 import DEFAULT_METHOD
-from enginekit.trt.builder import BuildOptions
-from enginekit.trt.flavours import require_fp8, require_nms, resolve_flavour, resolve_targets
+from enginekit.trt.flavours import resolve_targets
+from enginekit.verification.record import record_of
 
 
 @dataclass
@@ -74,204 +66,49 @@ class BuildOutcome:
 
 def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     r = request
-    mode = get_precision(r.precision)
-    parsed = [parse_profile(p) for p in r.profiles]
-    flavour = resolve_flavour(r.flavour)
-    options = BuildOptions(
-        workspace_bytes=workspace_bytes(r.workspace) if r.workspace else None,
-        optimization_level=r.opt_level,
-        target_cc=r.target_ccs,
-    )
-    targets = resolve_targets(flavour, options.target_cc, gpu_info())  # refuse bad --target-cc before any work
-    if mode.min_compute_capability is not None:  # fp8
-        require_fp8(targets)
-    model = None
-    if r.nms:
-        model = r.model_request  # a model with no NMS to add is bad input, whatever the backend
-    calib_cache = Path(r.calib_cache) if r.calib_cache else None
-    data = CalibrationData(Path(r.calib_data) if r.calib_data else None, count=r.calib_count)
-    if mode.calibrated and not data.is_array and not (calib_cache and calib_cache.is_file()):
-        data.image_paths  # noqa: B018 - refuse a missing or empty image folder before any work
-    cache = cache or Cache()
-
-    extra: dict = {}
-    if r.is_file:
-        source_path = Path(r.target)
-        adapter, subject = adapter_from_onnx(source_path)
-        extra["source_model"] = source_model(source_path)  # what verify by model name checks
-        pipe = Stages(None, cache, force=r.force, adapter=adapter, subject=subject)
-
-        graph = load_model(source_path)
-        dims = input_dims(graph)
-        bound, opt_shape = bind_to_inputs(parsed, dims, adapter, source_path.name)
-        if get_metadata(graph).get("nms") == "True":
-            check_nms_batch(bound, get_metadata(graph), source_path.name)
-        if holds_op(graph.graph, "NonMaxSuppression"):  # enginekit's NMS graphs hold none; another tool's may
-            require_nms(flavour, f"{source_path.name}, which holds ONNX NonMaxSuppression")
-        chain = [pipe.given(source_path, widen=mode.quantized)]
-    else:
-        pipe = Stages(model or r.model_request, cache, force=r.force)
-        bound, opt_shape, export_shape = bind_to_model(parsed, pipe.adapter)
-        if pipe.adapter.nms is not None:  # its NMS is unrolled over the largest batch the engine takes
-            largest = max(rng.max[0] for p in bound for rng in p.inputs.values())
-            export_shape = (largest, *export_shape[1:])
-        if r.explain:
-            explain(pipe, "onnx-export", pipe.export_parts(export_shape, r.opset))
-
-        found = engine_by_identity(cache, pipe, r, bound, flavour, targets, pipe.export_parts(export_shape, r.opset))
-        if found is not None and found.entry is not None:
-            return BuildOutcome(found.entry.file("engine.plan"), found.entry, found.status, [], resolution=found.reason)
-        chain = [pipe.export(export_shape, r.opset)]
-        chain.append(pipe.simplify(chain[-1], export_shape))
-
-    if getattr(pipe.adapter, "size_note", None):  # what happens to an input size (depth: any H x W)
-        extra["input_sizes"] = pipe.adapter.size_note
-    # the precision part of the engine key (Precision.key): how a quantized graph was made
-    method = exclude = calibration = repaired_nodes = None
-    # the family's default method; an ONNX file of no known family gets the stage's
-
-    family_method = getattr(pipe.adapter, "int8_calibration", None)
-    calib_method = r.calib_method or family_method or DEFAULT_METHOD
-    if r.precision == "fp16":
-        chain.append(pipe.fp16(chain[-1], opt_shape, CalibrationData(None, count=2)))
-    elif r.precision == "int8":
-        chain.append(pipe.int8(chain[-1], opt_shape, data, method=calib_method, exclude=list(r.exclude),
-                               calibration_cache=calib_cache))
-        method = calib_method
-    elif r.precision == "fp8":
-        chain.append(pipe.fp8(chain[-1], opt_shape, data, exclude=list(r.exclude)))
-        method = mode.method
-    if method is not None:
-        exclude = chain[-1].manifest.get("exclude", [])
-        calibration = chain[-1].manifest.get("calibration_source")
-    repair_record = repair_result = None
-    also: list = []
-    if r.repair:
-        repaired, repair_record, repair_result = repair(pipe, chain, r.precision, opt_shape, r.tolerances, data,
-                                                        calib_method, list(r.exclude))
-        if repaired is not chain[-1]:
-            also.append(chain[-1])  # the INT8 graph the repair started from (and its calibration cache)
-        chain[-1] = repaired
-        if r.precision == "int8":
-            exclude = repaired.manifest.get("exclude", [])
-    source = chain[-1]
-
+    g = graph_chain(r, cache)
+    if g.found is not None:  # found by identity in the team store: no graph made here
+        return BuildOutcome(g.found.entry.file("engine.plan"), g.found.entry, g.found.status, [],
+                            resolution=g.found.reason)
+    pipe, chain, source = g.pipe, g.chain, g.chain[-1]
     verify_fn = None
     if r.verify and not r.is_file:  # the graph is judged before any engine is built from it or cached
-        checked = graph_parity(pipe, source, r.precision, opt_shape, Gates(pipe.adapter, r.tolerances),
-                               repaired=(repair_result, repair_record) if repair_result is not None else None)
+        checked = graph_parity(pipe, source, r.precision, g.opt_shape, Gates(pipe.adapter, r.tolerances),
+                               repaired=(g.repair_result, g.repair_record) if g.repair_result is not None else None,
+                               judge=judging_images(r, g.pipe))
         if checked.get("passed") is False:
             raise failed_graph(pipe, source, r, checked)
         verify_fn = lambda _path: checked  # noqa: E731 - the engine's manifest records the verdict its graph got
-    if repair_record is not None:  # part of the key: set before --explain computes it
-        repaired_nodes = repair_record["nodes"]
-        extra["repair"] = repair_record
+    extra = dict(g.extra)
+    failed = refuse_failed_graph(g.pipe.cache, source, f"{pipe.subject} {r.precision}", accept=r.accept_failed)
+    if failed:  # built all the same, as asked: the manifest keeps the override and the check (it stays failed)
+        extra["override"] = {"accepted": "--accept-failed", "failed_check": failed}
+        reporting.warning(f"--accept-failed: building from a graph that failed a check ({failed}); the engine is "
+                          "recorded as failed")
     if r.explain:
         gpu = gpu_info()
-        parts = engine_key_parts(source.sha256, mode.key(method, exclude, calibration, repaired_nodes), bound, flavour,
-                                 resolve_targets(flavour, options.target_cc, gpu), gpu, options)
+        parts = engine_key_parts(source.sha256, g.precision_key, g.bound, g.flavour,
+                                 resolve_targets(g.flavour, g.options.target_cc, gpu), gpu, g.options)
         explain(pipe, "engine", parts)
-    entry, status = pipe.engine(source, bound, flavour, options, mode.key(method, exclude, calibration, repaired_nodes),
-                                verify_fn, chain, extra=extra or None)
+    entry, status = pipe.engine(source, g.bound, g.flavour, g.options, g.precision_key, verify_fn, chain,
+                                extra=extra or None)
 
-    publish_build(cache, chain, entry)
-    return BuildOutcome(entry.file("engine.plan"), entry, status, chain, also=also)
-
-
-def holds_op(graph, op_type: str) -> bool:
-    """Whether ``graph`` or a subgraph of it (Loop, If, Scan bodies) holds a node of ``op_type``."""
-    stack = [graph]
-    while stack:
-        g = stack.pop()
-        for node in g.node:
-            if node.op_type == op_type:
-                return True
-            stack.extend(attr.g for attr in node.attribute if attr.HasField("g"))
-            stack.extend(sub for attr in node.attribute for sub in attr.graphs)
-    return False
+    publish_build(g.pipe.cache, chain, entry)
+    return BuildOutcome(entry.file("engine.plan"), entry, status, chain, also=g.also)
 
 
-def check_nms_batch(profiles: list, metadata: dict[str, str], name: str) -> None:
-    """A graph ending in Ultralytics' NMS serves batches up to the one it was traced with: a
-    profile beyond it is refused (the images past it would come back with no boxes)."""
-    largest = metadata.get("nms_max_batch", "0")
-    for profile in profiles:
-        for input_name, rng in profile.inputs.items():
-            if rng.max[0] > int(largest):
-                raise UsageError(f"{name} ends in NMS unrolled over {largest} images: profile batch {rng.max[0]} "
-                                 f"exceeds it (export it with --nms --input {rng.max[0]}x...)")
-
-
-def explain(pipe, kind: str, parts: dict) -> None:
-    """``--explain``: hit or miss, and which part of the key changed."""
-    reporting.note(f"explain {kind}: {pipe.cache.explain(kind, parts, subject=pipe.subject)}")
-
-
-def adapter_from_onnx(path: Path):
-    """The family adapter named in an enginekit-written ONNX's metadata, else None."""
-    meta = graph_metadata(get_metadata(load_model(path)), path.name)
-    name = meta.get("model")
-    if name:
-        try:
-            return resolve_recorded(name, meta), name
-        except UsageError:
-            pass
-    return None, path.stem
-
-
-def source_model(path: Path) -> dict | None:
-    """The model and weights identity an enginekit-exported ONNX file records, else None."""
-    meta = graph_metadata(get_metadata(load_model(path)), path.name)
-    if not meta.get("model"):
-        return None
-    return {"name": meta["model"], "weights": meta.get("weights")}
-
-
-def graph_parity(pipe, source: Artifact, precision: str, shape, gates: Gates, repaired=None) -> dict:
-    """The parity verdict of the graph an engine is built from, against PyTorch on the embedded photographs at the
-    profile's opt shape: kept by content as export's verdicts are (kind ``parity``: the graph's sha256, the model,
-    the inputs, the limits, the code), so a second build of the same graph judges nothing again, and ``verify``,
-    ``deploy`` and ``cache ls`` find it by the graph's content. As the engine's manifest records it."""
-    from enginekit.flows.export import verdict_parts
-
-    candidate = verifier(ONNX).name  # check_onnx runs the graph on ONNX Runtime's CPU provider
-    photos = images_of(None, limit=BUILD_PHOTOS)
-    parts = {**verdict_parts(pipe, source, precision, gates.parity(precision), shape, photos, 0), "at": "build",
-             "overrides": gates.state(precision, {})}
-    if repaired is not None:  # one judgement: the repair's final check (its images, its gates) is the verdict
-        final, record = repaired
-        parts = {**parts, "at": "repair", "inputs": {"judged_on": record.get("judged_on"),
-                                                     "repair": record.get("reused") or "search"}}
-    refs = ReferenceCache(pipe.adapter, lambda: pipe.loaded)
-
-    def produce(tmp: Path) -> dict:
-        if repaired is not None:
-            return {"result": final.state(), "passed": final.passed}
-        cases = parity_inputs(pipe.adapter, shape, load_images(None, limit=BUILD_PHOTOS))
-        checked = check_onnx(refs, source.path, cases, precision, gates=gates)
-        checked.artifact = f"{pipe.subject}.{source.stage}"
-        return {"result": checked.state(), "passed": checked.passed}
-
-    with reporting.stage(f"parity {precision} (ONNX Runtime)") as s:
-        try:
-            entry, status = pipe.cache.get_or_create("parity", parts, produce, subject=pipe.subject)
-        except UsageError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - ORT refuses some graphs (FP8 Q/DQ around Transpose)
-            s.status = "not-checked"
-            return {"checked": False, "candidate": candidate, "passed": None,
-                    "reason": f"ONNX Runtime cannot run this graph: {str(exc).splitlines()[0][:200]}"}
-        result = ParityResult.from_state(entry.manifest["result"])
-        s.status = result.status
-        if status == "hit":
-            s.detail = f"stored verdict {entry.key[:12]}"
-    summary = {name: {k: round(v, 8) for k, v in w.items()} for name, w in result.worst().items()}
-    return {"checked": True, "candidate": candidate, "passed": result.passed, "status": result.status,
-            "failures": result.failures(), "summary": summary, "report": result.to_json(), "verdict": entry.key}
-
-
-#: photographs the build's parity verdict runs on (embedded; the profile's opt shape)
-BUILD_PHOTOS = 2
+def refuse_failed_graph(cache, source: Artifact, what: str, *, accept: bool = False) -> str:
+    """Nothing is built from a graph whose record holds a failed check (``verification.record``: export's, build's,
+    verify's, against the reference or labels), whatever passed since: one line naming the check, exit 1; with
+    ``accept`` (``--accept-failed``) the failed check is returned for the engine's manifest instead."""
+    record = record_of(cache, source.sha256)
+    if record.failed and accept:
+        return record.failure_line()
+    if record.failed:
+        raise ParityError(f"{what}: its graph failed an earlier check ({record.failure_line()}): no engine built; a "
+                          "later pass on other images does not undo a failure (enginekit verify ... --recheck judges "
+                          "it again from scratch, and says so), or --accept-failed builds it recorded as failed")
+    return ""
 
 
 def failed_graph(pipe, source: Artifact, r: BuildRequest, checked: dict) -> ParityError:

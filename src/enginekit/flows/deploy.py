@@ -27,6 +27,7 @@ from enginekit.backends.base import ONNX
 from enginekit.cache import Cache
 from enginekit.flows import run
 from enginekit.flows.build import run_build
+from enginekit.verification.record import record_of
 from enginekit.flows.load import _dynamic_hw, _input_shape, _recipe_runtime, export_onnx
 from enginekit.flows.verify import run_verify
 from enginekit.fsutil import check_output_path, json_text
@@ -87,17 +88,16 @@ def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
     else:  # its stored verdicts, found by its content wherever it lies (the file export or build wrote); a cache
         # entry whose parity passed is verified unless a verify against labels failed it since
         passed_parity = bool((p.target.manifest.get("parity") or {}).get("passed"))
-        said = cache.verdict_of(sha256_file(Path(p.target.path)), p.target.precision or graph_precision,
-                                at="verify --data" if passed_parity else None)
-        if said is not None and said["passed"] is False and not request.allow_unverified:
-            raise ParityError(f"{request.target}: this graph failed its stored verdict ({said['at']}, "
-                              f"{said['kind']} {said['key'][:12]}): fix it (enginekit build --repair) or pass "
-                              "--allow-unverified")
+        record = record_of(cache or Cache(), sha256_file(Path(p.target.path)))  # every check it has had
+        if record.failed and not request.allow_unverified:
+            raise ParityError(f"{request.target}: this graph failed a check ({record.failure_line()}): fix it "
+                              "(enginekit build --repair) or pass --allow-unverified")
         if passed_parity:
             verified = f"{p.target.precision or graph_precision} graph: parity passed (cache entry)"
-        elif said is not None and said["passed"]:
-            verified = (f"{p.target.precision or graph_precision} graph: parity passed ({said['at']} verdict "
-                        f"{said['key'][:12]}, found by the file's content)")
+        elif record.verdict == "pass":
+            last = [c for c in record.checks if c.passed][-1]
+            verified = (f"{p.target.precision or graph_precision} graph: parity passed ({last.at} verdict "
+                        f"{last.key[:12]}, found by the file's content)")
     predictor = open_plan(p, conf=request.conf, iou=request.iou, input_size=input_size, cache=cache)
     onnx_path = Path(p.target.path)
     net_file, profiles, max_batch = onnx_path, None, request.max_batch
@@ -113,7 +113,9 @@ def run_deploy(request: DeployRequest, cache=None) -> DeployOutcome:
                          "--allow-unverified")
     batched = bool(inputs) and inputs[0].dims[:1] == (-1,)
     serving = triton.Serving(max_batch if batched else 0, preferred, request.queue_delay_us, request.instances,
-                             "KIND_CPU" if request.platform == "python" else "KIND_GPU")
+                             # ONNX Runtime's backend runs on the GPU where the server has one, else on the CPU;
+                             # a TensorRT plan needs the GPU; the Python backend runs on the CPU
+                             {"python": "KIND_CPU", "tensorrt": "KIND_GPU"}.get(request.platform, "KIND_AUTO"))
     name = request.name or _model_name(predictor.model)
     env = str(request.python_env.resolve() if request.python_env else Path(sys.prefix))
     record = predictor_record(p, predictor, conf=request.conf, iou=request.iou, input_size=input_size,

@@ -54,9 +54,10 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
     model = r.model_request
     adapter = model.adapter
     shape = parse_shape(r.input, what="--input") if r.input else adapter.default_input
-    adapter.constraint.check(shape, what="--input")
+    adapter.constraint.check(shape, what="--input", shown=f"--imgsz {r.imgsz_given}" if r.imgsz_given else None)
     images = Path(r.images) if r.images else None
-    photo_paths = images_of(images, limit=4)  # which photographs: decoded only where a verdict is made
+    photos = EXPORT_PHOTOS if r.fp16 else FP32_PHOTOS  # a reduced precision's share gates need the evidence
+    photo_paths = images_of(images, limit=photos)  # which photographs: decoded only where a verdict is made
     suffix = (".nms" if r.nms else "") + (".fp16.onnx" if r.fp16 else ".onnx")
     stem = model.checkpoint.stem if model.checkpoint is not None else adapter.output_stem  # best.pt -> best.onnx
     dest = Path(r.output) if r.output else Path.cwd() / f"{stem}{suffix}"
@@ -72,7 +73,7 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
 
     def cases():
         if "cases" not in made:
-            made["cases"] = parity_inputs(adapter, shape, load_images(images, limit=4), seed=r.seed)
+            made["cases"] = parity_inputs(adapter, shape, load_images(images, limit=photos), photos=photos, seed=r.seed)
         return made["cases"]
 
     results = []
@@ -107,7 +108,11 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
 
 
 #: part of every stored parity verdict's key: bump when the comparison's figures or gates change meaning
-VERDICT_VERSION = 1
+VERDICT_VERSION = 2
+#: photographs export's verdict runs on (each at the square and at its own rectangle); the share gates' evidence
+#: minimum says where they give too few detections
+EXPORT_PHOTOS = 2
+FP32_PHOTOS = 2
 
 
 def verdict_parts(pipe, artifact, precision: str, tolerance, shape, photos: list[Path], seed: int) -> dict:

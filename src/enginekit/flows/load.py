@@ -25,6 +25,7 @@ from enginekit.flows.build import run_build
 from enginekit.flows.export import run_export
 from enginekit.recipes import load_recipe
 from enginekit.requests import BuildRequest, ExportRequest, check_types, image_size, unknown_name
+from enginekit.verification.record import engine_record
 
 
 
@@ -157,6 +158,8 @@ def _graph_to_load(t, precision: str, cache) -> str:
     command that loads it; else the build that makes one."""
     if t.request is not None:
         for entry in (cache or Cache()).engines_of(t.request.weights_identity, precision, nms=t.request.nms):
+            if engine_record(cache or Cache(), entry.manifest).failed:
+                continue  # a hint never names a graph that failed a check
             link = (entry.manifest.get("chain") or [{}])[-1]
             found = (cache or Cache()).lookup(link["kind"], link["key"]).entry if "kind" in link else None
             if found is not None:

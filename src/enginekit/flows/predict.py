@@ -128,7 +128,7 @@ def _predict(models: str, source, *, save: Path | None, backend: str, precision:
         w = weights[i] if i < len(weights) else None
         p = load(name, precision=precision, backend=backend, weights=w, random_init=random_init and w is None,
                  seed=seed, device=device, conf=conf, iou=iou, gpu_letterbox=gpu_letterbox, imgsz=imgsz,
-                 cache=cache, **(declared or {}))
+                 cache=cache, quiet=False, **(declared or {}))  # a first export or build shows its stages
         reporting.note(f"{p.model}: {p.backend} on {p.device}, {p.precision} ({p.reason})")
         predictors.append(p)
     stems = _stems(opened)

@@ -211,21 +211,21 @@ def _reachable(pipe, source, shape, refs, cases, gates, precision: str, judged: 
 
 
 
-def judged_on(folder, data):
-    """The photographs repair's trials are judged on: the calibration folder's images the graph was not
-    calibrated on (as verify judges it), else the embedded photographs; never the calibration images
-    themselves unless the folder holds no others (said, as a warning)."""
+def judged_on(folder, data, limit: int = REPAIR_PHOTOS):
+    """The photographs a calibrated graph is judged on (build's verdict, repair's trials): the calibration folder's
+    images the graph was not calibrated on (as verify judges it), else the embedded photographs; never the
+    calibration images themselves unless the folder holds no others (said, as a warning, with how many it needs)."""
     if folder is None:
-        return load_images(None, limit=REPAIR_PHOTOS), "the embedded photographs"
+        return load_images(None, limit=limit), "the embedded photographs"
     calibrated = list(getattr(data, "image_paths", []) or [])
     try:
-        photos = load_images(folder, limit=REPAIR_PHOTOS, leave_out=calibrated)
+        photos = load_images(folder, limit=limit, leave_out=calibrated)
         return photos, f"{len(photos.images)} image(s) of {folder} it was not calibrated on"
     except UsageError:
-        reporting.warning(f"repair: every image of {folder} was calibrated on; its trials are judged on them "
-                          "(a verify on other images may disagree): give a folder with more images than "
-                          "--calib-count")
-        photos = load_images(folder, limit=REPAIR_PHOTOS)
+        reporting.warning(f"every image of {folder} was calibrated on: the graph is judged on them (a verify on other "
+                          f"images may disagree); give at least {len(calibrated) + 8} images (--calib-count "
+                          f"{len(calibrated)} to calibrate, the rest to judge on)")
+        photos = load_images(folder, limit=limit)
         return photos, f"{len(photos.images)} image(s) of {folder} it was calibrated on"
 
 

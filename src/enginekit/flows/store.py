@@ -22,6 +22,7 @@ from enginekit.shapes import bind_to_model, parse_profile
 from enginekit.store.identity import (Wanted, hardware_of, identity_of, make_identity, rank, serves, summary_of_others, why_chosen)
 from enginekit.store.tier import manifest_name
 from enginekit.trt.flavours import resolve_flavour, resolve_targets
+from enginekit.verification.record import engine_record, record_of
 
 
 @dataclass
@@ -183,15 +184,25 @@ def push(cache, keys: list[str], *, everything: bool = False) -> dict:
             seen.add((entry.kind, entry.key))
     result = {"pushed": [], "present": [], "refused": []}
     for entry in ordered:
-        if entry.kind == "engine" and (entry.manifest.get("parity") or {}).get("passed") is False:
+        failed = failed_check(cache, entry)
+        if failed:  # an engine or graph whose record holds a failed check stays local
             result["refused"].append(entry.key)
-            reporting.warning(f"engine {entry.key[:12]} failed its parity gate: not pushed")
+            reporting.warning(f"{entry.kind} {entry.key[:12]} failed a check ({failed}): not pushed")
             continue
         with reporting.stage(f"push {entry.kind}/{entry.key[:12]}") as s:
             done = cache.push(entry)
             s.status = "pushed" if done else "in the store"
         result["pushed" if done else "present"].append(entry.key)
     return result
+
+
+def failed_check(cache, entry) -> str:
+    """The failed check an entry's record holds (an engine's: its source graph's and its own; a graph's: its own), in
+    one phrase; "" where none failed."""
+    if entry.kind == "engine":
+        return engine_record(cache, entry.manifest).failure_line()
+    graph = ((entry.manifest.get("files") or {}).get("model.onnx") or {}).get("sha256")
+    return record_of(cache, graph).failure_line() if entry.kind.startswith("onnx-") and graph else ""
 
 
 def pull_key(cache, prefix: str) -> list:

@@ -20,7 +20,7 @@ from enginekit.backends import Artifact, ENGINE, verifier
 from enginekit.cache import Cache
 from enginekit.calibration import CalibrationData
 from enginekit.errors import CapabilityError
-from enginekit.flows.build import run_build
+from enginekit.flows.graphs import graph_chain
 from enginekit.flows.store import publish_verdicts
 from enginekit.latencies import latency_of
 from enginekit.model import ModelRequest
@@ -64,6 +64,7 @@ class VerifyOutcome:
 #: photographs the parity and task gates run on: embedded or ``--images`` ones, or (with ``--data`` and no
 #: ``--images``) the labelled split's, spread evenly: enough of a user's images for the task gates' share rules
 IMAGE_COUNT = 4
+FP32_IMAGE_COUNT = 4
 LABELLED_IMAGE_COUNT = 16
 
 
@@ -75,7 +76,9 @@ def run_verify(request: VerifyRequest, cache=None) -> VerifyOutcome:
         data = CalibrationData(Path(r.data), count=r.image_count or LABELLED_IMAGE_COUNT, split=r.data_split or "val",
                                labelled=True)
     else:
-        data = CalibrationData(Path(r.images) if r.images else None, count=r.image_count or IMAGE_COUNT)
+        reduced = any(precisions.get(b.precision).reduced for b in r.build_requests) if r.kind == "model" else True
+        data = CalibrationData(Path(r.images) if r.images else None,
+                               count=r.image_count or (IMAGE_COUNT if reduced else FP32_IMAGE_COUNT))
     data.image_paths  # noqa: B018 - refuse a missing or empty folder before any work
 
     labels = None
@@ -138,16 +141,42 @@ def entries_to_verify(request: VerifyRequest, cache) -> list[tuple]:
             found += [(e, None) for e in existing]
             continue
         if precisions.get(build.precision).calibrated and not build.calib_data and not build.calib_cache:
-            reporting.note(f"verify {subject} {build.precision}: no {build.precision} engine of it in the cache: "
-                           "building one calibrated on the embedded photographs (--calib-data DIR calibrates on "
-                           "images of what the model sees)")
-        # verify judges every graph of the chain itself (its images, its gates, its report): the build's own gate
-        # would stop at the first failing graph with no report
-        outcome = run_build(build.replace(verify=False), cache)
+            reporting.note(f"verify {subject} {build.precision}: calibrating its graph on the embedded photographs "
+                           "(--calib-data DIR calibrates on images of what the model sees)")
+        # verify judges every graph of the chain itself (its images, its gates, its report) and the engine where
+        # `build` made one; it builds none (an engine comes from `build`, which refuses a graph that failed)
+        g = graph_chain(build.replace(verify=False), cache, by_identity=False)
+        engine = g.engine()
+        if engine is None:
+            reporting.note(f"verify {subject} {build.precision}: no engine of it in the cache: judging its graphs, "
+                           f"building none (enginekit build {build.target} makes one from a graph that passes)")
+            engine = GraphsOnly(g, build)
         # The same engine may have been built from an exported ONNX file (same content, same key):
         # this request's model and chain of artifacts are what it is compared against.
-        found.append((outcome.entry, (build.model_request, outcome.artifacts)))
+        found.append((engine, (build.model_request, g.chain)))
     return found
+
+
+@dataclass
+class GraphsOnly:
+    """A chain of graphs with no engine built from it (what ``verify`` judges where ``build`` made none): read
+    where an engine entry would be, with no key and no plan."""
+
+    chain: object  # flows.graphs.GraphChain
+    build: object  # the BuildRequest
+
+    key = None
+
+    @property
+    def subject(self) -> str:
+        return self.chain.pipe.subject
+
+    @property
+    def manifest(self) -> dict:
+        return {"precision": {"mode": self.build.precision, **(self.chain.precision_key or {})},
+                "profiles": [p.to_json() for p in self.chain.bound],
+                "model_request": self.build.model_request.to_json(),
+                "chain": [a.to_json() for a in self.chain.chain]}
 
 
 def built_before(build, cache) -> list:
@@ -172,8 +201,9 @@ def describe_engine(entry) -> str:
     if precision.get("calibration"):
         parts.append(f"calibrated on {precision['calibration']}" + (f", {precision['method']}"
                                                                       if precision.get("method") else ""))
-    if precision.get("repaired_nodes"):
-        parts.append(f"{len(precision['repaired_nodes'])} node(s) repaired")
+    repaired = precision.get("repaired_nodes")
+    if repaired:  # a list of node names; a count where an older or edited manifest kept one
+        parts.append(f"{len(repaired) if isinstance(repaired, (list, tuple)) else repaired} node(s) repaired")
     return "; ".join(parts)
 
 

@@ -34,6 +34,8 @@ from enginekit.onnx.graph import get_metadata
 from enginekit.recipes import load_recipe
 from enginekit.runtime.predictor import Predictor, processor_for
 from enginekit.trt.flavours import plan_family, resolve_flavour
+from enginekit.verification.record import engine_record, record_of
+from enginekit import reporting
 
 
 
@@ -185,6 +187,13 @@ def choose_backend(target: Target, requested: str, device: str | None) -> tuple[
         refused = chosen.refuses(target)
         if refused:
             raise UsageError(refused)
+        if target.kind == "model" and MODULE not in chosen.runs:
+            # a model name becomes the backend's artifact first (an export, a build): whether the backend runs here
+            # is known before that work, not after it
+            verdict = chosen.check(device=chosen.default_device(device))
+            if not verdict.ok:
+                raise CapabilityError(f"the {chosen.name} backend cannot run here ({verdict.reason}): nothing was "
+                                      f"exported or built for {target.label}")
         return chosen, "asked for"
     cpu_only = device is not None and device.startswith("cpu")
     gpu = None if cpu_only else _gpu()
@@ -274,6 +283,11 @@ def plan_load(target, precision: str = "fp32", backend: str = "auto", *, weights
         raise UsageError(f"{t.label} does not say which model it is: enginekit runs the graphs it wrote")
     adapter = target_adapter(t)
     processor_for(adapter)  # a family the runtime does not run is refused before any export
+    check_output_ranks(t, adapter)
+    failed = failed_check(t, cache)
+    if failed:  # its record holds a failed check: it runs, marked so wherever its predictor says what it is
+        reporting.warning(f"{t.label} failed a check ({failed}): its results are not what its PyTorch model gives")
+        reason = f"FAILED CHECK: {failed}; {reason}"
     if MODULE in chosen.runs and chosen.precisions and prec not in chosen.precisions:
         raise UsageError(f"the {chosen.name} backend runs {' and '.join(chosen.precisions)} (FP16 on a GPU), "
                          f"not {prec}")
@@ -321,6 +335,53 @@ def open_plan(p: LoadPlan, *, conf: float = 0.25, iou: float = 0.7, max_det: int
     note = getattr(processor, "input_note", "")
     return Predictor(session, processor, model=adapter.variant, family=adapter.family,
                      reason=f"{p.reason}; {note}" if note else p.reason, precision=p.precision or "fp32", source=source)
+
+
+def failed_check(t: Target, cache) -> str:
+    """The failed check the record of ``t``'s graph or engine holds (``verification.record``), "" where none: a graph
+    by its content wherever it lies, an engine by its source graph and its own build."""
+    if t.kind == ONNX and t.path is not None:
+        from enginekit.hashing import sha256_file
+
+        return record_of(cache or Cache(), sha256_file(t.path)).failure_line()
+    if t.kind == ENGINE and t.manifest.get("chain"):
+        return engine_record(cache or Cache(), t.manifest).failure_line()
+    return ""
+
+
+def output_ranks(t: Target) -> dict[str, int]:
+    """The rank of each output of ``t``'s graph or engine, where it records one ({} for a model name)."""
+    if t.kind == ONNX and t.path is not None:
+        import onnx
+
+        try:
+            graph = onnx.load(str(t.path), load_external_data=False).graph
+        except Exception:  # noqa: BLE001 - read already (its metadata); a session says what is wrong with it
+            return {}
+        return {o.name: len(o.type.tensor_type.shape.dim) for o in graph.output
+                if o.type.tensor_type.HasField("shape")}
+    if t.kind == ENGINE:
+        return {io["name"]: len(io.get("shape") or ()) for io in t.manifest.get("io") or ()
+                if isinstance(io, dict) and io.get("mode") == "output" and io.get("shape") is not None}
+    return {}
+
+
+def check_output_ranks(t: Target, adapter) -> None:
+    """A graph or engine whose outputs are not what its recorded task gives (a classifier whose metadata says
+    ``detect``): one line when it is loaded, naming the output, not an IndexError at its first frame."""
+    expected = getattr(adapter, "output_ranks", None) or {}
+    ranks = output_ranks(t)
+    if not expected or not ranks:
+        return
+    task = getattr(adapter, "task", "?")
+    for name, rank in expected.items():
+        if name not in ranks:
+            raise UsageError(f"{t.label}: its metadata says it is a {task} model, which gives {name}, but its outputs "
+                             f"are {', '.join(ranks)}: its metadata does not describe this graph")
+        if ranks[name] != rank:
+            raise UsageError(f"{t.label}: its metadata says it is a {task} model, whose {name} has {rank} dimensions, "
+                             f"but this one's has {ranks[name]}: its metadata does not describe this graph (a "
+                             f"{'classify' if ranks[name] == 2 else 'other'} model's output?)")
 
 
 def target_adapter(t: Target):

@@ -76,8 +76,7 @@ IMAGE, ENCODED = "IMAGE", "ENCODED"
 def result_tensors(result) -> dict[str, np.ndarray]:
     """One result (``enginekit.results``) as the front model's output tensors, without the batch dim."""
     kind = result.kind
-    record = result.to_json()
-    record.pop("timings", None)
+    record = {"found": result.found(), **result.to_json()}  # the record ``predict --json`` writes for a frame
     out = {"RESULT": np.frombuffer(json.dumps(record).encode(), np.uint8).copy()}
     getters = {
         "BOXES": lambda: np.asarray(result.boxes, np.float32).reshape(-1, 5 if kind == "oriented_boxes" else 4),
@@ -141,7 +140,7 @@ def profile_max_batch(profiles: list[dict], input_name: str) -> int | None:
 @dataclass
 class Serving:
     """How the server schedules a model: ``max_batch`` (0: the graph takes no batch dim of its own),
-    ``preferred`` batch sizes, the queue delay, instances and where they run (KIND_GPU or KIND_CPU)."""
+    ``preferred`` batch sizes, the queue delay, instances and where they run (KIND_AUTO, KIND_GPU or KIND_CPU)."""
 
     max_batch: int = 8
     preferred: list[int] = field(default_factory=list)

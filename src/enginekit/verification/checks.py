@@ -24,10 +24,11 @@ from enginekit.precisions import PRECISIONS, of_stage
 from enginekit.verification.gate import ArtifactReport, Check, Gates, VerifyReport, check_candidate, skipped, unrunnable
 from enginekit.verification.labels import GroundTruth
 from enginekit.verification.pictures import draw_pictures
+from enginekit.verification.record import record_of, set_aside
 from enginekit.verification.references import get_references
 
 #: part of every stored verdict's key: bump when a comparison's figures or gates change meaning
-VERDICT_VERSION = 2
+VERDICT_VERSION = 3  # 3: share gates and mAP decided on their 95% intervals
 
 @dataclass
 class CorruptEntry:
@@ -66,7 +67,7 @@ class UnverifiableEntry:
 def corrupt_artifact(name: str, kind: str, precision: str, what: str):
     """A corrupt cache entry where an artifact should be: nothing ran, and its gate fails."""
     report = ArtifactReport(name, kind, precision, ran=False, reason=what)
-    report.checks.append(Check.unmet(name, f"{what}: rebuild it (enginekit build)"))
+    report.checks.append(Check.unmet(name, f"{what}: rebuild it (enginekit build)", key="entry is not corrupt"))
     return report
 
 
@@ -79,7 +80,7 @@ def verify_corrupt(entry):
         report.artifacts.append(skipped("engine", "engine", "?", entry.describe()))
     elif isinstance(entry, UnverifiableEntry):
         art = ArtifactReport("engine", "engine", "?", ran=False, reason=entry.describe())
-        art.checks.append(Check.unmet("engine", entry.describe()))
+        art.checks.append(Check.unmet("engine", entry.describe(), key="engine can be checked"))
         report.artifacts.append(art)
     else:
         report.artifacts.append(corrupt_artifact("engine", "engine", "?", entry.describe()))
@@ -121,7 +122,39 @@ def stored_check(cache, name: str, precision: str, graph: str, path: Path, refs,
         return {"report": art.state()}
 
     entry, status = cache.get_or_create("verdict", parts, produce, force=recheck, subject=pipe.subject)
-    return ArtifactReport.from_state(entry.manifest["report"]), (entry.key if status == "hit" else None)
+    return ArtifactReport.from_state(entry.manifest["report"]), (entry.key if status == "hit" else None), entry.key
+
+
+def set_aside_checks(cache, links, subject: str) -> None:
+    """``verify --recheck``: every earlier check of the chain's graphs removed from their record, and said."""
+    for link in links:
+        graph = link.get("sha256")
+        if not graph:
+            continue
+        gone = set_aside(cache, graph)
+        if gone:
+            said = "; ".join(("FAIL " if c.passed is False else "PASS " if c.passed else "") + c.line()
+                             for c in gone[:4])
+            reporting.note(f"--recheck: {len(gone)} earlier check(s) of {subject}'s {link.get('stage')} graph set "
+                           f"aside, judging it from scratch ({said}{' ...' if len(gone) > 4 else ''})")
+
+
+def earlier_failures(report, cache, links, made: set[str]) -> None:
+    """An artifact's verdict is every check it has had: a check of the chain's graphs that failed before this run
+    (build's parity on its images, verify's on others, labels) fails this report too, named, whatever this run
+    found. The engine stands on its source graph, the chain's last."""
+    by_stage = {f"onnx-{link['stage']}": link.get("sha256") for link in links if link.get("sha256")}
+    last = links[-1].get("sha256") if links else None
+    for art in report.artifacts:
+        graph = by_stage.get(art.name) if art.kind == "onnx" else (last if art.kind == "engine" else None)
+        if not graph:
+            continue
+        record = record_of(cache, graph)
+        earlier = [c for c in record.failed if c.key not in made]
+        if earlier:
+            more = f" (and {len(earlier) - 1} more)" if len(earlier) > 1 else ""
+            art.checks.append(Check.unmet(art.name, f"an earlier check of this graph failed: {earlier[0].line()}{more}",
+                                          key="no earlier check of this graph failed"))
 
 
 def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_required: bool = True, labels=None,
@@ -135,6 +168,9 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
     report = VerifyReport(pipe.subject, entry.key, precision, refs.key, refs.status, skipped_images=refs.skipped_images)
     metadata: dict[str, str] = {}
     calibrated_on = None  # what a quantized graph of the chain was calibrated on
+    if recheck:  # from scratch: the earlier checks of these graphs are set aside, and that is said
+        set_aside_checks(cache, links, pipe.subject)
+    made: set[str] = set()  # the stored verdicts this run made or read (its own checks, not earlier ones)
     for link in links:
         name = f"onnx-{link['stage']}"
         found = cache.lookup(link["kind"], link["key"]) if "kind" in link else None
@@ -153,8 +189,9 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
             metadata = onnx_metadata(path)
         with reporting.stage(f"verify {name}") as s:
             try:
-                art, stored = stored_check(cache, name, stage_precision, link.get("sha256") or link["key"], path, refs,
-                                           gates, pipe, metadata, recheck=recheck)
+                art, stored, key = stored_check(cache, name, stage_precision, link.get("sha256") or link["key"], path,
+                                                refs, gates, pipe, metadata, recheck=recheck)
+                made.add(key)
                 if stored:
                     s.detail = f"stored verdict {stored[:12]}"
             except Exception as exc:  # noqa: BLE001 - ORT refuses FP8 Q/DQ graphs: say so, and fail
@@ -168,10 +205,15 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
         art.key = link.get("key", "")
         report.artifacts.append(art)
     checked = [a.name for a in report.artifacts if a.kind == "onnx" and a.ran]
-    report.artifacts.append(verify_engine(entry, pipe, refs, gates, metadata, precision, checked))
-    report.artifacts[-1].key = entry.key
+    if entry.key is None:  # graphs with no engine built from them: judged, and an engine is build's to make
+        report.artifacts.append(skipped("engine", "engine", precision, "no engine built from these graphs (verify "
+                                        "builds none: enginekit build makes it from a graph that passes)"))
+    else:
+        report.artifacts.append(verify_engine(entry, pipe, refs, gates, metadata, precision, checked))
+        report.artifacts[-1].key = entry.key
     if labels is not None:
-        ground_truth_of_entry(report, entry, pipe, links, cache, gates, metadata, labels)
+        ground_truth_of_entry(report, entry, pipe, links, cache, gates, metadata, labels, made)
+    earlier_failures(report, cache, links, made)
     note_calibration(report, calibrated_on)
     repaired = m.get("repair")
     if repaired and repaired.get("nodes"):  # the repair's figures, where the report shows the engine
@@ -184,7 +226,7 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
     return report
 
 
-def ground_truth_of_entry(report, entry, pipe, links, cache, gates, metadata, labels) -> None:
+def ground_truth_of_entry(report, entry, pipe, links, cache, gates, metadata, labels, made=None) -> None:
     """``verify --data``: the FP32 PyTorch model, every ONNX artifact that ran and the engine where it runs,
     scored against the labels; each candidate's drop against the reference gated (``gt.*_drop``)."""
     photo_shape = tuple(entry.manifest["profiles"][0][pipe.adapter.input_name]["opt"])
@@ -215,7 +257,9 @@ def ground_truth_of_entry(report, entry, pipe, links, cache, gates, metadata, la
         gt.judge(art, gt.reference(accepts), result, gates, art.precision)
         art.ground_truth["identity"] = f"onnx:{link['sha256']}" if art.kind == "onnx" else f"engine:{entry.key}"
         if art.kind == "onnx":
-            labels_verdict(cache, art, link["sha256"], gt, pipe.subject)
+            key = labels_verdict(cache, art, link["sha256"], gt, pipe.subject)
+            if made is not None:
+                made.add(key)
 
 
 def labels_verdict(cache, art, graph: str, gt, subject: str) -> None:
@@ -229,7 +273,8 @@ def labels_verdict(cache, art, graph: str, gt, subject: str) -> None:
     def produce(tmp: Path) -> dict:
         return {"report": art.state()}
 
-    cache.get_or_create("verdict", parts, produce, force=True, subject=subject)
+    entry, _ = cache.get_or_create("verdict", parts, produce, force=True, subject=subject)
+    return entry.key
 
 
 def _network_hw(adapter, metadata: dict, opt_shape) -> tuple[int, int]:

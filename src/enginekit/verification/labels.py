@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from enginekit import reporting
+from enginekit.compare.intervals import decide, images_to_decide, paired_drop
 from enginekit.compare.label_metrics import HEADLINE, drops
 from enginekit.compare.instances import IOU_NMS, MAX_DET
 from enginekit.errors import UsageError
@@ -35,7 +36,7 @@ from enginekit.datasets import load_dataset
 from enginekit.pipeline import model_versions
 from enginekit.verification.gate import Check
 
-GROUND_TRUTH_VERSION = 2  # part of every ground-truth key: bump when scoring changes (2: yolo val's letterbox)
+GROUND_TRUTH_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -171,17 +172,35 @@ class GroundTruth:
         return self.score("PyTorch FP32", identity, run, accepts_hw, model_versions(self.adapter))
 
     def judge(self, art, reference: dict, candidate: dict, gates, precision: str) -> None:
-        """The candidate's figures, its drop against the reference, and the gates on the drop, into ``art``."""
+        """The candidate's figures, its drop against the reference with its 95% interval (a paired bootstrap over the
+        images: ``compare.intervals``), and the gates on the drop, into ``art``: a gate passes where the whole
+        interval is within its limit, fails where none of it is, and is otherwise "not enough evidence" (failed)."""
+        reference, candidate = dict(reference), dict(candidate)
+        ref_boot, cand_boot = reference.pop("replicates", {}) or {}, candidate.pop("replicates", {}) or {}
         lost = drops(reference, candidate)
         art.ground_truth = {**candidate, **lost, "reference": {k: v for k, v in reference.items()}}
         limits = gates.ground_truth(precision)
+        intervals = {}
+        images = int(candidate.get("images", 0))
         for metric, limit in limits.items():
             if metric not in lost:
                 continue
-            value = lost[metric]
-            art.checks.append(Check(art.name, f"labels {metric.replace('_drop', '')} drop", value, "<=", limit,
-                                    passes("<=", value, limit)))
+            value, figure = lost[metric], metric[: -len("_drop")]
+            name = f"labels {figure} drop"
+            if figure not in ref_boot or figure not in cand_boot:  # a figure with no replicates: its point value
+                art.checks.append(Check(art.name, name, value, "<=", limit, passes("<=", value, limit)))
+                continue
+            interval = paired_drop(ref_boot[figure], cand_boot[figure])
+            intervals[metric] = interval.to_json()
+            verdict = decide(interval, "<=", limit)
+            if verdict == "undecided":
+                need = images_to_decide(interval, value, limit, images)
+                name = (f"{name}: not enough evidence: the drop is between {interval.low:.4f} and {interval.high:.4f} "
+                        f"on {images} image(s); about {need} images would decide")
+            art.checks.append(Check(art.name, name, value, "<=", limit, verdict == "pass", key=f"labels {figure} drop",
+                                    interval=interval.to_json()))
         art.ground_truth["limits"] = {k: v for k, v in limits.items() if k in lost}
+        art.ground_truth["intervals"] = intervals
 
 
 def _image_hw(sample) -> tuple[int, int] | None:

@@ -33,8 +33,13 @@ def precision_ladder(reports, latency_of=None) -> list[dict]:
             limit = (gt.get("limits") or {}).get(f"{headline}_drop")
             latency = latency_of(identity) if latency_of is not None else None
             failing = [c.name for c in getattr(art, "checks", []) if not c.passed]
+            gate = next((c for c in getattr(art, "checks", []) if getattr(c, "key", "") == f"labels {headline} drop"),
+                        None)  # the labels' gate on the drop, decided on its interval
+            passed = gate.passed if gate is not None else (None if limit is None or drop is None else drop <= limit)
             rows.append({"precision": art.precision, "artifact": art.name, "metric": headline, "value": gt[headline],
-                         "drop": drop, "limit": limit, "passed": None if limit is None or drop is None else drop <= limit,
+                         "drop": drop, "limit": limit, "passed": None if limit is None or drop is None else passed,
+                         "interval": (gt.get("intervals") or {}).get(f"{headline}_drop"),
+                         "undecided": gate is not None and "not enough evidence" in gate.name,
                          # the artifact's whole verdict (labels, parity and every other check): what the exit code
                          # and JUnit say of it, so the table's gate column says it too
                          "verdict": getattr(art, "passed", None), "failing": failing,

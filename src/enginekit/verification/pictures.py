@@ -152,6 +152,13 @@ def draw_picture(adapter, image_chw: np.ndarray, reference: dict[str, np.ndarray
 PICTURE_VERSION = 1
 
 
+def picture_path(folder: Path, report, art, suffix: str) -> Path:
+    """Where an artifact's picture goes in a report folder (``suffix``: "-detections.png"): named by the subject,
+    precision, engine and artifact, so a folder of several engines of one model keeps each one's pictures."""
+    engine = f"-{report.engine_key[:12]}" if report.engine_key else ""
+    return Path(folder) / f"{report.subject}-{report.precision}{engine}-{art.name}{suffix}"
+
+
 def draw_pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -> None:
     """One picture per checked ONNX artifact of an engine entry, on the first photograph. A picture is kept
     in the cache by what it shows (the graph's content, the references), so a second report draws none."""
@@ -180,6 +187,6 @@ def draw_pictures(report, refs, entry, cache, adapter, metadata, folder: Path) -
         stored, _ = cache.get_or_create("picture", parts, produce, subject=report.subject)
         name = stored.manifest.get("picture")
         if name:
-            path = folder / f"{report.subject}-{report.precision}-{art.name}{name[len('picture'):]}"  # -<kind>.png
+            path = picture_path(folder, report, art, name[len("picture"):])
             atomic_copy(stored.file(name), path)
             art.pictures.append(str(path))

@@ -30,20 +30,27 @@ def _json_default(value):
 
 def write_junit(reports: list[VerifyReport], path: Path) -> Path:
     suites = ET.Element("testsuites", name="enginekit verify")
-    for r in reports:
+    names = suite_names(reports)
+    for r, suite_name in zip(reports, names):
         cases = [(a, c) for a in r.artifacts for c in a.checks]
         skipped = [a for a in r.artifacts if not a.ran]
-        suite = ET.SubElement(suites, "testsuite", name=f"{r.subject} {r.precision}",
+        suite = ET.SubElement(suites, "testsuite", name=suite_name,
                               tests=str(len(cases) + len(skipped)),
                               failures=str(sum(not c.passed for _, c in cases)), skipped=str(len(skipped)))
-        keys = [("engine", r.engine_key)] + [(a.name, a.key) for a in r.artifacts if a.key]
-        if any(value for _, value in keys):  # which artifacts were judged, by their cache keys
+        keys = dict(((a.name, a.key) for a in r.artifacts if a.key))  # which artifacts were judged, by cache key
+        if r.engine_key:
+            keys["engine"] = r.engine_key  # the engine's entry, once (an artifact named so is the same entry)
+        if keys:
             props = ET.SubElement(suite, "properties")
-            for name, value in keys:
-                if value:
-                    ET.SubElement(props, "property", name=f"key:{name}", value=value)
+            for name, value in keys.items():
+                ET.SubElement(props, "property", name=f"key:{name}", value=value)
+        seen: dict[tuple, int] = {}
         for artifact, check in cases:
-            case = ET.SubElement(suite, "testcase", classname=f"{r.subject}.{artifact.name}", name=check.name)
+            # a test case keeps its name from run to run (CI follows it): what the check is, never its figures
+            name = check.case_name
+            n = seen[(artifact.name, name)] = seen.get((artifact.name, name), 0) + 1
+            case = ET.SubElement(suite, "testcase", classname=f"{r.subject}.{artifact.name}",
+                                 name=name if n == 1 else f"{name} #{n}")
             if not check.passed:
                 ET.SubElement(case, "failure", message=str(check)).text = str(check)
         for artifact in skipped:
@@ -52,6 +59,18 @@ def write_junit(reports: list[VerifyReport], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
     return path
+
+
+def suite_names(reports: list[VerifyReport]) -> list[str]:
+    """A JUnit suite's name per report, each once: "subject precision", with the engine it judged where two reports
+    would share that name (two engines of one model and precision), else a count; stable from run to run."""
+    base = [f"{r.subject} {r.precision}" for r in reports]
+    out = []
+    for i, (r, name) in enumerate(zip(reports, base)):
+        if base.count(name) > 1:
+            name = f"{name} (engine {r.engine_key[:12]})" if r.engine_key else f"{name} #{base[:i].count(name) + 1}"
+        out.append(name)
+    return [n if out.count(n) == 1 else f"{n} #{out[:i].count(n) + 1}" for i, n in enumerate(out)]
 
 
 def write_markdown(reports: list[VerifyReport], path: Path, ladder: list | None = None) -> Path:

@@ -210,7 +210,9 @@ class DepthAnythingAdapter(DepthEvaluation, ModelAdapter):
             # weights_only: a state dict needs no code from the file
             state = torch.load(str(path), map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001
-            raise UsageError(describe_load_error(exc, f"cannot read checkpoint {path}")) from exc
+            from enginekit.families.checkpoints import state_dict_refusal
+
+            raise state_dict_refusal(path, "Depth-Anything weights (a state dict or safetensors)", exc) from exc
         if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
             state = state["state_dict"]
         if not isinstance(state, dict):

@@ -160,15 +160,17 @@ def check(source: Source) -> None:
                              "(for a file, write path/to/file.py:factory)")
     else:
         if not source.path.exists():
-            what = "model file" if source.kind == "file" else "saved program"
-            raise UsageError(f"{what} not found: {source.path}")
+            # a missing file is no kind of file yet: a .pt may be a checkpoint as well as a program
+            raise UsageError(f"file not found: {source.path}")
         if not source.path.is_file():
             raise UsageError(f"{source.path} is not a file")
         if source.kind == "torchscript" and not is_torchscript(source.path):
+            from enginekit.families.checkpoints import describe_torch_file
+
             raise UsageError(
-                f"{source.path.name} is not a TorchScript program (torch.jit.save writes one): for a state dict, "
-                "name the model (torchvision:NAME, timm:NAME, file.py:factory) and pass --weights; for an "
-                "Ultralytics checkpoint, name its model (yolo11n...) and pass --weights")
+                f"{source.path.name} is {describe_torch_file(source.path)}, not a TorchScript program (torch.jit.save "
+                "writes one) nor a checkpoint enginekit runs: for a state dict, name the model (torchvision:NAME, "
+                "timm:NAME, file.py:factory) and pass --weights")
         if source.kind == "export" and not is_zip_with(source.path, "archive_format", "serialized_exported_program"):
             raise UsageError(f"{source.path.name} is not a torch.export program (torch.export.save writes one)")
 
@@ -453,8 +455,10 @@ def read_state_dict(path: Path) -> dict:
 
             state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001
-        raise UsageError(describe_load_error(exc, f"cannot read {path} as a state dict (safetensors, or a "
-                                                  "torch.save of model.state_dict())")) from exc
+        from enginekit.families.checkpoints import state_dict_refusal
+
+        raise state_dict_refusal(path, "a state dict (safetensors, or a torch.save of model.state_dict())",
+                                 exc) from exc
     for key in ("state_dict", "model_state_dict", "model", "module"):  # trainers nest it under one of these
         if isinstance(state, dict) and isinstance(state.get(key), dict) and _tensors(state[key]):
             state = state[key]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from enginekit.hashing import sha256_file
-from enginekit.errors import UsageError
+from enginekit.errors import EnginekitError, UsageError
 from enginekit.families.base import (
     LoadedModel,
     ModelAdapter,
@@ -36,6 +36,7 @@ from enginekit.families.ultralytics.identity import (
     check_architecture,
     checkpoint_facts,
     facts_of_metadata,
+    head_end2end,
     is_checkpoint,
 )
 from enginekit.families.ultralytics.runtime import letterbox, stretch, to_input
@@ -94,6 +95,9 @@ _PART_TOLERANCES = {
     "int8": dict(_CALIBRATED),
     "fp8": dict(_CALIBRATED),
 }
+
+#: the candidates Ultralytics' predictor keeps from an end-to-end head (``max(max_det, 300)``, its default max_det 300)
+PREDICT_MAX_DET = 300
 
 HUB_NOTE = "Ultralytics .pt checkpoint, or <name>.pt from the Ultralytics hub"
 
@@ -267,7 +271,7 @@ class UltralyticsAdapter(ModelAdapter):
                 # A pickle: read through the weights_only unpickler and an allowlist of the
                 # classes Ultralytics checkpoints are made of, unless the user trusts the file.
                 model = load_ultralytics_model(weights)
-            except UsageError:
+            except EnginekitError:  # refused (exit 2), or layers this Ultralytics cannot run (exit 3)
                 raise
             except Exception as exc:  # noqa: BLE001
                 raise UsageError(
@@ -302,8 +306,16 @@ class UltralyticsAdapter(ModelAdapter):
         model = model.float().eval()
         for p in model.parameters():
             p.requires_grad = False
-        if getattr(model.model[-1], "one2one_cv2", None) is not None:
-            model.end2end = True  # a one-to-one head (yolo26, yolov10): kept boxes, no NMS (Ultralytics nms=False)
+        head = model.model[-1]
+        end2end = head_end2end(model)
+        if hasattr(model, "end2end"):
+            # the branch Ultralytics' predictor runs: at its default (nms=None) it sets end2end = False on the model
+            # (AutoBackend's end2end=args.nms is False), so a head holding both branches (YOLO26, YOLOv10) runs
+            # one-to-many with NMS after the network, whatever its YAML or its own switch say. Fusing then drops the
+            # branch not selected.
+            model.end2end = end2end
+        if end2end:  # only the one-to-one branch is left: kept boxes, max_det as the predictor sets it
+            head.max_det, head.agnostic_nms = PREDICT_MAX_DET, False
         model = model.fuse(verbose=False)  # its summary line would go to stdout: the library never prints
         for m in model.modules():
             if isinstance(m, Detect):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from enginekit.errors import UsageError
+from enginekit.errors import EnginekitError, UsageError
 from enginekit.families.base import describe_load_error
 from enginekit.families.checkpoints import load_ultralytics_model
 
@@ -119,6 +119,18 @@ def _head(model):
         return None
 
 
+def head_end2end(model) -> bool:
+    """Whether Ultralytics' predictor runs the model's head end to end (its one-to-one branch: kept boxes, no NMS), read
+    where it reads it: ``YOLO(pt).predict`` selects the head's branch by its ``nms`` argument (``AutoBackend(...,
+    end2end=args.nms is False)``), so at its default (``nms=None``: NMS after the network) a head holding both branches
+    (YOLO26, YOLOv10) runs one-to-many with NMS, whatever its YAML's ``end2end`` or the head's own switch say. Only a
+    head whose one-to-many branch is gone (fused away) runs one-to-one; a head with no one-to-one branch never does."""
+    head = _head(model)
+    if head is None or getattr(head, "one2one_cv2", None) is None:
+        return bool(getattr(head, "end2end", False)) and getattr(head, "one2one_cv2", None) is not None
+    return getattr(head, "cv2", None) is None
+
+
 def facts_of_module(model, name: str, source: Path | None = None) -> ModelFacts:
     """What a loaded Ultralytics module is (its class, head and names), called ``name``."""
     from ultralytics.nn.tasks import RTDETRDetectionModel
@@ -132,7 +144,7 @@ def facts_of_module(model, name: str, source: Path | None = None) -> ModelFacts:
     spec = getattr(model, "yaml", None)
     names = getattr(model, "names", None) or {}
     layers = tuple(structure(model))
-    end2end = rtdetr or getattr(head, "one2one_cv2", None) is not None or bool(getattr(head, "end2end", False))
+    end2end = rtdetr or head_end2end(model)
     try:
         stride = int(max(model.stride.tolist()))
     except (AttributeError, TypeError, ValueError):
@@ -161,7 +173,7 @@ def _trained_size(args, stride: int) -> tuple[int, int] | None:
 def _load(path: Path):
     try:
         return load_ultralytics_model(path)
-    except UsageError:
+    except EnginekitError:  # refused (exit 2), or layers this Ultralytics cannot run (exit 3): as they are
         raise
     except Exception as exc:  # noqa: BLE001
         raise UsageError(describe_load_error(exc, f"cannot load YOLO checkpoint {path}")) from exc

@@ -1,13 +1,12 @@
 """Pre- and postprocessing of Ultralytics models at runtime, as Ultralytics' own predictors do them.
 
 Letterbox (detect, segment, pose, obb, semantic): Ultralytics' own ``LetterBox`` (OpenCV, on the uint8 frame,
-gray 114) on the host, on every backend, as ``BasePredictor.pre_transform`` does; then only exact steps: HWC to
-CHW, BGR to RGB, to float and ``/ 255`` (numpy for a session on the CPU; torch on the device after the uint8
-upload for one on a GPU, as ``BasePredictor.preprocess``). The input is the tensor ``YOLO(pt).predict`` builds,
-bit for bit. RT-DETR and depth: stretched (``LetterBox(scale_fill=True)``) on the host the same way.
-``gpu_letterbox=True`` (opt-in) resizes on the GPU instead (torch bilinear on floats: a frame stays on the
-device, at the cost of pixels up to a grey level from OpenCV's fixed-point rounding, and scores up to 1.6e-3
-from the .pt's on an H100). Classify: ``classify_transforms`` (on the GPU: torchvision's on the device). After
+gray 114) on the host for a session on the CPU, as ``BasePredictor.pre_transform`` does; for a session on a GPU the
+whole uint8 frame is uploaded and letterboxed there with OpenCV's own fixed-point arithmetic
+(``enginekit.exact_resize``: the same bytes). Then only exact steps: HWC to CHW, BGR to RGB, to float and ``/ 255``
+(numpy on the CPU; torch on the device, as ``BasePredictor.preprocess``). The input is the tensor
+``YOLO(pt).predict`` builds, bit for bit, on either path (``gpu_letterbox`` is kept as a no-op: the GPU path is
+exact). RT-DETR and depth: stretched (``LetterBox(scale_fill=True)``) on the host. Classify: ``classify_transforms`` (on the GPU: torchvision's on the device). After
 the network each task follows ``ultralytics/models/.../predict.py``:
 
 - detect: ``ultralytics.utils.nms.non_max_suppression`` (or the end-to-end head's top-k, which that function
@@ -136,7 +135,7 @@ class YoloProcessor(ImageProcessor):
     def __init__(self, adapter, metadata: dict, info, *, conf: float = 0.25, iou: float = 0.7, max_det: int = 300,
                  input_size=None, gpu_letterbox: bool = False, **_):
         super().__init__(adapter, metadata, info, input_size=input_size)
-        #: resize on the GPU (torch bilinear) rather than with OpenCV on the host: opt-in, not the .pt's pixels
+        #: kept for callers: a GPU session always letterboxes on the GPU, exactly as OpenCV (``preprocess_gpu``)
         self.gpu_letterbox = bool(gpu_letterbox)
         self.end2end = str(metadata.get("end2end")) == "True"
         self.conf, self.iou, self.max_det = conf, iou, max_det
@@ -169,10 +168,9 @@ class YoloProcessor(ImageProcessor):
 
     @property
     def _resize_note(self) -> str:
-        if not self.gpu_letterbox or not self.info.on_gpu:
+        if not self.info.on_gpu:
             return ""
-        return ("gpu_letterbox: frames resized on the GPU (torch bilinear on floats), not with OpenCV as "
-                "YOLO(pt).predict: pixels up to a grey level apart, scores about 1e-3 from the .pt's")
+        return "frames letterboxed on the GPU with OpenCV's arithmetic (the bytes YOLO(pt).predict gets)"
 
     @property
     def _shape_note(self) -> str:
@@ -181,8 +179,10 @@ class YoloProcessor(ImageProcessor):
         h, w = self.hw
         probe = self.rect_hw((h * 3, w * 4)) if w >= h else self.rect_hw((h * 4, w * 3))  # a 4:3 frame
         if self.info.accepts_hw(probe):
+            # the rectangles of the two common frame shapes, landscape (portrait frames: the same, turned)
+            wide, four = self.rect_hw((720, 1280)), self.rect_hw((480, 640))
             return (f"letterbox as YOLO(pt).predict: each frame to the smallest {self.stride}-aligned rectangle at "
-                    f"{h}x{w} (a 4:3 frame: {probe[0]}x{probe[1]})")
+                    f"{h}x{w} (16:9 frames: {wide[0]}x{wide[1]}, 4:3 frames: {four[0]}x{four[1]})")
         what = "its engine's profiles take" if self.info.profiles else "the graph's input is fixed at"
         fix = (f"build with a --profile covering the frames' rectangle (e.g. 1x3x{probe[0]}x{probe[1]})"
                if self.info.profiles else "export it with dynamic H/W (enginekit export does for YOLO)")
@@ -200,9 +200,10 @@ class YoloProcessor(ImageProcessor):
         return box
 
     def host_step(self, frame_hw: tuple[int, int], hw: tuple[int, int]) -> bool:
-        """Whether a frame of ``frame_hw`` is letterboxed on the host before it goes to the GPU (the default:
-        OpenCV on uint8, as Ultralytics), rather than resized there (``gpu_letterbox``)."""
-        return not self.gpu_letterbox and tuple(frame_hw) != tuple(hw)
+        """Whether a frame of ``frame_hw`` is letterboxed on the host before it goes to the GPU: never. The GPU
+        letterboxes it itself with OpenCV's arithmetic (``enginekit.exact_resize``: the bytes ``cv2.resize`` and
+        Ultralytics' padding give), so the frame goes up whole and the fast path is the exact one."""
+        return False
 
     def preprocess_host(self, frame: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
         """An HxWx3 uint8 frame (RGB or BGR: OpenCV resizes each channel alike) letterboxed to the network
@@ -217,23 +218,20 @@ class YoloProcessor(ImageProcessor):
         return to_input(self.preprocess_host(rgb, hw))
 
     def preprocess_gpu(self, chw, hw: tuple[int, int]):
-        """``chw``: 3xHxW float32 RGB in 0..255 on the device -> 3xhxw letterboxed in 0..1. A frame already at
-        ``hw`` (letterboxed on the host, the default) is only divided, as Ultralytics' predictor does on the
-        device (``div(255)``); else (``gpu_letterbox``) resized here: torch bilinear, not OpenCV's pixels."""
+        """``chw``: 3xHxW float32 RGB in 0..255 (a uint8 frame's values) on the device -> 3xhxw letterboxed in 0..1:
+        Ultralytics' ``LetterBox`` with OpenCV's INTER_LINEAR arithmetic (``exact_resize``: the same bytes as the
+        host path), then ``div(255)`` as its predictor does on the device."""
         import torch
-        import torch.nn.functional as F
+
+        from enginekit import exact_resize
 
         if tuple(chw.shape[1:]) == tuple(hw):
             return chw.div(255)
         rect = tuple(hw) != tuple(self.hw)
         (uh, uw), top, bottom, left, right = letterbox_geometry(tuple(chw.shape[1:]), self.hw if rect else tuple(hw),
                                                                 auto=rect, stride=self.stride)
-        x = chw[None]
-        if (uh, uw) != tuple(chw.shape[1:]):
-            x = F.interpolate(x, size=(uh, uw), mode="bilinear", align_corners=False)
-        out = torch.full((1, 3, hw[0], hw[1]), 114.0, dtype=x.dtype, device=x.device)
-        out[:, :, top:top + uh, left:left + uw] = x
-        return out[0].div_(255)
+        boxed = exact_resize.letterbox(chw, (uh, uw), (top, bottom, left, right))
+        return boxed.to(torch.float32).div_(255)
 
     def nms(self, pred, *, nc: int = 0, rotated: bool = False) -> list:
         """The kept rows per image, as ``ultralytics.utils.nms.non_max_suppression`` keeps them for Ultralytics'

@@ -11,6 +11,7 @@ rather than a uint8 class map, so parity is measured on numbers and the class ma
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,7 @@ from enginekit.families.evaluation import (
 )
 from enginekit.families.registry import register
 from enginekit.families.types import FamilyInfo
+from enginekit.families.ultralytics.identity import head_end2end
 from enginekit.families.ultralytics.base import (
     HUB_NOTE,
     TASK_SUFFIXES,
@@ -112,14 +114,23 @@ IN_NMS = r"(?:/nms/model)?"
 NMS_NODES = r"/nms/(?!model/)"
 
 
+@lru_cache(maxsize=32)
 def ends_in_own_nms(name: str, suffix: str = "") -> bool:
-    """Whether the architecture ``name`` is built from has a one-to-one head (yolo26's
-    ``end2end: True``, yolov10's v10Detect): its outputs are kept boxes already."""
+    """Whether Ultralytics' predictor runs the model ``name`` builds end to end (kept boxes, no NMS): the built module's
+    head as its predictor reads it (``identity.head_end2end``). A YAML with ``end2end: True`` (yolo26) or a v10Detect
+    gives the head a one-to-one branch beside the one-to-many one, which the predictor runs at its default."""
     path = yolo_yaml(name, suffix)
     if path is None:
         return False
     text = path.read_text()
-    return re.search(r"^end2end:\s*True\b", text, re.M) is not None or "v10Detect" in text
+    if re.search(r"^end2end:\s*True\b", text, re.M) is None and "v10Detect" not in text:
+        return False  # no one-to-one branch to select
+    from ultralytics import YOLO
+
+    try:
+        return head_end2end(YOLO(f"{name}.yaml").model)
+    except Exception:  # noqa: BLE001 - a YAML this Ultralytics cannot build: loading it says so
+        return False
 
 
 class YoloFamily(UltralyticsAdapter):
@@ -219,6 +230,8 @@ class _YoloInstances(InstanceEvaluation, YoloFamily):
 
     extra_part = ""  # name of the task channels after the class scores
     extra_kind = "values"
+    #: what its graph's outputs are, by rank: instances (B, channels, anchors) or kept rows (B, max_det, channels)
+    output_ranks = {"output0": 3}
     #: rotated boxes (obb): decoded with probiou NMS, drawn as centre, size and angle
     rotated = False
     # Graphs take any H x W (Ultralytics' dynamic=True export): the runtime then letterboxes each frame to the
@@ -401,9 +414,9 @@ class YoloAdapter(_YoloInstances):
     @classmethod
     def describe(cls) -> FamilyInfo:
         return FamilyInfo(cls.family, cls.task, cls.variants(), "1x3x640x640 (dynamic batch)", HUB_NOTE,
-                          "any detector Ultralytics builds by name; heads with a one-to-one branch "
-                          "(yolo26, yolov10) export end-to-end (kept boxes, no NMS); the others take --nms "
-                          "(Ultralytics' NMS in the graph)", nms=True)
+                          "any detector Ultralytics builds by name, run as YOLO(pt).predict runs it (a yolo26 or "
+                          "yolov10 head: its one-to-many branch, NMS after the network); --nms puts Ultralytics' "
+                          "NMS in the graph", nms=True)
 
     def default_class_names(self) -> dict[int, str]:
         return coco_names()  # Ultralytics' detectors are COCO's unless their checkpoint says otherwise
@@ -456,6 +469,7 @@ class YoloSegmentAdapter(_YoloTaskInstances):
     example = "yolo11n-seg"
     summary = "instance masks: output0 boxes + class scores + 32 mask coefficients, output1 prototypes"
     output_names = ("output0", "output1")
+    output_ranks = {"output0": 3, "output1": 4}  # prototypes (B, 32, H/4, W/4)
     extra_part = "mask_coefficients"
     task_gates = instance_gates("mask_map50")
     label_gates = label_gates("mask_map50_95")
@@ -588,6 +602,7 @@ class YoloClassifyAdapter(ClassifyEvaluation, YoloFamily):
     example = "yolo11n-cls"
     summary = "class probabilities (softmax); input resized and centre-cropped as Ultralytics classifies"
     default_input = (1, 3, 224, 224)
+    output_ranks = {"output0": 2}  # class probabilities (B, nc)
     input_description = "NCHW RGB float32 in [0,1], shorter side resized then centre-cropped (Ultralytics classify)"
     int8_exclude = (r"/model\.\d+/linear/.*",)
 

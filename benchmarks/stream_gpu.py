@@ -20,9 +20,11 @@ then each goal's median over the repeats (what the goals are judged by: one run 
 
 The goals, checked on the figures above (per model alone, ``budget``: network p50 by CUDA events, e2e p50 the
 frame's latency, their ratio):
-  yolo alone e2e p50 <= 1.4 x its network p50; depth alone e2e p50 <= 1.25 x its network p50;
-  pair p50 <= 1.1 x the slower model's p50 alone; pair p99 <= 1.3 x pair p50;
-  the stream's frames/s (pair stream) >= 0.95 x 1000 / pair p50.
+  yolo alone e2e p50 <= 1.3 x its network p50; depth alone e2e p50 <= 1.25 x its network p50;
+  pair p50 <= 1.1 x (the slower model's network p50 in the pair, the two networks side by side, by CUDA events,
+  + that model's way around its network alone: its e2e p50 alone - its network p50 alone): what the runtime adds
+  around networks that share the GPU, not how fast the GPU runs two networks at once;
+  pair p99 <= 1.3 x pair p50; the stream's frames/s (pair stream) >= 0.95 x 1000 / pair p50.
 Models: random weights by default (timing does not depend on them), or graphs/engines given with --yolo and
 --depth (e.g. FP16 graphs exported on a CPU machine: enginekit export yolo12n --random-init --fp16
 --input 1x3x384x384 -o yolo12n.fp16.onnx). Latencies are milliseconds per step (frame).
@@ -127,14 +129,34 @@ def budget(run: dict) -> dict:
             "ratio": round(e2e / network, 3) if network == network and network > 0 else float("nan")}
 
 
-#: issue 42's goals: the frame's way around the network per model alone, and the pair's
-E2E_LIMITS = {"yolo alone": 1.4, "depth alone": 1.25}
+#: the goals: the frame's way around the network per model alone, and the pair's
+E2E_LIMITS = {"yolo alone": 1.3, "depth alone": 1.25}
+
+
+def pair_bound(runs: dict) -> tuple[float, str]:
+    """(bound, model): the slower model's network p50 in the pair (side by side, CUDA events) plus its way around
+    its network alone (e2e p50 alone - network p50 alone), for the model that makes this largest."""
+    pair_models = runs["pair"].get("models") or {}
+    best = (float("nan"), "")
+    for name in ("yolo alone", "depth alone"):
+        alone = budget(runs[name])
+        in_pair = ((pair_models.get(alone["model"]) or {}).get("infer_ms") or {}).get("p50")
+        if in_pair is None:
+            continue
+        bound = in_pair + (alone["e2e_p50"] - alone["network_p50"])
+        if not best[0] == best[0] or bound > best[0]:
+            best = (round(bound, 3), alone["model"])
+    return best
 
 
 def goals(runs: dict) -> list[dict]:
-    yolo50, depth50 = runs["yolo alone"]["frame_ms"]["p50"], runs["depth alone"]["frame_ms"]["p50"]
+    if "pair" not in runs:  # --only yolo: the detector's own goal
+        b = budget(runs["yolo alone"])
+        limit = E2E_LIMITS["yolo alone"]
+        return [{"goal": f"{b['model']} alone e2e p50 / network p50", "value": b["ratio"], "limit": f"<= {limit}",
+                 "met": b["ratio"] <= limit}]
     pair50, pair99 = runs["pair"]["frame_ms"]["p50"], runs["pair"]["frame_ms"]["p99"]
-    slower = max(yolo50, depth50)
+    bound, slower_model = pair_bound(runs)
     fps = runs["pair stream"]["fps"]
     out = []
     for name, limit in E2E_LIMITS.items():
@@ -142,8 +164,8 @@ def goals(runs: dict) -> list[dict]:
         out.append({"goal": f"{b['model']} alone e2e p50 / network p50", "value": b["ratio"], "limit": f"<= {limit}",
                      "met": b["ratio"] <= limit})
     return out + [
-        {"goal": "pair p50 / slower alone p50", "value": round(pair50 / slower, 3), "limit": "<= 1.1",
-         "met": pair50 <= 1.1 * slower},
+        {"goal": f"pair p50 / ({slower_model} network p50 in the pair + its way around it alone)",
+         "value": round(pair50 / bound, 3), "limit": "<= 1.1", "met": pair50 <= 1.1 * bound},
         {"goal": "pair p99 / pair p50", "value": round(pair99 / pair50, 3), "limit": "<= 1.3", "met": pair99 <= 1.3 * pair50},
         {"goal": "stream frames/s / (1000 / pair p50)", "value": round(fps / (1000.0 / pair50), 3), "limit": ">= 0.95",
          "met": fps >= 0.95 * 1000.0 / pair50},
@@ -178,7 +200,7 @@ def show(runs: dict, index: int) -> None:
             + f" ({(v.get('latency_ms') or {}).get('p50', 0):.2f})" for m, v in r.get("models", {}).items())
         print(f"{name:<14} {decode if decode is not None else float('nan'):>7.2f} {f['p50']:>8.2f} {f['p95']:>8.2f} "
               f"{f['p99']:>8.2f} {r['fps']:>9.1f} {r['gc']['pauses']:>7}  {stages}")
-    for name in E2E_LIMITS:
+    for name in (n for n in E2E_LIMITS if n in runs):
         b = budget(runs[name])
         print(f"  budget {b['model']} alone: network p50 {b['network_p50']:.2f} ms, e2e p50 {b['e2e_p50']:.2f} ms, "
               f"ratio {b['ratio']:.2f}")
@@ -212,6 +234,8 @@ def main() -> int:
                         help="the detector's frames resized on the GPU (not OpenCV's pixels: enginekit.load's option)")
     parser.add_argument("--priority", choices=("none", "yolo", "depth"), default="none",
                         help="run this model on a CUDA stream of the highest priority (torch)")
+    parser.add_argument("--only", choices=("all", "yolo"), default="all",
+                        help="yolo: the detector alone (its goal only; no depth model loaded)")
     args = parser.parse_args()
     cpu = args.device == "cpu"
     args.backend = args.backend or ("onnxruntime-cpu" if cpu else "auto")
@@ -226,15 +250,17 @@ def main() -> int:
         t = time.perf_counter()
         video = write_video(Path(tmp) / "stream.mp4", frames + 1, (h, w))
         print(f"video: {w}x{h}, {frames + 1} frames, written in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-        yolo, depth = load(args.yolo, args, size), load(args.depth, args, size)
-        for p in (yolo, depth):
+        yolo = load(args.yolo, args, size)
+        depth = load(args.depth, args, size) if args.only == "all" else None
+        models = [p for p in (yolo, depth) if p is not None]
+        for p in models:
             print(f"{p.model}: {p.backend} on {p.device}, {p.precision} ({p.reason})", file=sys.stderr)
         if args.priority != "none":
             print(prioritize(yolo if args.priority == "yolo" else depth), file=sys.stderr)
-        names = [yolo.model, depth.model]
+        names = [p.model for p in models]
         repeats = []
         for _ in range(max(1, args.repeat)):
-            runs = {
+            runs = {"yolo alone": stream([yolo], video, frames, 1, names[:1])} if depth is None else {
                 "yolo alone": stream([yolo], video, frames, 1, names[:1]),
                 "depth alone": stream([depth], video, frames, 1, names[1:]),
                 "pair": stream([yolo, depth], video, frames, 1, names),
@@ -244,7 +270,7 @@ def main() -> int:
             repeats.append({"runs": runs, "goals": goals(runs)})
             show(runs, len(repeats))
             if len(repeats) == 1:
-                for p in (yolo, depth):
+                for p in models:
                     print(f"  {p.model}: {graphs(p)}")
     from enginekit.gpu import gpu_info
 

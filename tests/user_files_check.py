@@ -67,11 +67,11 @@ def _their_extra(result, task: str):
     """Masks at the photograph's resolution (bool N x H x W: Ultralytics' ``retina_masks`` path, which enginekit's
     masks follow) or keypoints (N x K x 3), or None."""
     if task == "segment" and result.masks is not None:
-        return result.masks.data.numpy() > 0.5
+        return result.masks.data.cpu().numpy() > 0.5
     if task == "segment":
         return np.zeros((0, *result.orig_shape), bool)
     if task == "pose":
-        return result.keypoints.data.numpy() if result.keypoints is not None else np.zeros((0, 0, 3), np.float32)
+        return result.keypoints.data.cpu().numpy() if result.keypoints is not None else np.zeros((0, 0, 3), np.float32)
     return None
 
 
@@ -103,9 +103,9 @@ def _theirs(result, task: str):
         return int(result.probs.top1), None, None
     if task == "obb":
         o = result.obb
-        return o.cls.numpy().astype(int), o.xywhr.numpy(), o.conf.numpy()
+        return o.cls.cpu().numpy().astype(int), o.xywhr.cpu().numpy(), o.conf.cpu().numpy()
     b = result.boxes
-    return b.cls.numpy().astype(int), b.xyxy.numpy(), b.conf.numpy()
+    return b.cls.cpu().numpy().astype(int), b.xyxy.cpu().numpy(), b.conf.cpu().numpy()
 
 
 def _ours(result, task: str):

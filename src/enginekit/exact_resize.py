@@ -82,14 +82,16 @@ def resize_linear(x, size: tuple[int, int]):
 
     h, w = x.shape[-2:]
     oh, ow = size
-    src = x.to(torch.int32)
     if (h, w) == (oh, ow):
-        return src
+        return x.to(torch.int32)
     c0, c1, ca, cb = _tables(w, ow, True, x.device)
     r0, r1, ra, rb = _tables(h, oh, False, x.device)
-    rows = src.index_select(-1, c0) * ca + src.index_select(-1, c1) * cb  # exact: at most 255 * 2048
-    top = rows.index_select(-2, r0) >> 4
-    bottom = rows.index_select(-2, r1) >> 4
+    # the two source rows of each output row first, then the horizontal pass on those rows only (each row's pass is
+    # independent of the others: the same integers as passing every source row, on 2 * h_out rows instead of h_in)
+    pair = x.index_select(-2, torch.cat((r0, r1))).to(torch.int32)  # (the rows it reads, not the whole frame)
+    rows = pair.index_select(-1, c0) * ca + pair.index_select(-1, c1) * cb  # exact: at most 255 * 2048
+    rows >>= 4
+    top, bottom = rows[..., :oh, :], rows[..., oh:, :]
     ra, rb = ra[:, None], rb[:, None]
     out = (((top * ra) >> 16) + ((bottom * rb) >> 16) + ROUND) >> 2
     return out.clamp_(0, 255)

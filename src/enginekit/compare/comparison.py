@@ -344,7 +344,8 @@ def in_distribution_only(precision: str) -> bool:
 
 
 def compare(run: Runner, cases: Iterable[Case], *, adapter: Family, gates: Gates, precision: str,
-            metadata: dict[str, str] | None = None, name: str = "candidate", require_task: bool = True) -> Comparison:
+            metadata: dict[str, str] | None = None, name: str = "candidate", require_task: bool = True,
+            intervals: bool = True) -> Comparison:
     """Run ``run`` on every case's feed; compare each output part with the reference's; gate.
 
     Parity: per part, the worst figures over the cases against the part's limits (finite, rel L2,
@@ -353,7 +354,8 @@ def compare(run: Runner, cases: Iterable[Case], *, adapter: Family, gates: Gates
     Task: the family's task metrics on the photo cases, against its task gates. ``require_task``: a
     candidate compared on no photograph, or on photographs where the reference offers nothing to
     compare (no detections at the operating point), fails; without it (export and build parity)
-    that is a note.
+    that is a note. ``intervals``: a reduced precision's task gates decided on their bootstrap intervals (off only
+    where the figures rank candidates and decide nothing, as repair's per-node measurement).
     """
     metadata = metadata or {}
     parts = list(adapter.output_parts(metadata))
@@ -412,7 +414,7 @@ def compare(run: Runner, cases: Iterable[Case], *, adapter: Family, gates: Gates
         figures = ", ".join(f"{p} rel L2 {w['rel_l2']:.3g}" for p, w in result.structure.items())
         result.notes.append(f"random inputs: {precision} parity judged on the photographs; on noise, out of the "
                             f"calibrated range, only finite outputs are gated ({figures})")
-    _task_checks(result, adapter, gates, precision, metadata, photo_ref, photo_got, require_task)
+    _task_checks(result, adapter, gates, precision, metadata, photo_ref, photo_got, require_task, intervals)
     return result
 
 
@@ -454,7 +456,8 @@ def _photo_batch(outputs: dict[str, list[np.ndarray]]):
     return [{k: v[i] for k, v in outputs.items()} for i in range(count)]
 
 
-def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_ref, photo_got, require_task) -> None:
+def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_ref, photo_got, require_task,
+                 intervals: bool = True) -> None:
     name = result.name
     if not photo_ref:
         if require_task:
@@ -463,7 +466,7 @@ def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_
             result.notes.append("task metrics not computed: no photographs among the inputs")
         return
     ref_batch, got_batch = _photo_batch(photo_ref), _photo_batch(photo_got)
-    rated = precision in PRECISIONS and PRECISIONS[precision].reduced  # its gates decided on their intervals
+    rated = intervals and precision in PRECISIONS and PRECISIONS[precision].reduced  # decided on their intervals
     options = {**gates.options(precision), **({"intervals": 1.0} if rated else {})}
     result.task = adapter.task_metrics(ref_batch, got_batch, metadata, options)
     result.task_gates = gates.task(precision)

@@ -224,8 +224,9 @@ def ultralytics_ap(refs: list[Instances], ranked: list[Instances], similarity: S
         confs.append(cand.scores)
         pred_cls.append(cand.classes)
         target_cls.append(ref.classes)
-    def ap_of(index) -> tuple[float, float]:
-        tp = np.concatenate([tps[i] for i in index]) if len(index) else np.zeros((0, 10), bool)
+    def ap_of(index, thresholds: int = 10) -> tuple[float, float]:
+        # thresholds=1: the IoU 0.5 column alone (mAP50; the replicates need no more, at a tenth of the work)
+        tp = np.concatenate([tps[i][:, :thresholds] for i in index]) if len(index) else np.zeros((0, 10), bool)
         if not len(tp):
             return 0.0, 0.0
         ap = ap_per_class(tp, np.concatenate([confs[i] for i in index]), np.concatenate([pred_cls[i] for i in index]),
@@ -237,7 +238,7 @@ def ultralytics_ap(refs: list[Instances], ranked: list[Instances], similarity: S
         return found
     from enginekit.compare.intervals import resamples
 
-    return found, [ap_of(idx)[0] for idx in resamples(len(tps), AGREEMENT_REPLICATES)]
+    return found, [ap_of(idx, 1)[0] for idx in resamples(len(tps), AGREEMENT_REPLICATES)]
 
 
 # -- the metrics ----------------------------------------------------------------------------------------
@@ -305,40 +306,9 @@ def compare_instances(decode: Decode, reference: dict[str, np.ndarray], candidat
     """Decode both sides (at ``conf - margin``, and the candidate's ranked list at ``CONF_MAP`` up to
     ``ranked_max_det`` per image) and compare them: the metrics, and the decoded reference and
     candidate instances (for what a family adds, such as the masks it left out)."""
-    measured = margin < 0  # a negative margin: measured from the candidate's own score shift (0: the plain rule)
-    low = max(conf - (AUTO_MARGIN_MAX if measured else margin), CONF_MAP)
+    low = max(conf - margin, CONF_MAP)
     refs, cands = decode(reference, low, MAX_DET), decode(candidate, low, MAX_DET)
     ranked = decode(candidate, min(CONF_MAP, conf), ranked_max_det)
-    if measured:  # the threshold flips are judged by how far the candidate moves scores (measured, not assumed)
-        margin = measured_margin(refs, cands, similarity, conf)
-        keep_low = conf - margin
-        refs = [r[r.scores >= keep_low] for r in refs]
-        cands = [c[c.scores >= keep_low] for c in cands]
     metrics = instance_metrics(refs, cands, ranked, similarity, conf=conf, margin=margin, prefix=prefix,
                                box_map50=box_map50, intervals=intervals)
-    if measured:
-        metrics["conf_margin"] = margin
-        metrics.setdefault("threshold_flips", 0.0)
     return metrics, refs, cands
-
-
-#: the widest band around the operating point a measured score shift may give (a collapsed head's scores move
-#: by much more: its loss is then counted, and its scores part and mAP fail it anyway)
-AUTO_MARGIN_MAX = 0.05
-
-
-def measured_margin(refs: list, cands: list, similarity: Similarity, conf: float) -> float:
-    """The band around ``conf`` in which an instance's crossing is a threshold flip, not a loss or an extra: the 90th
-    percentile of the score shift over the instances both sides hold above the operating point (paired as the
-    metrics pair them), at most ``AUTO_MARGIN_MAX``; 0 where none are paired. A reference instance whose score lies
-    within it of the threshold, and that the candidate scores just below, does not decide recall alone (nor an extra
-    one precision)."""
-    shifts = []
-    for ref, cand in zip(refs, cands):
-        if not len(ref) or not len(cand):
-            continue
-        sim = np.asarray(similarity(ref, cand))
-        for ci, ri in greedy_pairs(sim, ref, cand):
-            if ref.scores[ri] >= conf and cand.scores[ci] >= conf:
-                shifts.append(abs(float(cand.scores[ci]) - float(ref.scores[ri])))
-    return float(min(AUTO_MARGIN_MAX, np.percentile(shifts, 90))) if shifts else 0.0

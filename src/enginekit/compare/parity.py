@@ -147,7 +147,7 @@ class _Fixed(Gates):
 
 def check_onnx(references: ReferenceCache, onnx_path: Path, cases: list[Case], precision: str,
                tolerance: Tolerance | None = None, *, gates: Gates | None = None,
-               metadata: dict[str, str] | None = None) -> ParityResult:
+               metadata: dict[str, str] | None = None, intervals: bool = True) -> ParityResult:
     """An ONNX graph on ONNX Runtime against the PyTorch reference, per output part.
 
     ``gates``: the family's limits with the user's overrides (default: the family's).
@@ -168,7 +168,7 @@ def check_onnx(references: ReferenceCache, onnx_path: Path, cases: list[Case], p
         return runtime.run(sess, {input_name: next(iter(feed.values()))})
 
     found = compare(run, references.cases(cases), adapter=adapter, gates=gates, precision=precision,
-                    metadata=metadata, name=onnx_path.name, require_task=False)
+                    metadata=metadata, name=onnx_path.name, require_task=False, intervals=intervals)
     result = ParityResult(onnx_path.name, precision, tolerance or gates.parity(precision), found)
     result.cases = found.cases
     return result

@@ -339,6 +339,8 @@ class Recipe(_Strict):
             options["random_init"] = False
         if extra.get("random_init"):
             options["weights"] = None
+        if extra.get("imgsz") is not None:  # --imgsz on the command line replaces the recipe's profile
+            options.pop("profiles", None)
         if extra.get("declared"):  # --task, --outputs... over the recipe's declaration
             extra["declared"] = {**options["declared"], **extra["declared"]}
         options.update(extra)

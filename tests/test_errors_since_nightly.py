@@ -174,6 +174,9 @@ def test_imgsz_is_named_as_given_and_its_own_form_is_suggested(run_cli):
     line = assert_one_line_error(run_cli("export", "yolo12n", "--random-init", "--imgsz", "640,640", "-o", "x.onnx"),
                                  2, "--imgsz '640,640'", "384x640")
     assert "1x3x640x640" not in line  # --imgsz takes no batch and channels
+    line = assert_one_line_error(run_cli("export", "yolo12n", "--random-init", "--imgsz", "0", "-o", "x.onnx"),
+                                 2, "--imgsz '0'", "positive")
+    assert "0x0" not in line  # the size as typed, not the form it was read into
 
 
 # --------------------------------------------------------------------------- reports CI reads

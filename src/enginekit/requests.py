@@ -621,6 +621,8 @@ def image_size(text: str, what: str = "--input") -> tuple[int, int]:
     if not nchw and not re.fullmatch(r"\d+(x\d+)*", text):
         shown = text if len(text) <= 80 else text[:77] + "..."
         raise UsageError(f"malformed {what} {shown!r}: expected a size (640) or HxW (384x640)")
+    if not nchw and any(int(d) <= 0 for d in text.split("x") if len(d) <= 10):
+        raise UsageError(f"{what} {text!r}: every side must be positive (a size like 640, or HxW like 384x640)")
     dims = tuple(parse_shape(f"{text}x{text}" if text.isdigit() else text, what=what))
     if len(dims) not in ((2, 4) if nchw else (2,)) or min(dims) < 1:
         also = " (NxCxHxW is --input's)" if len(dims) == 4 else ""

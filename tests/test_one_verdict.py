@@ -102,7 +102,11 @@ def test_verify_with_labels_names_the_failed_build_check_and_builds_nothing_then
                          cwd=world, env=_env(world))
     text = " ".join(run.stderr.split())
     assert run.code == 1, run.stderr[-3000:]
-    assert "an earlier check of this graph failed: build" in text and "task recall" in text, text[-3000:]
+    # build's first failing figure (which one depends on the trained weights: a task share or a parity part)
+    figure = re.search(r"failed parity \(((?:parity|task) [a-z_0-9 ]+) =", failed.stderr.replace("\n", " ")).group(1)
+    earlier = text[text.index("an earlier check of this graph failed: build"):] if "an earlier check of this graph " \
+        "failed: build" in text else ""
+    assert earlier and figure in earlier, (figure, text[-3000:])
     assert "no engine of it in the cache" in text and _entries(world, "engine") == []
     junit = ET.parse(world / "chain.xml").getroot()
     assert any(c.get("name") == "no earlier check of this graph failed" for c in junit.iter("testcase")
@@ -266,8 +270,18 @@ def test_predict_names_the_model_times_each_photo_and_names_the_int8_file(world,
     int8 = run_cli_module("predict", "best.pt", str(assets / "bus.jpg"), "--precision", "int8", cwd=world,
                           env={**_env(world), "CUDA_VISIBLE_DEVICES": ""})
     line = assert_one_line_error(int8, 2, "int8")
-    assert "onnx-int8-repair" in line and line.rstrip().endswith("model.onnx")
-    assert Path(line.rsplit(" ", 1)[1]).is_file()
+    # the repaired graph is named while no check of it failed; verify --data on 2 labelled images (above) may fail it
+    # (its mAP drop's interval, on the trained weights of this run): then no hint names it
+    from enginekit.cache import Cache
+    from enginekit.verification.record import engine_record
+
+    [engine] = _entries(world, "engine")
+    record = engine_record(Cache(world / "cache"), json.loads((engine / "manifest.json").read_text()))
+    if record.failed:
+        assert "onnx-int8-repair" not in line and "enginekit build best.pt --precision int8" in line, line
+    else:
+        assert "onnx-int8-repair" in line and line.rstrip().endswith("model.onnx")
+        assert Path(line.rsplit(" ", 1)[1]).is_file()
 
 
 def test_library_warnings_are_routed_and_shown_with_verbose(run_cli, tmp_path):

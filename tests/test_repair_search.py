@@ -80,6 +80,33 @@ def test_strip_qdq_gives_the_fp32_node_back(tmp_path):
     assert strip_qdq(q, src, []).graph.node[0].op_type == "QuantizeLinear"  # untouched without nodes
 
 
+def test_own_error_is_each_nodes_own_rounding_measured_in_one_run(tmp_path):
+    """The screen's figure for a node is the rel L2 between its output in the Q/DQ graph and in FP32 from the same
+    inputs: here the whole graph is one quantized Conv, so it equals the rel L2 of the two graphs' outputs; a finer
+    scale rounds less and gives a smaller figure (the figure follows the rounding, not the node)."""
+    from onnx import numpy_helper
+
+    from enginekit.compare.repair import own_error
+    from enginekit.onnx import runtime
+
+    src, q = _qdq_pair_graph(tmp_path)
+    feeds = [{"x": np.random.default_rng(i).uniform(-1, 1, (1, 1, 2, 2)).astype(np.float32)} for i in range(3)]
+    want = [runtime.run(runtime.session_from_model(src), f)["y"] for f in feeds]
+    got = [runtime.run(runtime.session_from_model(q), f)["y"] for f in feeds]
+    diff = sum(float(np.square(g.astype(np.float64) - w).sum()) for g, w in zip(got, want))
+    norm = sum(float(np.square(w.astype(np.float64)).sum()) for w in want)
+    coarse = own_error(q, src, ["conv"], feeds)
+    assert coarse["conv"] > 0.1 and np.isclose(coarse["conv"], np.sqrt(diff / norm), rtol=1e-5), coarse
+    for init in q.graph.initializer:  # the same graph quantized at a 25x finer step
+        if init.name == "s":
+            init.CopyFrom(numpy_helper.from_array(np.array(0.02, np.float32), "s"))
+        elif init.name == "Wq":
+            w = numpy_helper.to_array(src.graph.initializer[0])
+            init.CopyFrom(numpy_helper.from_array(np.clip(np.round(w / 0.02), -127, 127).astype(np.int8), "Wq"))
+    fine = own_error(q, src, ["conv"], feeds)
+    assert 0 < fine["conv"] < coarse["conv"] / 10, (fine, coarse)
+
+
 def _plant_an_outlier(weights: Path, photo: Path, out: Path, scale: float = 300.0) -> str:
     """The trained detector with one INT8-hostile layer: the first convolution's most active output channel
     scaled up ``scale`` times (BatchNorm weight and bias) and the next convolution's weights for that channel

@@ -298,9 +298,61 @@ def _train_child(work: Path) -> None:
     shutil.copy2(best, work / "best.pt")
 
 
+# ------------------------------------------------------------------------------------------- quantization-aware
+
+#: the QAT fine-tune of the trained detector, as a user runs it: ``YOLO(best.pt).train(..., quantize=8)``
+QAT_TRAIN = {"epochs": 2, "lr0": 0.0005, "warmup_epochs": 0, "quantize": 8}
+
+
+def qat_detector(root: Path | None = None) -> Path:
+    """The trained detector fine-tuned quantization-aware by Ultralytics' trainer (``quantize=8``, through ModelOpt:
+    INT8 fake quantizers with calibrated ranges, two epochs at a small learning rate): its ``best.pt``, a checkpoint
+    that keeps the model without quantizers and ModelOpt's state beside it under ``"modelopt"``. Cached like the
+    detector, keyed by it and ModelOpt's version."""
+    from importlib.metadata import version
+
+    from filelock import FileLock
+
+    base = trained_detector(root)
+    parts = {"base": cache_key(), "train": QAT_TRAIN, "modelopt": version("nvidia-modelopt")}
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+    entry = (root or cache_root()) / f"{MODEL}-shapes-qat-{key}"
+    with FileLock(str(entry) + ".lock"):
+        if not (entry / "best.pt").exists():
+            work = entry.with_name(entry.name + f".tmp{os.getpid()}")
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            env = dict(os.environ, YOLO_OFFLINE="1", YOLO_VERBOSE="False", YOLO_CONFIG_DIR=str(work / "config"))
+            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--qat-into", str(work),
+                                   str(base.weights)], env=env, capture_output=True, text=True)
+            if proc.returncode != 0 or not (work / "best.pt").exists():
+                raise RuntimeError(f"QAT fine-tuning of the test detector failed ({proc.returncode}):\n"
+                                   f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            for scratch in ("runs", "dataset", "config"):
+                shutil.rmtree(work / scratch, ignore_errors=True)
+            shutil.rmtree(entry, ignore_errors=True)
+            work.rename(entry)
+    return entry / "best.pt"
+
+
+def _qat_child(work: Path, weights: Path) -> None:
+    import ultralytics.data.utils as data_utils
+    from ultralytics import YOLO
+
+    data_utils.check_font = lambda *a, **k: None
+    yaml_path = write_dataset(work / "dataset")
+    settings = {k: v for k, v in TRAIN.items() if k not in ("model", *QAT_TRAIN)}
+    YOLO(str(weights)).train(data=str(yaml_path), device="cpu", workers=0, plots=False, val=False,
+                             project=str(work / "runs"), name="train", exist_ok=True, verbose=False,
+                             **settings, **QAT_TRAIN)
+    shutil.copy2(work / "runs" / "train" / "weights" / "best.pt", work / "best.pt")
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--train-into":
         _train_child(Path(sys.argv[2]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "--qat-into":
+        _qat_child(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
         found = trained_detector()
         print(found.weights, f"(trained in {found.train_seconds} s)")

@@ -76,6 +76,18 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
 )}
 NAMES: tuple[str, ...] = tuple(PRECISIONS)
 
+#: the ONNX metadata key, and value, of a graph exported from a quantization-aware trained checkpoint (Ultralytics'
+#: ``train(quantize=8)``): its Q/DQ nodes carry the trained INT8 ranges, so its INT8 is that graph (no calibration)
+QUANTIZATION = "quantization"
+QAT = "qat-int8"
+#: how such a graph's INT8 was made (the engine key's method): every graph of its chain is INT8
+QAT_METHOD = "qat"
+
+
+def is_qat(metadata) -> bool:
+    """Whether a graph's metadata says it holds the trained Q/DQ ranges of a quantization-aware checkpoint."""
+    return bool(metadata) and metadata.get(QUANTIZATION) == QAT
+
 
 def get(name: str) -> Precision:
     """The precision named ``name``, or a one-line UsageError listing them."""

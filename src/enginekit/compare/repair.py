@@ -193,29 +193,116 @@ def strip_qdq(quantized, source, nodes) -> "onnx.ModelProto":
     model = copy.deepcopy(quantized)
     graph = model.graph
     wanted = set(nodes)
-    producer = {o: n for n in graph.node for o in n.output}
-    src_nodes = {n.name: n for n in source.graph.node}
-    src_inits = {i.name: i for i in source.graph.initializer}
-    have_inits = {i.name for i in graph.initializer}
+    rewire = _Rewire(graph, source)
     for node in graph.node:
-        if node.name not in wanted:
-            continue
-        original = src_nodes.get(node.name)
-        for i, name in enumerate(node.input):
-            dq = producer.get(name)
-            if dq is None or dq.op_type != "DequantizeLinear":
-                continue
-            q = producer.get(dq.input[0])
-            if q is not None and q.op_type == "QuantizeLinear":
-                node.input[i] = q.input[0]
-            elif original is not None and i < len(original.input) and original.input[i] in src_inits:
-                weight = original.input[i]
-                if weight not in have_inits:
-                    graph.initializer.append(src_inits[weight])
-                    have_inits.add(weight)
-                node.input[i] = weight
+        if node.name in wanted:
+            rewire(node, node.name)
     _drop_unused(graph)
     return model
+
+
+class _Rewire:
+    """Wires a node of a Q/DQ graph to what its DequantizeLinear inputs dequantize: an activation to the
+    QuantizeLinear's input, a weight to the FP32 initializer of ``source`` (adding it to the graph)."""
+
+    def __init__(self, graph, source):
+        self.graph = graph
+        self.producer = {o: n for n in graph.node for o in n.output}
+        self.src_nodes = {n.name: n for n in source.graph.node}
+        self.src_inits = {i.name: i for i in source.graph.initializer}
+        self.have_inits = {i.name for i in graph.initializer}
+
+    def __call__(self, node, name: str) -> int:
+        """Rewire ``node`` (named ``name`` in the source graph); the number of inputs rewired."""
+        original = self.src_nodes.get(name)
+        changed = 0
+        for i, tensor in enumerate(node.input):
+            dq = self.producer.get(tensor)
+            if dq is None or dq.op_type != "DequantizeLinear":
+                continue
+            q = self.producer.get(dq.input[0])
+            if q is not None and q.op_type == "QuantizeLinear":
+                node.input[i] = q.input[0]
+                changed += 1
+            elif original is not None and i < len(original.input) and original.input[i] in self.src_inits:
+                weight = original.input[i]
+                if weight not in self.have_inits:
+                    self.graph.initializer.append(self.src_inits[weight])
+                    self.have_inits.add(weight)
+                node.input[i] = weight
+                changed += 1
+        return changed
+
+
+#: suffix of the high-precision twin a node gets for ``own_error``
+_TWIN = "/enginekit_fp32_twin"
+
+
+def own_error(quantized, source, names: list[str], feeds) -> dict[str, float]:
+    """Each node's own rounding, in one ONNX Runtime session: the rel L2 between its output in the Q/DQ graph and
+    the output of a twin that reads the same activations before their QuantizeLinear and the FP32 weights, summed
+    over ``feeds`` (each an input dict). Every node of ``names`` gets its twin in the one graph, so one run per feed
+    measures all of them (``measured_effect`` takes one run per node and feed). What it cannot see: how much of a
+    node's rounding reaches the gated outputs (``screened_effect`` measures that for the nodes this ranks first)."""
+    import copy
+
+    import onnx
+
+
+    model = copy.deepcopy(quantized)
+    graph = model.graph
+    rewire = _Rewire(graph, source)
+    wanted = set(names)
+    twins, pairs = [], {}
+    for node in list(graph.node):
+        if node.name not in wanted or not node.output or not node.output[0]:
+            continue
+        twin = copy.deepcopy(node)
+        if not rewire(twin, node.name):
+            continue
+        twin.name = node.name + _TWIN
+        twin.output[:] = [o + _TWIN if o else "" for o in node.output]
+        twins.append(twin)
+        pairs[node.name] = (node.output[0], twin.output[0])
+    graph.node.extend(twins)  # each twin reads only tensors made before it: still in topological order
+    have = {o.name for o in graph.output}
+    for pair in pairs.values():
+        for tensor in pair:
+            if tensor not in have:
+                graph.output.append(onnx.ValueInfoProto(name=tensor))
+                have.add(tensor)
+    sess = runtime.session_from_model(model)
+    wanted_out = sorted({t for pair in pairs.values() for t in pair})
+    diff = dict.fromkeys(pairs, 0.0)
+    norm = dict.fromkeys(pairs, 0.0)
+    for feed in feeds:
+        got = dict(zip(wanted_out, sess.run(wanted_out, feed)))
+        for name, (out, ref) in pairs.items():
+            a, b = np.asarray(got[out], np.float64), np.asarray(got[ref], np.float64)
+            if a.shape != b.shape or a.dtype.kind != "f":
+                continue
+            diff[name] += float(np.square(a - b).sum())
+            norm[name] += float(np.square(b).sum())
+    return {n: float(np.sqrt(diff[n] / norm[n])) if norm[n] > 0 else 0.0 for n in pairs}
+
+
+def screened_effect(quantized, source, names: list[str], score, feeds, *, measure: int, on_node=None
+                    ) -> tuple[dict[str, float], dict[str, float]]:
+    """``measured_effect`` for the ``measure`` nodes whose own rounding (``own_error``) is largest, the rest ranked
+    after them by their own rounding alone (a positive figure below the least measured one, so the search can still
+    reach them): (ranking, the measured effects). One run per feed ranks every node; ``measure`` full evaluations decide the
+    order of those that may matter."""
+    own = own_error(quantized, source, names, feeds)
+    screened = sorted(names, key=lambda n: -own.get(n, 0.0))
+    top = screened[:measure]
+    effect = measured_effect(quantized, source, top, score, on_node=on_node)
+    floor = min([v for v in effect.values() if v > 0], default=1e-6)
+    rest = [n for n in screened[measure:] if own.get(n, 0.0) > 0]
+    worst = max((own[n] for n in rest), default=1.0) or 1.0
+    ranking = dict(effect)
+    for n in rest:  # below every measured node with an effect, in the order of their own rounding
+        ranking[n] = 0.5 * floor * own[n] / worst
+    return ranking, effect
 
 
 def _drop_unused(graph) -> None:

@@ -482,6 +482,8 @@ def load_ultralytics_model(path: Path, *, trust: bool | None = None):
     if not isinstance(train_args, dict):
         train_args = dict(vars(train_args)) if hasattr(train_args, "__dict__") else {}
     model = candidate.float()
+    if isinstance(ckpt, dict) and ckpt.get("modelopt"):  # trained quantization-aware: its quantizers put back
+        restore_quantizers(model, ckpt["modelopt"], path)
     model.args = {**DEFAULT_CFG_DICT, **train_args}
     model.pt_path = str(path)
     model.task = getattr(model, "task", None) or guess_model_task(model)
@@ -494,6 +496,46 @@ def load_ultralytics_model(path: Path, *, trust: bool | None = None):
         elif isinstance(m, torch.nn.Upsample) and not hasattr(m, "recompute_scale_factor"):
             m.recompute_scale_factor = None
     return check_runs(model, path)
+
+
+def restore_quantizers(model, state, path: Path) -> None:
+    """A checkpoint Ultralytics trained quantization-aware (``model.train(..., quantize=8)``, through ModelOpt) keeps
+    its model without quantizers and, beside it under ``"modelopt"``, ModelOpt's state and the trained ranges:
+    Ultralytics' ``restore_qat`` puts them back (as its ``load_checkpoint`` does), so the model computes as it was
+    trained (fake-quantized INT8) and exports as its Q/DQ graph. Without ModelOpt's torch side: exit 3."""
+    try:
+        from ultralytics.utils.torch_utils import restore_qat
+    except ImportError as exc:
+        raise CapabilityError(f"{path} was trained quantization-aware (Ultralytics quantize=8); this Ultralytics "
+                              "cannot restore its quantizers (it has no restore_qat: Ultralytics 8.4 or later)") from exc
+    import io
+
+    try:  # ModelOpt prints what it inserts ("Inserted 308 quantizers"): the library never prints, stdout is the user's
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            restore_qat(model, state)
+    except ImportError as exc:
+        raise CapabilityError(f"{path} was trained quantization-aware (Ultralytics quantize=8): restoring its "
+                              f"quantizers needs nvidia-modelopt's torch side ({_first_line(exc)})") from exc
+    except Exception as exc:  # noqa: BLE001 - a state of another ModelOpt, or of another model
+        raise UsageError(f"{path} was trained quantization-aware (Ultralytics quantize=8), but its quantization state "
+                         f"does not restore onto its model: {_first_line(exc)}") from exc
+
+
+def is_qat_checkpoint(path: Path) -> bool:
+    """Whether the checkpoint at ``path`` was trained quantization-aware (its ``"modelopt"`` entry), read through the
+    safe unpickler; False for anything that is not a readable checkpoint (its load says why)."""
+    try:
+        ckpt = safe_load(Path(path))
+    except Exception:  # noqa: BLE001 - the export that follows refuses it in one line
+        return False
+    return isinstance(ckpt, dict) and bool(ckpt.get("modelopt"))
+
+
+def is_quantization_aware(model) -> bool:
+    """Whether ``model`` carries the fake quantizers of a quantization-aware trained checkpoint (ModelOpt's
+    ``TensorQuantizer``, matched by name as Ultralytics' ``is_qat`` does: nothing imports ModelOpt for it)."""
+    return any(type(m).__name__ == "TensorQuantizer" for m in model.modules())
 
 
 def check_runs(model, path: Path):

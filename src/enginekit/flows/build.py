@@ -24,7 +24,7 @@ from enginekit.gpu import gpu_info
 from enginekit.hashing import sha256_file
 from enginekit.onnx.graph import get_metadata, load_model
 from enginekit.pipeline import Artifact, copy_file_atomic, engine_key_parts
-from enginekit.precisions import get as get_precision
+from enginekit.precisions import QAT_METHOD, get as get_precision
 from enginekit.trt.flavours import resolve_targets
 from enginekit.verification.record import record_of
 
@@ -75,7 +75,7 @@ def run_build(request: BuildRequest, cache=None) -> BuildOutcome:
     if r.verify and not r.is_file:  # the graph is judged before any engine is built from it or cached
         checked = graph_parity(pipe, source, r.precision, g.opt_shape, Gates(pipe.adapter, r.tolerances),
                                repaired=(g.repair_result, g.repair_record) if g.repair_result is not None else None,
-                               judge=judging_images(r, g.pipe))
+                               judge=judging_images(r, g.pipe, qat=g.precision_key.get("method") == QAT_METHOD))
         if checked.get("passed") is False:
             raise failed_graph(pipe, source, r, checked)
         verify_fn = lambda _path: checked  # noqa: E731 - the engine's manifest records the verdict its graph got

@@ -11,10 +11,13 @@ from enginekit._version import __version__
 from enginekit.calibration import CalibrationData
 from enginekit.compare.comparison import Gates
 from enginekit.compare.parity import ParityResult, ReferenceCache, check_onnx, parity_inputs
+from enginekit.errors import UsageError
 from enginekit.fsutil import check_output_path
 from enginekit.hashing import sha256_file
 from enginekit.images import images_of, load_images
+from enginekit.onnx.graph import get_metadata, load_model
 from enginekit.pipeline import Stages, copy_out, model_versions, onnxruntime_version
+from enginekit.precisions import is_qat
 from enginekit.shapes import format_shape, parse_shape
 
 
@@ -67,6 +70,14 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
     chain = pipe.onnx_chain(shape, opset=r.opset, fp16=r.fp16, simplifier=r.simplifier,
                             reference_data=CalibrationData(images, count=2))
     simplified, final = chain[1], chain[-1]
+    qat = is_qat(get_metadata(load_model(simplified.path)))
+    if qat and r.fp16:
+        raise UsageError(f"{model.checkpoint.name if model.checkpoint else adapter.variant} was trained "
+                         "quantization-aware (Ultralytics quantize=8): its graph is INT8 with the trained ranges, not "
+                         "FP16 (export it without --fp16)")
+    if qat:
+        reporting.note(f"{adapter.variant}: trained quantization-aware (QAT): its graph is INT8, the trained ranges as "
+                       "Q/DQ; judged against its quantized PyTorch forward with the INT8 gates")
 
     refs = ReferenceCache(adapter, lambda: pipe.loaded)  # the model loads only if a verdict is made
     made: dict = {}
@@ -77,7 +88,7 @@ def run_export(request: ExportRequest, cache=None) -> ExportResult:
         return made["cases"]
 
     results = []
-    checks = [(simplified, "fp32")] + ([(final, "fp16")] if r.fp16 else [])
+    checks = [(simplified, "int8" if qat else "fp32")] + ([(final, "fp16")] if r.fp16 else [])
     for artifact, precision in checks:
         tol = adapter.tolerance(precision)
         if r.rel_l2 is not None and artifact is final:

@@ -23,7 +23,7 @@ from enginekit.flows.store import engine_by_identity
 from enginekit.families.registry import graph_metadata, resolve_recorded
 from enginekit.onnx.graph import get_metadata, input_dims, load_model
 from enginekit.pipeline import Artifact, Stages
-from enginekit.precisions import get as get_precision
+from enginekit.precisions import QAT_METHOD, get as get_precision, is_qat
 from enginekit.requests import BuildRequest, workspace_bytes
 from enginekit.shapes import bind_to_inputs, bind_to_model, parse_profile
 from enginekit.stages.int8 import DEFAULT_METHOD
@@ -109,6 +109,9 @@ def graph_chain(r: BuildRequest, cache=None, *, by_identity: bool = True) -> Gra
 
     if getattr(pipe.adapter, "size_note", None):  # what happens to an input size (depth: any H x W)
         extra["input_sizes"] = pipe.adapter.size_note
+    qat = graph_is_qat(chain[-1].path)
+    if qat:
+        check_qat_request(r, pipe.subject)
     # the precision part of the engine key (Precision.key): how a quantized graph was made
     method = exclude = calibration = repaired_nodes = None
     # the family's default method; an ONNX file of no known family gets the stage's
@@ -121,6 +124,10 @@ def graph_chain(r: BuildRequest, cache=None, *, by_identity: bool = True) -> Gra
                            f"{calib_method}")
     if r.precision == "fp16":
         chain.append(pipe.fp16(chain[-1], opt_shape, CalibrationData(None, count=2)))
+    elif r.precision == "int8" and qat:  # its graph is its INT8: the trained ranges, no calibration
+        reporting.note(f"{pipe.subject} int8: trained quantization-aware (QAT): its graph carries the trained INT8 "
+                       "ranges as Q/DQ; no calibration")
+        method = QAT_METHOD
     elif r.precision == "int8":
         if measure_methods(r, data, calib_cache):  # no method asked for: each ModelOpt offers, judged, the best kept
             calib_method, chosen, table = choose_calibration(r, pipe, chain[-1], opt_shape, data)
@@ -133,7 +140,9 @@ def graph_chain(r: BuildRequest, cache=None, *, by_identity: bool = True) -> Gra
     elif r.precision == "fp8":
         chain.append(pipe.fp8(chain[-1], opt_shape, data, exclude=list(r.exclude)))
         method = mode.method
-    if method is not None:
+    if method == QAT_METHOD:
+        exclude, calibration = [], None
+    elif method is not None:
         exclude = chain[-1].manifest.get("exclude", [])
         calibration = chain[-1].manifest.get("calibration_source")
     repair_record = repair_result = None
@@ -154,11 +163,31 @@ def graph_chain(r: BuildRequest, cache=None, *, by_identity: bool = True) -> Gra
                       repair_result)
 
 
+def graph_is_qat(path: Path) -> bool:
+    """Whether the graph at ``path`` was exported from a quantization-aware trained checkpoint (its metadata)."""
+    return is_qat(get_metadata(load_model(path)))
+
+
+def check_qat_request(r: BuildRequest, subject: str) -> None:
+    """A QAT graph is INT8 with its trained ranges: another precision, or calibration options, are refused (exit 2)."""
+    if r.precision != "int8":
+        raise UsageError(f"{subject} was trained quantization-aware (Ultralytics quantize=8): its graph is INT8 with "
+                         f"the trained ranges, not {r.precision}; build it with --precision int8 (no calibration "
+                         "data needed)")
+    given = [flag for flag, value in (("--calib-data", r.calib_data), ("--calib-cache", r.calib_cache),
+                                      ("--calib-method", r.calib_method), ("--exclude", r.exclude),
+                                      ("--repair", r.repair)) if value]
+    if given:
+        raise UsageError(f"{subject} was trained quantization-aware (Ultralytics quantize=8): its INT8 ranges are "
+                         f"trained, not calibrated: {given[0]} does not apply (judge it on your images with verify "
+                         "--images DIR)")
+
+
 #: images of a user's folder the build judges its graph on (those it did not calibrate on, or ``--images``'s)
 JUDGE_IMAGES = 16
 
 
-def judging_images(r: BuildRequest, pipe) -> tuple:
+def judging_images(r: BuildRequest, pipe, *, qat: bool = False) -> tuple:
     """(the images build judges its graph on, what they are): ``--images``'s; for a calibrated precision with a folder
     of ``--calib-data``, its images the graph was not calibrated on (said, with how many of the folder calibrated it;
     a folder with no others is judged on its calibration images, said as a warning); else the embedded photographs
@@ -177,7 +206,7 @@ def judging_images(r: BuildRequest, pipe) -> tuple:
                        f"of {folder} (--calib-count {r.calib_count}, spread evenly); judged on {said}")
         return photos, said
     photos = load_images(None, limit=BUILD_PHOTOS if get_precision(r.precision).reduced else FP32_BUILD_PHOTOS)
-    if get_precision(r.precision).calibrated and r.calib_data is None and r.calib_cache is None:
+    if get_precision(r.precision).calibrated and r.calib_data is None and r.calib_cache is None and not qat:
         reporting.note(f"{pipe.subject} {r.precision}: no --calib-data: calibrated on the embedded photographs, and "
                        "judged on them (--calib-data DIR calibrates on images of what the model sees and judges on "
                        "others of them)")

@@ -19,6 +19,7 @@ from enginekit.precisions import names as precision_names
 from enginekit.runtime.loader import LoadPlan, open_plan, plan_load
 from enginekit.cache import Cache
 from enginekit.errors import ParityError
+from enginekit.families.checkpoints import is_qat_checkpoint
 from enginekit.families.torch_models.spec import FLAGS, declaration
 from enginekit.flows import run
 from enginekit.flows.build import run_build
@@ -138,7 +139,10 @@ def export_onnx(p: LoadPlan, cache, quiet: bool, shape: tuple[int, ...] | None =
     """The cached, parity-checked graph of ``p``'s model at its precision (fp32 or fp16); ``shape``: the
     input it is exported at (default: the family's)."""
     t, precision = p.target, p.precision
-    if precision not in precision_names(exported=True) or (p.backend.precisions and precision not in p.backend.precisions):
+    # a quantization-aware checkpoint's exported graph is its INT8 (the trained Q/DQ ranges): ONNX Runtime runs it
+    qat = precision == "int8" and t.weights is not None and is_qat_checkpoint(Path(t.weights))
+    if not qat and (precision not in precision_names(exported=True)
+                    or (p.backend.precisions and precision not in p.backend.precisions)):
         engines = " or ".join(b.name for b in backends.running(ENGINE))
         raise UsageError(f"{p.backend.label} runs fp32 and fp16 graphs of a model name; {precision} needs the "
                          f"{engines} backend, {_graph_to_load(t, precision, cache)}")

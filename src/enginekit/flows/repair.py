@@ -26,6 +26,10 @@ REPAIR_PHOTOS = 16
 # On 4, a detector whose loss sits in two early layers (tests/test_one_verdict.py, at 160 px: few detections per
 # image) ranked them 40th and later and the search ran out of trials; on 8 it took 15 trials; on 16, 5.
 RANK_PHOTOS = 16
+# Of the quantized nodes, ranked first by their own rounding (one ONNX Runtime run per photograph ranks all of them:
+# compare.repair.own_error), the ones whose effect on the gates is measured (one full evaluation each); the rest
+# follow in the order of their own rounding. benchmarks/int8_screen.py holds the screen against every node measured.
+MEASURE = 12
 
 
 def _enough_evidence(gates, precision: str, task: dict, folder) -> None:
@@ -68,13 +72,15 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
     gates = Gates(pipe.adapter, overrides)
     folder = Path(data.source) if getattr(data, "source", None) is not None and Path(data.source).is_dir() else None
     # what the search is (its memory's key): the pipeline keys it, the flow only describes it
-    search = {"search": "measured-effect/3" if precision == "int8" else "reverse-topological/2",
+    search = {"search": "screened-effect/1" if precision == "int8" else "reverse-topological/2",
               "source": source.sha256, "precision": precision,
               "gates": {"parity": {p.name: gates.parity(precision, p.name).to_json()
                                    for p in pipe.adapter.output_parts({})},
                         "task": gates.task(precision), "options": gates.options(precision)},
               "photos": data.digest(pipe.adapter, shape) if folder else "embedded",
               "method": calib_method if precision == "int8" else None, "exclude": sorted(exclude)}
+    if precision == "int8":  # another screen may rank, and keep, other nodes
+        search["measure"] = MEASURE
 
     refs = ReferenceCache(pipe.adapter, pipe.loaded)
     photos, judged = judged_on(folder, data)
@@ -124,13 +130,17 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
             return rp.used_share(check_onnx(refs, path, rank_cases, precision, gates=gates,
                                             intervals=False).comparison.checks)
 
-        with reporting.progress(f"repair int8: measure {len(names)} quantized nodes", total=len(names)) as bar:
-            ranking = rp.measured_effect(quantized, original, names, score, on_node=lambda k: bar.advance())
-        causes = effect_table(ranking, score(quantized), base)
+        measure = min(MEASURE, len(names))
+        with reporting.progress(f"repair int8: rank {len(names)} quantized nodes by their own rounding, measure "
+                                f"the first {measure}", total=measure) as bar:
+            ranking, measured = rp.screened_effect(quantized, original, names, score, [c.feed for c in rank_cases],
+                                            measure=measure, on_node=lambda k: bar.advance())
+        causes = effect_table(measured, score(quantized), base)
         if causes:
             reporting.note("repair int8: the loss comes from " + ", ".join(
                 f"{c['node']} ({100 * c['effect'] / max(c['of'], 1e-12):.0f}%)" for c in causes[:5])
-                + f" (share of the gates' figures on {len(rank_cases)} photograph(s) each removes alone)")
+                + f" (share of the gates' figures on {len(rank_cases)} photograph(s) each removes alone; {measure} of "
+                f"{len(names)} nodes measured, those whose own rounding is largest)")
     else:
         with reporting.stage(f"repair {precision}: rank {len(names)} nodes") as s:
             ranking = rp.per_node_error(source.path, chain[-1].path, cases[0].feed, names)
@@ -191,12 +201,31 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
               "trial_seconds": round(sum(seconds) / len(seconds), 3) if seconds else None,
               "trial": "Q/DQ removed around the nodes (ONNX edit)" if precision == "int8" else "AutoCast",
               "judged_on": judged, "causes": causes}
+    if precision == "int8" and record["share"] > LITTLE_GAIN:
+        record["int8_gain"] = little_gain(pipe, source, shape, refs, cases, gates, precision, judged, record)
     if ok:
         pipe.remember_repair(search, result.nodes, record)
     else:
         reporting.warning(f"repair: the gate still fails after keeping {len(result.nodes)} node(s) in {high}: "
                           + "; ".join(last.failures()[:3]))
     return final, record, last
+
+
+#: the share of the quantized nodes kept in high precision past which an INT8 repair says INT8 gains little here
+LITTLE_GAIN = 0.25
+
+
+def little_gain(pipe, source, shape, refs, cases, gates, precision: str, judged: str, record: dict) -> dict:
+    """Where passing keeps more than a quarter of the quantized nodes in high precision, little of INT8's speed is left:
+    said plainly (a warning), beside what the FP16 graph of the same model gives on the same images and gates."""
+    fp16 = check_onnx(refs, pipe.fp16(source, shape, CalibrationData(None, count=2)).path, cases, precision,
+                      gates=gates)
+    said = ("passes these gates" if fp16.passed else f"fails them too ({fp16.failures()[0]})")
+    reporting.warning(f"repair int8: {record['moved']} of {record['candidates']} quantized nodes "
+                      f"({100 * record['share']:.0f}%) kept in high precision: INT8 gains little here; the FP16 graph "
+                      f"of the same model (no calibration) {said} on {judged} (--precision fp16)")
+    return {"share": record["share"], "fp16_passed": fp16.passed, "fp16_failures": fp16.failures()[:3],
+            "fp16_worst_rel_l2": fp16.comparison.worst_rel_l2}
 
 
 def _reachable(pipe, source, shape, refs, cases, gates, precision: str, judged: str) -> None:

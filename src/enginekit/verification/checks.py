@@ -20,7 +20,7 @@ from enginekit.hashing import sha256_file
 from enginekit.model import ModelRequest
 from enginekit.onnx.graph import get_metadata, input_dims, load_model, output_names
 from enginekit.pipeline import Stages, model_versions, onnxruntime_version
-from enginekit.precisions import PRECISIONS, of_stage
+from enginekit.precisions import PRECISIONS, QAT_METHOD, of_stage
 from enginekit.verification.gate import ArtifactReport, Check, Gates, VerifyReport, check_candidate, skipped, unrunnable
 from enginekit.verification.labels import GroundTruth
 from enginekit.verification.pictures import draw_pictures
@@ -174,7 +174,9 @@ def verify_entry(entry, data, overrides, cache, report_dir, given=None, *, task_
     for link in links:
         name = f"onnx-{link['stage']}"
         found = cache.lookup(link["kind"], link["key"]) if "kind" in link else None
-        stage_precision = of_stage(link["stage"]) or precision
+        # every graph of a quantization-aware checkpoint's chain is its INT8 (the trained Q/DQ ranges)
+        qat = m["precision"].get("method") == QAT_METHOD
+        stage_precision = precision if qat else of_stage(link["stage"]) or precision
         if found is not None and found.status == "corrupt":
             what = CorruptEntry(link["kind"], link["key"], None, found.reason or "corrupt").describe()
             report.artifacts.append(corrupt_artifact(name, "onnx", stage_precision, what))

@@ -27,7 +27,8 @@ from enginekit.families.base import (
 from enginekit.families.processing import parse_names
 from enginekit.families.types import FamilyInfo
 from enginekit.shapes import InputConstraint
-from enginekit.families.checkpoints import load_ultralytics_model
+from enginekit.families.checkpoints import is_quantization_aware, load_ultralytics_model
+from enginekit.precisions import QAT, QUANTIZATION
 from enginekit.families.ultralytics.identity import (
     MODEL_SOURCE,
     TASK_SUFFIXES,
@@ -338,6 +339,8 @@ class UltralyticsAdapter(ModelAdapter):
         }
         if self.records_head:
             meta["head"] = type(head).__name__
+        if is_quantization_aware(model):  # its graph carries the trained INT8 ranges as Q/DQ: no calibration
+            meta[QUANTIZATION] = QAT
         if self.facts is not None:  # known by what it is: later runs of its graph read that, not a name
             meta[MODEL_SOURCE] = "checkpoint"
             if self.facts.architecture:

@@ -223,7 +223,7 @@ def test_the_runtime_only_loads():
 #: backends of enginekit.trt's traits table) and distributions
 NAME_ELSEWHERE: dict[str, set[str]] = {
     "trt": {"tensorrt", "tensorrt-rtx"},  # trt/: the TensorRT families themselves
-    "requests.py": {"tensorrt", "tensorrt-rtx"},  # build --trt: a TensorRT flavour
+    "requests/deploy.py": {"tensorrt"},  # deploy --platform tensorrt: Triton's TensorRT backend
     "recipes": {"tensorrt", "tensorrt-rtx"},  # a recipe's trt: (the TensorRT flavour that builds)
     "pipeline.py": {"torch", "tensorrt", "tensorrt-rtx"},  # distributions whose versions a manifest records
     "doctor.py": {"torch", "tensorrt", "tensorrt-rtx"},  # distributions; TensorRT families of the inventory

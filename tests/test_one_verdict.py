@@ -134,12 +134,36 @@ def test_repair_keeps_a_few_nodes_passes_and_caches(world, repaired):
     assert repaired.stdout.strip() == str(engine / "engine.plan")
 
 
+def test_the_calibration_is_chosen_by_measurement(world, failed, repaired, trained_detector, run_cli_module,
+                                                  tmp_path):
+    """No --calib-method: max (YOLO's) is calibrated and judged on the folder's images it did not calibrate on; on the
+    spread detector it fails, so entropy is measured too and the better kept: the table (each method's verdict and
+    figures with their intervals) is printed and kept in the engine's manifest, whose key names the method chosen.
+    The detector as trained passes with max, and entropy is not measured."""
+    text = " ".join(failed.stderr.split())
+    assert re.search(r"int8 calibration max: FAIL; recall [0-9.]+ \[[0-9.]+, [0-9.]+\]", text), text[-3000:]
+    assert re.search(r"int8 calibration entropy: (pass|FAIL); recall [0-9.]+ \[", text) and "<- chosen" in text
+    [engine] = _entries(world, "engine")
+    manifest = json.loads((engine / "manifest.json").read_text())
+    choice = manifest["calibration_choice"]
+    assert [r["method"] for r in choice["rows"]] == ["max", "entropy"] and choice["rows"][0]["passed"] is False
+    assert manifest["precision"]["method"] == choice["chosen"] and "not calibrated on" in choice["judged_on"]
+    shutil.copy(trained_detector.weights, tmp_path / "plain.pt")
+    run = run_cli_module("build", "plain.pt", "--precision", "int8", "--calib-data", str(world / "calib"),
+                         "--calib-count", "8", "--imgsz", IMGSZ, cwd=tmp_path,
+                         env={"ENGINEKIT_CACHE": str(tmp_path / "cache")})  # the world's cache keeps one engine
+    said = " ".join(run.stderr.split())
+    assert run.code == 0, said[-3000:]
+    assert "int8 calibration max: pass" in said and "entropy: not measured (max passed" in said, said[-3000:]
+
+
 def test_verify_repair_reuses_the_stored_repair(world, repaired, run_cli_module):
     run = run_cli_module("verify", "best.pt", "--precision", "int8", "--calib-data", "calib", "--calib-count", "8",
                          "--imgsz", IMGSZ, "--repair", "--images", "check", "--image-count", "16", cwd=world,
                          env=_env(world))
     assert run.code == 0, run.stderr[-2000:]
-    assert "no measuring, no search" in run.stderr and "measure" not in run.stderr.replace("no measuring", "")
+    nodes = run.stderr.replace("no measuring", "").replace("calibration chosen by measurement", "")
+    assert "no measuring, no search" in run.stderr and "measure" not in nodes  # no node measured again
     assert len(_entries(world, "engine")) == 1  # the same engine
 
 

@@ -9,6 +9,7 @@ import typer
 from typer._click.core import Context
 from typer.core import TyperGroup
 
+from enginekit import options as opts
 from enginekit import requests as rq
 from enginekit.families.torch_models.spec import FLAGS
 
@@ -88,8 +89,8 @@ def test_the_table_itself_can_fail():
 
 
 # -- one declaration: options.py's Option is the flag, the help line, the request field and the recipe key ----------
-SHARED = [("build", o) for o in (*rq.BY_FIELD.values(),) if o.field != "opset"] + [
-    ("verify", o) for o in rq.BY_FIELD.values() if o.field != "opset"] + [("export", rq.OPSET)]
+SHARED = [("build", o) for o in (*opts.BY_FIELD.values(),) if o.field != "opset"] + [
+    ("verify", o) for o in opts.BY_FIELD.values() if o.field != "opset"] + [("export", opts.OPSET)]
 
 
 @pytest.mark.parametrize("verb, option", SHARED, ids=[f"{v}-{o.flag}" for v, o in SHARED])
@@ -134,7 +135,7 @@ def test_every_option_a_recipe_holds_reaches_the_build_request(tmp_path):
     request = load_recipe(path).build_request("int8")
     for field, (_, expected) in HELD_VALUES.items():
         got = getattr(request, field)
-        if rq.BY_FIELD[field].is_path:  # a path in a recipe is relative to its file
+        if opts.BY_FIELD[field].is_path:  # a path in a recipe is relative to its file
             assert got == tmp_path / expected, field
         else:
             assert got == expected, field
@@ -155,7 +156,7 @@ def test_a_bad_value_is_refused_alike_by_the_request_and_the_recipe(tmp_path, fi
     from enginekit.errors import UsageError
     from enginekit.recipes import load_recipe
 
-    option = rq.BY_FIELD[field]
+    option = opts.BY_FIELD[field]
     with pytest.raises(UsageError) as by_request:
         rq.BuildRequest(target="yolo12n", random_init=True, precision="int8", **{field: bad})
     text = str(by_request.value)

@@ -158,7 +158,10 @@ def test_int8_repair_finds_a_planted_culprit(trained_detector, tmp_path, monkeyp
     assert rec["trials"] <= 8, rec["trials"]
     assert "not calibrated on" in rec["judged_on"], rec["judged_on"]  # 16 of the 24: none it calibrated on
     assert rec["task_after"]["recall"] >= 0.95 and rec["task_after"]["compared"] > 0  # the task was gated too
-    assert len(quantized) == 1  # an ONNX edit per trial, not a ModelOpt run
+    # one ModelOpt run per calibration method measured (max fails here, so entropy is measured too): the trials are
+    # ONNX edits of the graph chosen
+    choice = out.manifest["calibration_choice"]
+    assert len(quantized) == len(choice["rows"]) == 2, choice
     assert out.manifest["precision"]["repaired_nodes"] == rec["nodes"]
     assert out.manifest["chain"][-1]["stage"] == "int8-repair"
 

@@ -167,7 +167,8 @@ CALIB_DATA = Option("calib_data", ("--calib-data",), Optional[Path], None,
 CALIB_COUNT = Option("calib_count", ("--calib-count",), int, 8, "Calibration inputs.", PANEL_CALIB,
                      recipe=("calibration", "count"), limits={"ge": 1})
 CALIB_METHOD = Option("calib_method", ("--calib-method",), Optional[str], None,
-                      "max, entropy, or auto: each judged, the best kept (default: the family's).", PANEL_CALIB,
+                      "max, entropy, or auto: each judged, the best kept (default: the family's; the "
+                      "others too where it fails on --calib-data's other images).", PANEL_CALIB,
                       recipe=("calibration", "method"), check=_calibration_method)
 CALIB_CACHE = Option("calib_cache", ("--calib-cache",), Optional[Path], None,
                      "Calibration cache to read (if it exists) or write.", PANEL_CALIB, recipe=("calibration", "cache"))

@@ -117,7 +117,7 @@ def graph_chain(r: BuildRequest, cache=None, *, by_identity: bool = True) -> Gra
     # the family's default method; an ONNX file of no known family gets the stage's
     family_method = getattr(pipe.adapter, "int8_calibration", None)
     calib_method = r.calib_method or family_method or DEFAULT_METHOD
-    if calib_method == AUTO_METHOD and not measure_methods(r, data, calib_cache):  # nothing apart to judge on
+    if r.calib_method == AUTO_METHOD and not measure_methods(r, data, calib_cache):  # nothing apart to judge on
         calib_method = family_method or DEFAULT_METHOD
         if r.precision == "int8":
             reporting.note(f"--calib-method auto measures on a folder of --calib-data's images: calibrating with "
@@ -129,8 +129,10 @@ def graph_chain(r: BuildRequest, cache=None, *, by_identity: bool = True) -> Gra
                        "ranges as Q/DQ; no calibration")
         method = QAT_METHOD
     elif r.precision == "int8":
-        if measure_methods(r, data, calib_cache):  # no method asked for: each ModelOpt offers, judged, the best kept
-            calib_method, chosen, table = choose_calibration(r, pipe, chain[-1], opt_shape, data)
+        if measure_methods(r, data, calib_cache):  # judged on the folder's other images: the best method kept
+            calib_method, chosen, table = choose_calibration(r, pipe, chain[-1], opt_shape, data,
+                                                             first=family_method or DEFAULT_METHOD,
+                                                             every=r.calib_method == AUTO_METHOD)
             extra["calibration_choice"] = table
             chain.append(chosen)
         else:
@@ -270,24 +272,36 @@ AUTO_METHOD = "auto"
 
 
 def measure_methods(r: BuildRequest, data: CalibrationData, calib_cache) -> bool:
-    """Whether an INT8 build chooses its calibration by measurement (``--calib-method auto``): with images of the
-    user's (a folder, a dataset, a video: there are images apart from calibration to judge on), no calibration
-    cache given, and the graph's family known (its gates judge the methods)."""
-    return (r.calib_method == AUTO_METHOD and r.calib_data is not None and not data.is_array and calib_cache is None
-            and not r.is_file)
+    """Whether an INT8 build chooses its calibration by measurement: no method asked for (the default) or
+    ``--calib-method auto``; images of the user's to judge on apart from calibration (a folder, a dataset, a video);
+    no calibration cache given; the graph's family known (its gates judge the methods); and, by default, a build that
+    judges its graph (not ``--no-verify``)."""
+    return (r.calib_method in (AUTO_METHOD, None) and r.calib_data is not None and not data.is_array
+            and calib_cache is None and not r.is_file and (r.verify or r.repair or r.calib_method == AUTO_METHOD))
 
 
-def choose_calibration(r: BuildRequest, pipe, source, shape, data):
-    """(method, graph, table): each of ``MEASURED_METHODS`` calibrated (each its own cache entry, keyed by the
-    method), judged on the images apart from calibration as build judges (``build.graph_parity``, stored: the
-    chosen graph's verdict is then a hit), and the best kept: one that passes before one that does not, then the one
-    whose gated figures hold most (recall, precision, mAP50 against the reference's detections, by their lower
-    bounds), then the lower scores error. The table (method, passed, figures with their intervals) is said and kept
-    in the engine's manifest."""
+def method_order(first: str) -> list[str]:
+    """The methods measured, the family's first: ``max`` for YOLO, then the others ModelOpt offers."""
+    if first not in MEASURED_METHODS:
+        return list(MEASURED_METHODS)
+    return [first, *(m for m in MEASURED_METHODS if m != first)]
+
+
+def choose_calibration(r: BuildRequest, pipe, source, shape, data, *, first: str = DEFAULT_METHOD,
+                       every: bool = True):
+    """(method, graph, table): ``MEASURED_METHODS`` calibrated, the family's ``first`` first (each its own cache
+    entry, keyed by the method), judged on the images apart from calibration as build judges
+    (``build.graph_parity``, stored: the chosen graph's verdict is then a hit), and the best kept: one that passes
+    before one that does not, then the one whose gated figures hold most (recall, precision, mAP50 against the
+    reference's detections, by their lower bounds), then the lower scores error. ``every`` False (the default
+    calibration): the next method is measured only where those before it failed, so a model the family's method
+    serves pays for one calibration. The table (method, passed, figures with their intervals, the methods not
+    measured and why) is said and kept in the engine's manifest."""
     gates = Gates(pipe.adapter, r.tolerances)
     judge = judging_images(r, pipe)
     rows, graphs = [], {}
-    for method in MEASURED_METHODS:
+    order = method_order(first)
+    for method in order:
         graph = pipe.int8(source, shape, data, method=method, exclude=list(r.exclude))
         checked = graph_parity(pipe, graph, "int8", shape, gates, judge=judge)
         task = (checked.get("report") or {}).get("task") or {}
@@ -298,6 +312,9 @@ def choose_calibration(r: BuildRequest, pipe, source, shape, data):
                      "intervals": bounds, "failures": list(checked.get("failures") or [])[:3],
                      "graph": graph.sha256})
         graphs[method] = graph
+        if not every and checked.get("passed") is not False:  # passed (or could not be judged): no need of another
+            break
+    skipped = [m for m in order if m not in graphs]
 
     def rank(row):
         lows = [iv[0] for iv in row["intervals"].values() if iv]
@@ -311,9 +328,13 @@ def choose_calibration(r: BuildRequest, pipe, source, shape, data):
                             for k, v in row["figures"].items())
         verdict = "pass" if row["passed"] else "FAIL" if row["passed"] is False else "not judged"
         reporting.note(f"int8 calibration {row['method']}: {verdict}; {figures}"
-                       + ("  <- chosen" if row is best else ""), level=1)
+                       + ("  <- chosen" if row is best and len(rows) > 1 else ""), level=1)
+    if skipped:
+        reporting.note(f"int8 calibration {', '.join(skipped)}: not measured ({best['method']} passed; "
+                       "--calib-method auto measures every method)", level=1)
     reporting.note(f"int8 calibration chosen by measurement: {best['method']} (judged on {judge[1]})")
-    return best["method"], graphs[best["method"]], {"chosen": best["method"], "judged_on": judge[1], "rows": rows}
+    return best["method"], graphs[best["method"]], {"chosen": best["method"], "judged_on": judge[1], "rows": rows,
+                                                    "not_measured": skipped}
 
 
 def holds_op(graph, op_type: str) -> bool:

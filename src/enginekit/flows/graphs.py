@@ -274,10 +274,10 @@ AUTO_METHOD = "auto"
 def measure_methods(r: BuildRequest, data: CalibrationData, calib_cache) -> bool:
     """Whether an INT8 build chooses its calibration by measurement: no method asked for (the default) or
     ``--calib-method auto``; images of the user's to judge on apart from calibration (a folder, a dataset, a video);
-    no calibration cache given; the graph's family known (its gates judge the methods); and, by default, a build that
-    judges its graph (not ``--no-verify``)."""
+    no calibration cache given; the graph's family known (its gates judge the methods). Whatever the verb (``build
+    --no-verify`` and ``verify``'s chain too): the same flags give the same graph."""
     return (r.calib_method in (AUTO_METHOD, None) and r.calib_data is not None and not data.is_array
-            and calib_cache is None and not r.is_file and (r.verify or r.repair or r.calib_method == AUTO_METHOD))
+            and calib_cache is None and not r.is_file)
 
 
 def method_order(first: str) -> list[str]:

@@ -1,6 +1,7 @@
 """INT8 on trained detectors of different class counts, judged on images it did not calibrate on.
 
     .venv/bin/python benchmarks/int8_repair.py [--out DIR] [--detectors shapes3,close2,shapes6] [--methods max,entropy]
+    .venv/bin/python benchmarks/int8_repair.py --methods default   # no --calib-method: chosen by measurement
 
 Three yolov8n detectors trained by Ultralytics' trainer on generated images (cached beside the suite's own,
 ``tests/trained_detector.py``): ``shapes3`` is the suite's (red circle, green square, blue triangle);
@@ -172,7 +173,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("int8-repair"))
     ap.add_argument("--detectors", default="shapes3,close2,shapes6")
-    ap.add_argument("--methods", default="max,entropy")
+    ap.add_argument("--methods", default="max,entropy", help="calibration methods; default: none given (measured)")
     ap.add_argument("--imgsz", default="640", help="network size (640: the shapes at the pixel size they were trained at)")
     args = ap.parse_args()
     out = args.out.resolve()
@@ -188,7 +189,9 @@ def main() -> None:
         check_images = root / "check" / "images" / "val"
         for method in args.methods.split(","):
             common = ["yolov8n", "-w", str(weights), "--imgsz", args.imgsz, "--precision", "int8",
-                      "--calib-data", str(calib_images), "--calib-count", "16", "--calib-method", method]
+                      "--calib-data", str(calib_images), "--calib-count", "16"]
+            if method != "default":  # default: no --calib-method, the calibration chosen by measurement
+                common += ["--calib-method", method]
             report = root / f"{method}"
             code, err, _ = enginekit("verify", *common, "--images", str(check_images), "--image-count", "24",
                                      "--data", str(check), "--report", str(report), cache=out / "cache")

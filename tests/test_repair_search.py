@@ -29,6 +29,29 @@ def test_search_finds_the_needed_nodes_anywhere(needed):
     assert result.trials <= 60
 
 
+def test_the_causes_are_kept_together_even_where_the_gate_passes_with_fewer():
+    """Two nodes carry 50% and 45% of the measured loss; the judging images pass with the first alone (a marginal
+    pass), so a search that stopped there would fail the next images. The causes are kept together from the first
+    trial and pruning never drops one; nodes below a tenth of the loss are still dropped where the gate allows."""
+    from enginekit.compare.repair import cause_nodes, search
+
+    names = [f"n{i}" for i in range(20)]
+    ranking = {"n3": 0.50, "n7": 0.45, **{n: 0.05 / 18 for n in names if n not in ("n3", "n7")}}
+    assert cause_nodes(sorted(names, key=lambda n: -ranking[n]), ranking) == ["n3", "n7"]
+    tried = []
+
+    def trial(nodes):
+        tried.append(sorted(nodes))
+        ok = "n3" in nodes
+        return object(), ok, 0.01 if ok else 0.5
+
+    result = search(trial, names, ranking)
+    assert sorted(result.nodes) == ["n3", "n7"] and result.trials == 2, (result.nodes, tried)
+    # without the rule's causes (the shares spread below a tenth each), the fewest that pass: one node
+    flat = {n: 1.0 + (0.5 if n == "n3" else 0.0) for n in names}
+    assert search(trial, names, flat).nodes == ["n3"]
+
+
 def test_search_that_cannot_pass_says_so():
     from enginekit.compare.repair import search
     from enginekit.errors import ParityError

@@ -72,7 +72,7 @@ def repair(pipe, chain, precision, shape, overrides, data, calib_method, exclude
     gates = Gates(pipe.adapter, overrides)
     folder = Path(data.source) if getattr(data, "source", None) is not None and Path(data.source).is_dir() else None
     # what the search is (its memory's key): the pipeline keys it, the flow only describes it
-    search = {"search": "screened-effect/1" if precision == "int8" else "reverse-topological/2",
+    search = {"search": "screened-effect/2" if precision == "int8" else "reverse-topological/2",
               "source": source.sha256, "precision": precision,
               "gates": {"parity": {p.name: gates.parity(precision, p.name).to_json()
                                    for p in pipe.adapter.output_parts({})},

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from enginekit import precisions, reporting
+from enginekit.precisions import QAT_METHOD
 from enginekit.errors import UsageError
 from enginekit.requests import CALIBRATION_OPTIONS, VerifyRequest
 from enginekit.verification.checks import (CorruptEntry, UnverifiableEntry, verify_corrupt, verify_entry,
@@ -140,12 +141,13 @@ def entries_to_verify(request: VerifyRequest, cache) -> list[tuple]:
                            f"holds for it: {said}; building none")
             found += [(e, None) for e in existing]
             continue
-        if precisions.get(build.precision).calibrated and not build.calib_data and not build.calib_cache:
-            reporting.note(f"verify {subject} {build.precision}: calibrating its graph on the embedded photographs "
-                           "(--calib-data DIR calibrates on images of what the model sees)")
         # verify judges every graph of the chain itself (its images, its gates, its report) and the engine where
         # `build` made one; it builds none (an engine comes from `build`, which refuses a graph that failed)
         g = graph_chain(build.replace(verify=False), cache, by_identity=False)
+        if precisions.get(build.precision).calibrated and not build.calib_data and not build.calib_cache and \
+                g.precision_key.get("method") != QAT_METHOD:  # a QAT graph carries its trained ranges: no calibration
+            reporting.note(f"verify {subject} {build.precision}: calibrating its graph on the embedded photographs "
+                           "(--calib-data DIR calibrates on images of what the model sees)")
         engine = g.engine()
         if engine is None:
             reporting.note(f"verify {subject} {build.precision}: no engine of it in the cache: judging its graphs, "

@@ -330,7 +330,8 @@ def choose_calibration(r: BuildRequest, pipe, source, shape, data, *, first: str
         reporting.note(f"int8 calibration {row['method']}: {verdict}; {figures}"
                        + ("  <- chosen" if row is best and len(rows) > 1 else ""), level=1)
     if skipped:
-        reporting.note(f"int8 calibration {', '.join(skipped)}: not measured ({best['method']} passed; "
+        why = "passed" if best["passed"] else "could not be judged"
+        reporting.note(f"int8 calibration {', '.join(skipped)}: not measured ({best['method']} {why}; "
                        "--calib-method auto measures every method)", level=1)
     reporting.note(f"int8 calibration chosen by measurement: {best['method']} (judged on {judge[1]})")
     return best["method"], graphs[best["method"]], {"chosen": best["method"], "judged_on": judge[1], "rows": rows,

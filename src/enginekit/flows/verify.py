@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from enginekit import precisions, reporting
-from enginekit.precisions import QAT_METHOD
 from enginekit.errors import UsageError
 from enginekit.requests import CALIBRATION_OPTIONS, VerifyRequest
 from enginekit.verification.checks import (CorruptEntry, UnverifiableEntry, verify_corrupt, verify_entry,
@@ -144,8 +143,8 @@ def entries_to_verify(request: VerifyRequest, cache) -> list[tuple]:
         # verify judges every graph of the chain itself (its images, its gates, its report) and the engine where
         # `build` made one; it builds none (an engine comes from `build`, which refuses a graph that failed)
         g = graph_chain(build.replace(verify=False), cache, by_identity=False)
-        if precisions.get(build.precision).calibrated and not build.calib_data and not build.calib_cache and \
-                g.precision_key.get("method") != QAT_METHOD:  # a QAT graph carries its trained ranges: no calibration
+        qat = g.precision_key.get("method") == precisions.QAT_METHOD  # its trained ranges: nothing calibrates
+        if precisions.get(build.precision).calibrated and not build.calib_data and not build.calib_cache and not qat:
             reporting.note(f"verify {subject} {build.precision}: calibrating its graph on the embedded photographs "
                            "(--calib-data DIR calibrates on images of what the model sees)")
         engine = g.engine()

@@ -306,6 +306,11 @@ def _section_yolo_trained(ctx) -> None:
                 ("enginekit torch fp32 (CUDA graph)", dict(target=ctx["trained_model"], weights=pt, backend="torch")),
                 ("enginekit torch fp16 (CUDA graph)", dict(target=ctx["trained_model"], weights=pt, backend="torch",
                                                            precision="fp16"))]
+    size = ctx.get("imgsz")  # one network size on both sides (a checkpoint trained small predicts at its own)
+    sized = {"input_size": (size, size)} if size else {}
+    for _, kw in variants:
+        if kw.get("weights"):
+            kw.update(sized)
     if fp16:
         variants.insert(1, ("enginekit ORT CUDA fp16 + ORT CUDA graph", dict(target=fp16, backend="onnxruntime-cuda",
                                                                              cuda_graph=True)))
@@ -324,6 +329,8 @@ def _section_yolo_trained(ctx) -> None:
                              ("Ultralytics PyTorch fp16 predict", pt, dict(half=True))]:
         try:
             m = YOLO(model, task="detect")
+            if size:
+                kw = {**kw, "imgsz": size}
             stats = timed(lambda: m.predict(frame, device=0, verbose=False, **kw), iters)
             found = len(m.predict(frame, device=0, verbose=False, **kw)[0].boxes)
             row("yolo", f"trained {label}: host frame e2e", stats, found=f"{found} boxes")
@@ -615,13 +622,14 @@ def main() -> int:
     ap.add_argument("--trained-onnx", help="the trained detector's FP32 graph (section yolo then times it)")
     ap.add_argument("--trained-fp16-onnx", help="its FP16 graph")
     ap.add_argument("--frame", help="the frame section yolo times (default: bus.jpg)")
+    ap.add_argument("--imgsz", type=int, help="the trained detector's network size on every side (default: its own)")
     ap.add_argument("--repeat", type=int, default=1, help="run the sections this many times in this process")
     args = ap.parse_args()
     if args.frame:
         FRAME.append(Path(args.frame))
     ctx = {"iters": args.iters, "fp16_onnx": args.fp16_onnx, "depth_fp16_onnx": args.depth_fp16_onnx,
            "trained": args.trained, "trained_model": args.trained_model, "trained_images": args.trained_images, "tmp": tempfile.mkdtemp(prefix="enginekit-bench-"),
-           "trained_onnx": args.trained_onnx, "trained_fp16_onnx": args.trained_fp16_onnx}
+           "trained_onnx": args.trained_onnx, "trained_fp16_onnx": args.trained_fp16_onnx, "imgsz": args.imgsz}
     for name in [n for _ in range(max(1, args.repeat)) for n in args.only.split(",")]:
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()

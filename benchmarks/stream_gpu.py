@@ -236,7 +236,13 @@ def main() -> int:
                         help="run this model on a CUDA stream of the highest priority (torch)")
     parser.add_argument("--only", choices=("all", "yolo"), default="all",
                         help="yolo: the detector alone (its goal only; no depth model loaded)")
+    parser.add_argument("--letterbox", choices=("kernel", "ops"), default="kernel",
+                        help="ops: the detector's GPU letterbox as torch operations, not the one kernel (before/after)")
     args = parser.parse_args()
+    if args.letterbox == "ops":
+        from enginekit import exact_resize
+
+        exact_resize.kernel_failed(RuntimeError("--letterbox ops"))
     cpu = args.device == "cpu"
     args.backend = args.backend or ("onnxruntime-cpu" if cpu else "auto")
     args.precision = args.precision or ("fp32" if cpu else "fp16")
@@ -278,6 +284,7 @@ def main() -> int:
     report = {"machine": {"gpu": str(gpu_info() or "none"), "cpu_count": os.cpu_count()},
               "settings": {"backend": yolo.backend, "device": yolo.device, "precision": args.precision, "input": size,
                            "priority": args.priority, "gpu_letterbox": args.gpu_letterbox,
+                           "letterbox": args.letterbox,
                            "video": f"{w}x{h}", "frames": frames, "repeat": len(repeats)},
               "runs": repeats[-1]["runs"], "goals": medians, "repeats": repeats}
     if len(repeats) > 1:

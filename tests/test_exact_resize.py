@@ -1,7 +1,9 @@
-"""The letterbox done with torch operations (``enginekit.exact_resize``: what a GPU session runs) is OpenCV's, byte for
-byte: Ultralytics' ``LetterBox`` (``cv2.resize`` INTER_LINEAR, then grey 114 borders) on 50 random frame sizes (odd
-sides, upscaling and downscaling, 1 to 3 px borders, thin frames) and on the photographs installed packages ship, at
-the full network size and at ``YOLO(pt).predict``'s rectangle; and the check can fail (one rounding changed)."""
+"""The letterbox done with torch operations and as one Triton kernel from the frame's bytes (``enginekit.exact_resize``:
+what a GPU session runs) is OpenCV's, byte for byte: Ultralytics' ``LetterBox`` (``cv2.resize`` INTER_LINEAR, then
+grey 114 borders) on 50 random frame sizes (odd sides, upscaling and downscaling, 1 to 3 px borders, thin frames) and
+on the photographs installed packages ship, at the full network size and at ``YOLO(pt).predict``'s rectangle; and the
+check can fail (one rounding changed). The kernel runs here in Triton's interpreter (``TRITON_INTERPRET=1``), the
+same code a GPU compiles."""
 
 from __future__ import annotations
 
@@ -100,3 +102,64 @@ def test_the_gpu_preprocessing_on_a_cpu_tensor_is_the_host_letterbox(frame_hw, y
         device = processor.preprocess_gpu(torch.from_numpy(frame.transpose(2, 0, 1).copy()).float(), hw)
         assert device.shape == host.shape, (hw, device.shape, host.shape)
         assert torch.equal(device, torch.from_numpy(host)), hw
+
+
+_KERNEL_CHECK = r"""
+import sys
+sys.path[:0] = sys.argv[1:3]
+import numpy as np, torch
+import test_exact_resize as cases
+from enginekit import exact_resize
+from enginekit.families.ultralytics.runtime import letterbox_geometry
+
+assert exact_resize.interpreted() and exact_resize.kernel_usable(torch.device("cpu")), exact_resize._BROKEN
+rounding = int(sys.argv[3])
+limit = int(sys.argv[4])
+same = differ = swapped = 0
+for i, (name, frame, net, rect) in enumerate(cases._frames()):
+    if i >= limit:
+        break
+    (uh, uw), top, bottom, left, right = letterbox_geometry(frame.shape[:2], net, auto=rect, stride=32)
+    swap = i % 2 == 1  # BGR to RGB in the kernel on every other frame
+    theirs = cases._theirs(frame, net, rect)
+    want = torch.from_numpy(np.ascontiguousarray((theirs[..., ::-1] if swap else theirs).transpose(2, 0, 1)))
+    out = torch.full((3, *want.shape[1:]), float("nan"))
+    exact_resize.letterbox_into(torch.from_numpy(frame), out, (uh, uw), (top, bottom, left, right), swap=swap,
+                                rounding=rounding)
+    if torch.equal(out, want.float().div_(255)):
+        same += 1
+    else:
+        differ += 1
+        if rounding == exact_resize.ROUND:
+            print(name, "swap" if swap else "", int((out * 255).round().ne(want).sum()), "values differ", file=sys.stderr)
+    swapped += swap
+print(same, differ, swapped)
+"""
+
+
+def _kernel(rounding: int, limit: int = 10_000) -> tuple[int, int, int]:
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    here = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", _KERNEL_CHECK, str(here), str(here.parent / "src"), str(rounding),
+                           str(limit)], env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return tuple(int(v) for v in done.stdout.split()[-3:])
+
+
+def test_the_letterbox_kernel_equals_opencvs_byte_for_byte():
+    """``letterbox_into`` (one kernel: the letterbox, BGR to RGB, the division by 255) on every frame above gives
+    OpenCV's bytes divided by 255, in either channel order."""
+    same, differ, swapped = _kernel(exact_resize.ROUND)
+    assert differ == 0 and same >= 59 + 3 * 4 and swapped >= same // 2 - 1, (same, differ, swapped)
+
+
+def test_the_kernels_comparison_sees_one_rounding_changed():
+    """The kernel with the vertical pass's rounding 2 -> 1 misses OpenCV's bytes on most frames (the check above
+    compares what OpenCV computes)."""
+    same, differ, _ = _kernel(1, limit=16)
+    assert differ >= 12, (same, differ)

@@ -110,3 +110,141 @@ def letterbox(x, resized: tuple[int, int], padding: tuple[int, int, int, int], v
     out = torch.full((c, uh + top + bottom, uw + left + right), value, dtype=torch.int32, device=x.device)
     out[:, top:top + uh, left:left + uw] = inner
     return out
+
+
+# -- the same letterbox as one kernel, from the frame's bytes -------------------------------------------------------
+#
+# On a GPU the steps above are a dozen small launches over a float copy of the whole frame. ``letterbox_into`` does
+# them in one Triton kernel that reads the HxWx3 uint8 frame where it is: per output pixel, the two source rows and
+# columns of the tables above, the same integer passes and rounding, the grey border, the channels in the order
+# asked (BGR to RGB), and the division by 255 as a 256-entry table that torch's own ``div`` made on the device (the
+# value ``boxed.to(float32).div_(255)`` gives, bit for bit). Triton's interpreter (``TRITON_INTERPRET=1``) runs the
+# same kernel on CPU tensors, which is how the suite checks it on a machine with no GPU.
+
+_KERNEL = None  # made on first use: importing Triton is slow and it may be missing
+_BROKEN: list[str] = []  # why the kernel could not run here (the torch operations above run instead)
+_LUTS: dict = {}
+
+
+def interpreted() -> bool:
+    """Triton's interpreter is on: the kernel runs on CPU tensors."""
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def kernel_usable(device) -> bool:
+    """Whether ``letterbox_into`` runs for tensors on ``device``: a CUDA device with Triton importable (or its
+    interpreter, on the CPU), and no earlier failure on this machine."""
+    if _BROKEN:
+        return False
+    if getattr(device, "type", str(device)) != "cuda" and not interpreted():
+        return False
+    try:
+        _kernel()
+    except Exception as exc:  # noqa: BLE001 - no Triton, or one that cannot build: torch's operations instead
+        _BROKEN.append(f"{type(exc).__name__}: {exc}")
+        return False
+    return True
+
+
+def kernel_failed(exc: BaseException) -> None:
+    """The kernel failed on this machine (compilation, an old driver): torch's operations from now on."""
+    _BROKEN.append(f"{type(exc).__name__}: {exc}")
+
+
+def _lut(device):
+    """0..255 as float32 divided by 255 with torch's ``div`` on ``device`` (the eager path's values)."""
+    import torch
+
+    key = str(device)
+    found = _LUTS.get(key)
+    if found is None:
+        found = _LUTS[key] = torch.arange(256, dtype=torch.float32, device=device).div_(255)
+    return found
+
+
+def _kernel():
+    global _KERNEL
+    if _KERNEL is not None:
+        return _KERNEL
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def letterbox_kernel(src, s_h, s_w, s_c, out, r0p, r1p, rap, rbp, c0p, c1p, cap, cbp, lut,
+                         oh, ow, top, left, uh, uw, fill, rnd, SWAP: tl.constexpr, BLOCK: tl.constexpr):
+        idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        total = oh * ow
+        live = idx < total
+        y = idx // ow
+        x = idx - y * ow
+        iy = y - top
+        ix = x - left
+        inside = live & (iy >= 0) & (iy < uh) & (ix >= 0) & (ix < uw)
+        r0 = tl.load(r0p + iy, mask=inside, other=0)
+        r1 = tl.load(r1p + iy, mask=inside, other=0)
+        ra = tl.load(rap + iy, mask=inside, other=0)
+        rb = tl.load(rbp + iy, mask=inside, other=0)
+        c0 = tl.load(c0p + ix, mask=inside, other=0)
+        c1 = tl.load(c1p + ix, mask=inside, other=0)
+        ca = tl.load(cap + ix, mask=inside, other=0)
+        cb = tl.load(cbp + ix, mask=inside, other=0)
+        top0 = src + r0 * s_h
+        top1 = src + r1 * s_h
+        for ch in tl.static_range(3):
+            sc = ch + SWAP * (2 - 2 * ch)  # the source channel: reversed where SWAP (BGR to RGB)
+            p00 = tl.load(top0 + c0 * s_w + sc * s_c, mask=inside, other=0).to(tl.int32)
+            p01 = tl.load(top0 + c1 * s_w + sc * s_c, mask=inside, other=0).to(tl.int32)
+            p10 = tl.load(top1 + c0 * s_w + sc * s_c, mask=inside, other=0).to(tl.int32)
+            p11 = tl.load(top1 + c1 * s_w + sc * s_c, mask=inside, other=0).to(tl.int32)
+            upper = (p00 * ca + p01 * cb) >> 4  # the horizontal pass, exact, then OpenCV's shift by 4
+            lower = (p10 * ca + p11 * cb) >> 4
+            v = (((upper * ra) >> 16) + ((lower * rb) >> 16) + rnd) >> 2  # the vertical pass, as OpenCV rounds
+            v = tl.minimum(tl.maximum(v, 0), 255)
+            v = tl.where(inside, v, fill)
+            tl.store(out + ch * total + idx, tl.load(lut + v, mask=live, other=0.0), mask=live)
+
+    _KERNEL = letterbox_kernel
+    return _KERNEL
+
+
+def _int_tables(src: int, dst: int, clamp: bool, device):
+    """``axis_coefficients`` as int32 tensors on ``device`` (``_tables``' cache)."""
+    import torch
+
+    key = (src, dst, clamp, str(device), "int32")
+    found = _DEVICE_TABLES.get(key)
+    if found is None:
+        found = tuple(torch.as_tensor(t.astype(np.int32), device=device) for t in axis_coefficients(src, dst, clamp))
+        if len(_DEVICE_TABLES) > 512:
+            _DEVICE_TABLES.clear()
+        _DEVICE_TABLES[key] = found
+    return found
+
+
+def letterbox_into(frame, out, resized: tuple[int, int], padding: tuple[int, int, int, int], *, swap: bool,
+                   value: int = 114, rounding: int = ROUND):
+    """``frame`` (H, W, 3) uint8 tensor -> ``out`` (3, h, w) float32 tensor on the same device, written in place:
+    ``letterbox`` of the frame (its channels reversed where ``swap``: BGR to RGB), divided by 255. One launch of the
+    kernel (``kernel_usable`` says where it runs); ``rounding`` is the vertical pass's (only a test changes it).
+    Returns the tables the launch read: whoever keeps a CUDA graph that captured it keeps them too."""
+    h, w = frame.shape[:2]
+    uh, uw = resized
+    top, bottom, left, right = padding
+    oh, ow = uh + top + bottom, uw + left + right
+    if tuple(out.shape) != (3, oh, ow) or not out.is_contiguous():
+        raise ValueError(f"letterbox_into: out is {tuple(out.shape)}, not a contiguous (3, {oh}, {ow})")
+    rows = _int_tables(h, uh, False, frame.device)
+    cols = _int_tables(w, uw, True, frame.device)
+    lut = _lut(frame.device)
+    block = 65536 if interpreted() else 1024
+    s_h, s_w, s_c = frame.stride()[:3]
+    kernel = _kernel()
+    kernel[(triton_cdiv(oh * ow, block),)](frame, s_h, s_w, s_c, out, *rows, *cols, lut, oh, ow, top, left, uh, uw,
+                                           int(value), int(rounding), SWAP=int(bool(swap)), BLOCK=block)
+    return rows, cols, lut
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)

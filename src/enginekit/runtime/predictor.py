@@ -444,6 +444,11 @@ class Predictor:
     def _eager_preprocess(self, tensors: list, hw, rgb: bool):
         import torch
 
+        # one kernel per frame from its bytes where the processor has one (the detector's letterbox), else its steps
+        fused = getattr(self.processor, "preprocess_frames", None)
+        x = fused(tensors, hw, rgb) if fused is not None else None
+        if x is not None:
+            return x
         batch = []
         # BGR to RGB after the processor's steps where they treat every channel alike (the letterbox): the
         # channels of the small input swapped, not those of the whole frame (the same values)

@@ -142,6 +142,7 @@ class YoloProcessor(ImageProcessor):
         self.stride = int(metadata.get("stride") or 32)
         self._input_hws: dict[tuple, tuple] = {}
         self._letterboxes: dict[tuple, object] = {}
+        self._kernel_tables: dict[tuple, list] = {}
 
     def rect_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
         """The smallest stride-aligned rectangle ``YOLO(pt).predict`` letterboxes a frame of ``image_hw`` to."""
@@ -227,11 +228,54 @@ class YoloProcessor(ImageProcessor):
 
         if tuple(chw.shape[1:]) == tuple(hw):
             return chw.div(255)
-        rect = tuple(hw) != tuple(self.hw)
-        (uh, uw), top, bottom, left, right = letterbox_geometry(tuple(chw.shape[1:]), self.hw if rect else tuple(hw),
-                                                                auto=rect, stride=self.stride)
-        boxed = exact_resize.letterbox(chw, (uh, uw), (top, bottom, left, right))
+        resized, padding = self.gpu_geometry(tuple(chw.shape[1:]), hw)
+        boxed = exact_resize.letterbox(chw, resized, padding)
         return boxed.to(torch.float32).div_(255)
+
+    def gpu_geometry(self, frame_hw: tuple[int, int], hw: tuple[int, int]):
+        """``(resized h x w, (top, bottom, left, right))`` of a frame of ``frame_hw`` letterboxed to ``hw``: the full
+        network size, or ``YOLO(pt).predict``'s rectangle where ``hw`` is one."""
+        if tuple(frame_hw) == tuple(hw):
+            return tuple(hw), (0, 0, 0, 0)
+        rect = tuple(hw) != tuple(self.hw)
+        (uh, uw), top, bottom, left, right = letterbox_geometry(tuple(frame_hw), self.hw if rect else tuple(hw),
+                                                                auto=rect, stride=self.stride)
+        if (uh + top + bottom, uw + left + right) != tuple(hw):
+            raise ValueError(f"a {frame_hw[0]}x{frame_hw[1]} frame letterboxes to {uh + top + bottom}x"
+                             f"{uw + left + right}, not {hw[0]}x{hw[1]}")
+        return (uh, uw), (top, bottom, left, right)
+
+    def preprocess_frames(self, frames: list, hw: tuple[int, int], rgb: bool):
+        """HxWx3 uint8 frames (BGR unless ``rgb``) on one device -> the (N, 3, h, w) float32 batch ``preprocess_gpu``
+        gives, from one kernel launch per frame that reads the frame's bytes where they are (``exact_resize.
+        letterbox_into``: the letterbox, BGR to RGB and the division by 255 together, the same values); None where
+        that kernel does not run (then the predictor runs ``preprocess_gpu``). Only this class's own letterbox
+        (a subclass that prepares its input otherwise gets None)."""
+        import torch
+
+        from enginekit import exact_resize
+
+        if type(self).preprocess_gpu is not YoloProcessor.preprocess_gpu or not frames:
+            return None
+        device = frames[0].device
+        if any(f.dtype != torch.uint8 or f.dim() != 3 or f.shape[-1] != 3 or f.device != device for f in frames):
+            return None
+        if not exact_resize.kernel_usable(device):
+            return None
+        out = torch.empty((len(frames), 3, *hw), dtype=torch.float32, device=device)
+        kept = []
+        try:
+            for i, frame in enumerate(frames):
+                resized, padding = self.gpu_geometry(tuple(frame.shape[:2]), hw)
+                kept.append(exact_resize.letterbox_into(frame, out[i], resized, padding, swap=not rgb))
+        except ValueError:  # a frame that does not letterbox to hw: the caller's error, as on the host
+            raise
+        except Exception as exc:  # noqa: BLE001 - the kernel would not build or launch here: torch's operations
+            exact_resize.kernel_failed(exc)
+            return None
+        # what the launches read, alive while a graph that captured them may replay (one entry per frame sizes)
+        self._kernel_tables[(tuple(tuple(f.shape) for f in frames), tuple(hw), str(device))] = kept
+        return out
 
     def nms(self, pred, *, nc: int = 0, rotated: bool = False) -> list:
         """The kept rows per image, as ``ultralytics.utils.nms.non_max_suppression`` keeps them for Ultralytics'

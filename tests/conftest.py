@@ -96,7 +96,7 @@ def trained_detector():
 
 @pytest.fixture(scope="session")
 def detector_images(tmp_path_factory):
-    """A folder for ``--images``: 4 generated held-out shape images (640x640) and Ultralytics' photographs."""
+    """A folder for ``--images``: 8 generated held-out shape images (640x640) and Ultralytics' photographs."""
     from trained_detector import write_test_images
 
     return write_test_images(tmp_path_factory.mktemp("detector-images"))

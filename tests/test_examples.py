@@ -32,8 +32,11 @@ def test_there_are_examples():
 def test_example_runs(path, tmp_path, request):
     args = ()
     if path.name == "python_api.py":
+        from trained_detector import write_held_out_images
+
         trained = request.getfixturevalue("trained_detector")
-        args = (trained.model, str(trained.weights))
+        images = write_held_out_images(tmp_path / "images", count=20, size=320)  # about 100 detections
+        args = (trained.model, str(trained.weights), str(images))
     done = run_example(path, tmp_path, *args)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr

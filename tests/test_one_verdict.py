@@ -31,14 +31,15 @@ IMGSZ = "160"  # the detector's training size
 
 @pytest.fixture(scope="module")
 def world(trained_detector, tmp_path_factory):
-    """best.pt (the spread-outlier detector), calib/ (24 images: 8 calibrated on, 16 to judge on), check/ (16
-    others), data/ (2 labelled images), and a cache of its own."""
+    """best.pt (the spread-outlier detector), calib/ (24 images: 8 calibrated on, 16 to judge on), check/ (40
+    others: about 190 reference detections, enough for a share's interval to decide near its limit), data/ (2
+    labelled images), and a cache of its own."""
     from trained_detector import spread_outlier_detector, write_dataset, write_held_out_images
 
     root = tmp_path_factory.mktemp("one-verdict")
     spread_outlier_detector(trained_detector.weights, root / "best.pt")
     write_held_out_images(root / "calib", count=24, size=320, seed=4242)
-    write_held_out_images(root / "check", count=16, size=320, seed=777)
+    write_held_out_images(root / "check", count=40, size=320, seed=777)
     write_dataset(root / "data", {"train_images": 1, "val_images": 2, "size": 320, "objects": (4, 6),
                                   "side_px": (30, 90), "seed": 91})
     return root
@@ -159,7 +160,7 @@ def test_the_calibration_is_chosen_by_measurement(world, failed, repaired, train
 
 def test_verify_repair_reuses_the_stored_repair(world, repaired, run_cli_module):
     run = run_cli_module("verify", "best.pt", "--precision", "int8", "--calib-data", "calib", "--calib-count", "8",
-                         "--imgsz", IMGSZ, "--repair", "--images", "check", "--image-count", "16", cwd=world,
+                         "--imgsz", IMGSZ, "--repair", "--images", "check", "--image-count", "40", cwd=world,
                          env=_env(world))
     assert run.code == 0, run.stderr[-2000:]
     nodes = run.stderr.replace("no measuring", "").replace("calibration chosen by measurement", "")
@@ -317,3 +318,36 @@ def test_library_warnings_are_routed_and_shown_with_verbose(run_cli, tmp_path):
     loud = run_cli("--verbose", "export", "yolo11n", "--random-init", "--fp16", "--imgsz", "64", "--force",
                    env={"ENGINEKIT_CACHE": str(tmp_path / "c")})
     assert loud.code == 0 and "library:" in loud.stderr and "WARNING:root" not in loud.stderr, loud.stderr
+
+
+def test_a_verdict_of_not_enough_evidence_is_decided_by_more_images(trained_detector, tmp_path, run_cli_module):
+    """FP16 of the suite's detector against labels: on 2 labelled images the mAP drop's interval straddles its limit
+    ("not enough evidence", exit 1, the same in the JUnit report); on 48 the interval decides (exit 0), and the
+    record keeps no failure from the undecided run (it decided nothing about the graph). The share gates against the
+    reference's detections likewise: 11 detections undecided, 180 decided."""
+    from trained_detector import write_dataset
+
+    shutil.copy2(trained_detector.weights, tmp_path / "best.pt")
+    for n in (2, 48):
+        write_dataset(tmp_path / f"data{n}", {"train_images": 1, "val_images": n, "size": 320, "objects": (4, 6),
+                                              "side_px": (30, 90), "seed": 91})
+    env = {"ENGINEKIT_CACHE": str(tmp_path / "cache")}
+    flags = ["--precision", "fp16", "--imgsz", "320"]
+    thin = run_cli_module("verify", "best.pt", "--data", "data2/shapes.yaml", *flags, "--junit", "thin.xml",
+                          cwd=tmp_path, env=env)
+    line = assert_one_line_error(thin, 1, "not enough evidence", "labels map50_95 drop", "would decide")
+    assert re.search(r"\[95%: [0-9.e-]+, [0-9.e-]+\]", line), line
+    failures = [tc for tc in ET.parse(tmp_path / "thin.xml").getroot().iter("testcase") if tc.find("failure") is not None]
+    assert len(failures) == 1 and "labels map50_95 drop" in failures[0].get("name")  # exit code = table = JUnit
+    many = run_cli_module("verify", "best.pt", "--data", "data48/shapes.yaml", "--image-count", "48", *flags,
+                          "--junit", "many.xml", cwd=tmp_path, env=env)
+    assert many.code == 0, many.stderr[-2000:]
+    assert "an earlier check" not in many.stderr and "val: 48 images" in " ".join(many.stderr.split())
+    junit = ET.parse(tmp_path / "many.xml").getroot()
+    assert not [tc for tc in junit.iter("testcase") if tc.find("failure") is not None]
+    # the share gates against the reference's detections, without labels: undecided on 2 images, decided on 40
+    few = run_cli_module("verify", "best.pt", *flags, "--images", "data2/images/val", cwd=tmp_path, env=env)
+    line = assert_one_line_error(few, 1, "task recall: not enough evidence", "detection(s) of 2 image(s)")
+    enough = run_cli_module("verify", "best.pt", *flags, "--images", "data48/images/val", "--image-count", "40",
+                            cwd=tmp_path, env=env)
+    assert enough.code == 0, enough.stderr[-2000:]

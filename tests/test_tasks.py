@@ -44,11 +44,12 @@ def run_with(outputs: dict[str, np.ndarray]):
 
 
 def gate(name: str, reference: dict, candidate: dict, metadata: dict, precision: str = "fp16", **overrides):
-    """The gates on hand-built outputs of a few instances (8): the fewest detections a verdict rests on
-    (tests/test_gates.py) is set aside, unless a test sets it."""
+    """The gates on hand-built outputs of a few instances (8): the share gates' intervals (tests/test_gates.py) are
+    set aside for the point figures (min_detections 0), and the measured band near the operating point for the
+    plain rule (conf_margin 0), unless a test sets them."""
     adapter = resolve(name)
     if any(m in ("recall", "precision") for per in adapter.task_gates.values() for m in per):
-        overrides = {"min_detections": 0, **overrides}
+        overrides = {"min_detections": 0, "conf_margin": 0, **overrides}
     return compare(run_with(candidate), cases_of(reference), adapter=adapter, gates=Gates(adapter, overrides),
                    precision=precision, metadata=metadata, name=name)
 
@@ -350,13 +351,18 @@ def test_rtdetr_gate_passes_identical_and_fails_on_lost_queries():
     bad = gate("rtdetr-l", {"output0": out}, {"output0": lost}, {"end2end": "True"},
                **{"scores.rel_l2": 10.0, "scores.cosine": 1e-6, "scores.max_abs": 1.0})
     assert not task_check(bad, "recall").passed and bad.task["recall"] == 0.75
-    # the weakest object only just under the operating point: a threshold flip with a margin, a loss without
+    # the weakest object just over the operating point and just under it: a threshold flip with a margin, a loss
+    # without; a score that falls from 0.6 to just under it is lost whatever the margin
+    near = out.copy()
+    near[:, 3, 4] = 0.26
     flipped = out.copy()
     flipped[:, 3, 4] = 0.24
     loose = {"scores.rel_l2": 10.0, "scores.cosine": 1e-6, "scores.max_abs": 1.0}
-    assert gate("rtdetr-l", {"output0": out}, {"output0": flipped}, {"end2end": "True"}, **loose).task["recall"] == 0.75
-    margin = gate("rtdetr-l", {"output0": out}, {"output0": flipped}, {"end2end": "True"}, conf_margin=0.02, **loose)
+    assert gate("rtdetr-l", {"output0": near}, {"output0": flipped}, {"end2end": "True"}, **loose).task["recall"] == 0.75
+    margin = gate("rtdetr-l", {"output0": near}, {"output0": flipped}, {"end2end": "True"}, conf_margin=0.02, **loose)
     assert task_check(margin, "recall").passed and margin.task["threshold_flips"] == 2
+    fell = gate("rtdetr-l", {"output0": out}, {"output0": flipped}, {"end2end": "True"}, conf_margin=0.02, **loose)
+    assert not task_check(fell, "recall").passed and fell.task["recall"] == 0.75 and fell.task["threshold_flips"] == 0
 
 
 def test_decoded_instances_are_scored_against_labels_as_well():

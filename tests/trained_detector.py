@@ -172,7 +172,7 @@ def write_held_out_images(folder: Path, count: int = 4, size: int = 640, seed: i
     return folder
 
 
-def write_test_images(folder: Path, count: int = 4, size: int = 640) -> Path:
+def write_test_images(folder: Path, count: int = 8, size: int = 640) -> Path:
     """A folder of ``count`` held-out shape images plus the real photographs, for ``--images``."""
     write_held_out_images(folder, count, size)
     for photo in photographs():

@@ -25,7 +25,8 @@ import numpy as np
 
 from enginekit.compare.metrics import STATISTICS, output_stats, passes
 from enginekit.compare.parts import OutputPart, Tolerance
-from enginekit.compare.intervals import Interval, decide, images_to_decide, rate_interval, rate_trials_to_decide
+from enginekit.compare.intervals import (CONFIDENCE, Interval, decide, images_to_decide, rate_interval,
+                                        rate_trials_to_decide)
 from enginekit.compare.tolerances import Tolerances
 from enginekit.compare.metrics import GROUND_TRUTH_PART
 from enginekit.precisions import PRECISIONS
@@ -191,18 +192,29 @@ class Gates:
         return state
 
     def sample_minimum(self, precision: str) -> int:
-        """The fewest reference detections a task verdict of ``precision`` rests on; 0: no minimum.
+        """The fewest reference detections a task verdict of ``precision`` rests on, where the user asks for a
+        minimum (``--tol [precision.]min_detections=N``: point figures on at least N; 0: no minimum) instead of
+        the default, shares decided on their 95% intervals (``rate_check``), which needs no minimum: 0 then."""
+        given = self.tolerances.get(precision, "min_detections", None)
+        if given is not None:
+            return int(math.ceil(given))
+        return 0
 
-        ``--tol [precision.]min_detections=N`` sets it (0 turns it off); by default it follows from the
-        recall and precision gates of a reduced precision (``binomial_minimum``)."""
+    def fewest_to_pass(self, precision: str) -> int:
+        """The fewest detections on which a share gate of ``precision`` can pass at all: a perfect share's exact
+        95% interval clears the strictest limit (72 for recall >= 0.95: 0.025 ** (1 / 72) = 0.950); the minimum the
+        user set instead where there is one; 0 where shares are not decided on intervals."""
         given = self.tolerances.get(precision, "min_detections", None)
         if given is not None:
             return int(math.ceil(given))
         gates = self.task(precision)
         limits = [limit for metric, (_, limit) in gates.items() if metric in RATE_GATES]
-        if not limits or precision not in PRECISIONS or not PRECISIONS[precision].reduced:
+        if not limits or precision not in PRECISIONS or not PRECISIONS[precision].reduced or max(limits) <= 0:
             return 0
-        return binomial_minimum(max(limits))
+        tail = (1.0 - CONFIDENCE) / 2
+        if max(limits) >= 1.0:
+            return 0
+        return int(math.ceil(math.log(tail) / math.log(max(limits)) - 1e-9))
 
     def ground_truth(self, precision: str) -> dict[str, float]:
         """Limits on a candidate's loss against labels (``verify --data``): the family's defaults (on its headline
@@ -477,11 +489,16 @@ def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_
         else:
             result.notes.append(f"task metrics not gated: nothing to compare ({what})")
         return
-    minimum = gates.sample_minimum(precision) if any(m in RATE_GATES for m in result.task_gates) else 0
+    images = len({c["input"].split(" @")[0] for c in result.cases if c.get("kind") == "photo"}) or \
+        len(next(iter(photo_ref.values())))
+    # one mechanism: a reduced precision's shares and mAPs are decided on their 95% intervals; a minimum count the
+    # user sets (--tol min_detections=N, 0: none) asks for the older rule instead: point figures above N detections
+    given = gates.tolerances.get(precision, "min_detections", None)
+    by_interval = rated and given is None
+    minimum = gates.sample_minimum(precision) if given is not None and any(
+        m in RATE_GATES for m in result.task_gates) else 0
     found = result.task.get("reference_detections", result.task.get("compared", 0.0))
     if minimum and found < minimum:
-        images = len({c["input"].split(" @")[0] for c in result.cases if c.get("kind") == "photo"}) or \
-            len(next(iter(photo_ref.values())))
         wanted = int(math.ceil(images * minimum / found))
         what = (f"not enough evidence: {found:g} reference detections on {images} image{'s' * (images != 1)}, too few "
                 f"to judge the {_rule(result.task_gates)} (one flip is {100 / found:.0f}%; it takes {minimum}); verify "
@@ -492,13 +509,23 @@ def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_
         else:
             result.notes.append(f"task metrics: {what}")
     for metric, (op, limit) in result.task_gates.items():
-        check = _check(name, f"task {metric}", result.task.get(metric, float("nan")), op, limit)
+        value = result.task.get(metric, float("nan"))
         counts = _rate_counts(result.task, metric)
         bounds = (result.task.get(f"{metric}_low"), result.task.get(f"{metric}_high"))
-        if counts is not None:  # how sure the share is: its exact 95% interval, shown and stored beside it
-            check.interval = rate_interval(*counts).to_json()
-        elif None not in bounds:  # an mAP's bootstrap interval over the photographs
-            check.interval = [float(bounds[0]), float(bounds[1])]
+        if by_interval and counts is not None:  # a share decided on its exact 95% interval
+            check = rate_check(name, metric, *counts, op, limit, images)
+        elif by_interval and None not in bounds:  # an mAP decided on its bootstrap interval over the photographs
+            check = interval_check(name, metric, value, Interval(float(bounds[0]), float(bounds[1])), op, limit,
+                                   images)
+        else:
+            check = _check(name, f"task {metric}", value, op, limit)
+            if counts is not None:  # how sure the share is: its exact 95% interval, shown and stored beside it
+                check.interval = rate_interval(*counts).to_json()
+            elif None not in bounds:
+                check.interval = [float(bounds[0]), float(bounds[1])]
+        if not check.passed and "not enough evidence" in check.name and not require_task:
+            result.notes.append(f"{check.name} (not gated here)")
+            continue
         result.checks.append(check)
 
 
@@ -520,7 +547,10 @@ def _rate_counts(task: dict[str, float], metric: str) -> tuple[int, int] | None:
     candidate's that the reference has."""
     if metric not in RATE_GATES or metric not in task:
         return None
-    of = task.get("reference_detections" if metric == "recall" else "candidate_detections")
+    # the detections that decide the share: those near the operating point that crossed it by no more than the
+    # scores move are left out (``compare.instances``: threshold flips)
+    side = "reference" if metric == "recall" else "candidate"
+    of = task.get(f"decided_{side}", task.get(f"{side}_detections"))
     if of is None:
         return None
     return int(round(task[metric] * of)), int(of)

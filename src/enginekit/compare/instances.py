@@ -7,9 +7,13 @@ side may be another model's decoded outputs (the FP32 reference, as verify does)
 - at the operating point (confidence 0.25 by default, as Ultralytics' predict): the candidate's
   instances matched to the reference's (same class, similarity >= 0.5, greedy by descending
   candidate score, as Ultralytics' validator matches): recall, precision and the shift of matched
-  scores. With a margin (the task option ``conf_margin``, 0 by default) a score that crosses the
-  operating point by less than it is a threshold flip (``threshold_flips``), neither a lost nor an
-  extra instance;
+  scores. Near the operating point a score may cross it by what the candidate's scores move anyway:
+  the band is measured (``score_band``: the 90th percentile of the matched pairs' score shifts, at
+  most ``BAND_CAP``) unless the task option ``conf_margin`` gives it (0: the plain rule). A matched
+  pair whose two scores both lie within the band of the operating point and fall on either side of
+  it is a threshold flip (``threshold_flips``): it decides neither recall nor precision (left out of
+  both counts, ``decided_reference`` / ``decided_candidate``, which the share gates' intervals rest
+  on), neither a lost nor an extra instance. A score that moved further is judged as it lands;
 - across thresholds: mAP50 and mAP50-95 by Ultralytics' own metric code (its validator's matching,
   ``BaseValidator.match_predictions``, and ``ap_per_class``), candidate instances down to its
   validator's confidence 0.001 ranked against the reference's at the operating point.
@@ -39,6 +43,11 @@ MAX_DET = 300
 #: no time limit for NMS: Ultralytics' default (2 s + 50 ms per image) stops early on a busy machine and
 #: would drop instances, making a verdict depend on the load
 NO_TIME_LIMIT = 1e6
+#: the widest measured band around the operating point (a fifth of Ultralytics' 0.25): scores that move more than
+#: this are judged as they land, however much every score moves
+BAND_CAP = 0.05
+#: the share of matched pairs whose score shift the band covers
+BAND_QUANTILE = 0.9
 
 
 @dataclass
@@ -242,51 +251,79 @@ def ultralytics_ap(refs: list[Instances], ranked: list[Instances], similarity: S
 
 
 # -- the metrics ----------------------------------------------------------------------------------------
+def score_band(pairs: list[tuple[float, float]], conf: float) -> float:
+    """The band around ``conf`` within which a score may cross it by what the scores move anyway: the
+    ``BAND_QUANTILE`` quantile of ``|candidate - reference|`` over matched pairs (reference, candidate scores) of
+    which either side reaches ``conf - BAND_CAP``, at most ``BAND_CAP``; 0 where nothing was matched."""
+    shifts = [abs(c - r) for r, c in pairs if max(r, c) >= conf - BAND_CAP]
+    if not shifts:
+        return 0.0
+    return float(min(BAND_CAP, np.quantile(np.asarray(shifts, dtype=np.float64), BAND_QUANTILE)))
+
+
 def instance_metrics(refs: list[Instances], cands: list[Instances], ranked: list[Instances], similarity: Similarity,
-                     *, conf: float, margin: float = 0.0, prefix: str = "", box_map50: bool = False,
+                     *, conf: float, margin: float | None = 0.0, prefix: str = "", box_map50: bool = False,
                      intervals: bool = False) -> dict[str, float]:
     """Recall/precision at the operating point and Ultralytics mAP, for any instance similarity.
 
-    ``refs`` and ``cands`` hold the instances scoring ``conf - margin`` or more; ``ranked`` the
-    candidate's down to ``CONF_MAP``. An instance of the reference at ``conf`` counts as kept when the
-    candidate scores it ``conf - margin`` or more, and a candidate's instance at ``conf`` as correct
-    when the reference scored it ``conf - margin`` or more: a score that crosses the threshold by less
-    than the margin is a threshold flip (counted in ``threshold_flips``), not a lost or an extra
-    instance. For mAP, reference instances between ``conf - margin`` and ``conf`` are "difficult"
-    (``ultralytics_ap``). ``margin`` 0: the plain rule. ``prefix`` names the similarity's mAP
+    ``refs`` and ``cands`` hold the instances scoring ``conf - margin`` or more (``conf - BAND_CAP`` for a measured
+    band); ``ranked`` the candidate's down to ``CONF_MAP``. ``margin``: the band around ``conf`` (None: measured,
+    ``score_band``; 0: the plain rule). A matched pair whose scores both lie within the band of ``conf``, one at
+    ``conf`` or above and the other below, is a threshold flip (``threshold_flips``): left out of recall's count and
+    precision's (``decided_reference``, ``decided_candidate``), neither lost nor extra. For mAP, reference instances
+    between ``conf - band`` and ``conf`` are "difficult" (``ultralytics_ap``). ``prefix`` names the similarity's mAP
     (``mask_map50``); ``box_map50`` adds the boxes' mAP50 beside it (segment, pose)."""
     truth = [r.scores >= conf for r in refs]
     kept = [c.scores >= conf for c in cands]
     n_ref = int(sum(t.sum() for t in truth))
     n_cand = int(sum(k.sum() for k in kept))
-    out = {"conf": conf, **({"conf_margin": margin} if margin else {}), "compared": float(n_ref),
+    matched_pairs, sims_of = [], {}
+    for i, (ref, cand) in enumerate(zip(refs, cands)):
+        if len(ref) and len(cand):
+            sim = np.asarray(similarity(ref, cand))
+            for ci, ri in greedy_pairs(sim, ref, cand):
+                matched_pairs.append((i, ri, ci))
+                sims_of[(i, ri, ci)] = float(sim[ri, ci])
+    measured = margin is None
+    band = score_band([(float(refs[i].scores[ri]), float(cands[i].scores[ci])) for i, ri, ci in matched_pairs],
+                      conf) if measured else float(margin)
+    out = {"conf": conf, **({"conf_margin": band} if band or measured else {}),
+           **({"conf_margin_measured": 1.0} if measured else {}), "compared": float(n_ref),
            "reference_detections": float(n_ref), "candidate_detections": float(n_cand)}
     if n_ref == 0:  # nothing to compare: every figure would be vacuous
         return {**out, "matched": 0.0, "recall": 0.0, "precision": 0.0, f"{prefix}map50": 0.0,
                 f"{prefix}map50_95": 0.0, f"{prefix}similarity_mean": float("nan"), "score_shift_mean": float("nan"),
-                "score_shift_max": float("nan"), **({"box_map50": 0.0} if box_map50 else {})}
+                "score_shift_max": float("nan"), "decided_reference": 0.0, "decided_candidate": float(n_cand),
+                **({"box_map50": 0.0} if box_map50 else {})}
     shifts, sims = [], []
-    recalled = correct = flips = 0
-    for i, (ref, cand) in enumerate(zip(refs, cands)):
-        if not len(ref) or not len(cand):
-            continue
-        sim = np.asarray(similarity(ref, cand))
-        for ci, ri in greedy_pairs(sim, ref, cand):
-            recalled += int(truth[i][ri])
-            correct += int(kept[i][ci])
-            if truth[i][ri] and kept[i][ci]:
-                shifts.append(abs(float(cand.scores[ci]) - float(ref.scores[ri])))
-                sims.append(float(sim[ri, ci]))
-            elif truth[i][ri] or kept[i][ci]:
-                flips += 1
+    recalled = correct = flips = ref_flips = cand_flips = 0
+    for i, ri, ci in matched_pairs:
+        r, c = float(refs[i].scores[ri]), float(cands[i].scores[ci])
+        t, k = bool(truth[i][ri]), bool(kept[i][ci])
+        if t and k:
+            recalled += 1
+            correct += 1
+            shifts.append(abs(c - r))
+            sims.append(sims_of[(i, ri, ci)])
+        elif (t or k) and abs(r - conf) <= band and abs(c - conf) <= band:
+            flips += 1  # crossed the operating point by no more than the scores move: decides neither share
+            ref_flips += int(t)
+            cand_flips += int(k)
+    decided_ref, decided_cand = n_ref - ref_flips, n_cand - cand_flips
+    out.update(decided_reference=float(decided_ref), decided_candidate=float(decided_cand))
+    # for mAP the reference's instances at the operating point are the truth, those within the band under it
+    # "difficult" (neither hit nor miss), those further under it absent (as the plain rule never decodes them)
+    refs = [r[r.scores >= conf - band] for r in refs]
+    truth = [r.scores >= conf for r in refs]
     if intervals:  # the mAP50's bootstrap over images (``intervals=True``: where its gate is decided on it)
         (map50, map50_95), boot = ultralytics_ap(refs, ranked, similarity, truth, replicates=True)
         low, high = percentile_interval(boot).to_json()
         bounds = {f"{prefix}map50_low": low, f"{prefix}map50_high": high}
     else:
         (map50, map50_95), bounds = ultralytics_ap(refs, ranked, similarity, truth), {}
-    result = {**out, "matched": float(len(shifts)), "recall": recalled / n_ref, **bounds,
-              "precision": correct / n_cand if n_cand else 0.0, **({"threshold_flips": float(flips)} if margin else {}),
+    result = {**out, "matched": float(len(shifts)), "recall": recalled / decided_ref if decided_ref else 1.0,
+              **bounds, "precision": correct / decided_cand if decided_cand else 0.0,
+              **({"threshold_flips": float(flips)} if band else {}),
               f"{prefix}map50": map50, f"{prefix}map50_95": map50_95,
               f"{prefix}similarity_mean": float(np.mean(sims)) if sims else float("nan"),
               "score_shift_mean": float(np.mean(shifts)) if shifts else float("nan"),
@@ -300,13 +337,13 @@ Decode = Callable[[dict[str, np.ndarray], float, int], list[Instances]]  # (outp
 
 
 def compare_instances(decode: Decode, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], *,
-                      similarity: Similarity, conf: float = CONF, margin: float = 0.0, prefix: str = "",
+                      similarity: Similarity, conf: float = CONF, margin: float | None = 0.0, prefix: str = "",
                       box_map50: bool = False, ranked_max_det: int = MAX_DET,
                       intervals: bool = False) -> tuple[dict[str, float], list, list]:
-    """Decode both sides (at ``conf - margin``, and the candidate's ranked list at ``CONF_MAP`` up to
+    """Decode both sides (at ``conf - margin``, ``conf - BAND_CAP`` where the band is measured, and the candidate's ranked list at ``CONF_MAP`` up to
     ``ranked_max_det`` per image) and compare them: the metrics, and the decoded reference and
     candidate instances (for what a family adds, such as the masks it left out)."""
-    low = max(conf - margin, CONF_MAP)
+    low = max(conf - (BAND_CAP if margin is None else margin), CONF_MAP)
     refs, cands = decode(reference, low, MAX_DET), decode(candidate, low, MAX_DET)
     ranked = decode(candidate, min(CONF_MAP, conf), ranked_max_det)
     metrics = instance_metrics(refs, cands, ranked, similarity, conf=conf, margin=margin, prefix=prefix,

@@ -98,15 +98,25 @@ def images_to_decide(interval: Interval, value: float, limit: float, images: int
 
 
 def rate_trials_to_decide(successes: int, trials: int, op: str, limit: float, cap: int = 100_000) -> int:
-    """The fewest trials at the observed rate whose exact interval would clear ``limit`` (a rate exactly at the limit
-    never does: ``cap``)."""
+    """The fewest trials at the observed rate whose exact interval would lie wholly on one side of ``limit``: a pass
+    above it, a failure under it (a rate exactly at the limit never decides: ``cap``)."""
     rate = successes / trials if trials else 1.0
-    if (op == ">=" and rate <= limit) or (op == "<=" and rate >= limit):
+    if rate == limit:
         return cap
-    n = max(trials + 1, 2)
-    while n < cap:
-        k = int(round(rate * n))
-        if decide(rate_interval(k, n), op, limit) == "pass":
-            return n
-        n = int(n * 1.25) + 1
-    return cap
+
+    def passes(n: int) -> bool:
+        return decide(rate_interval(int(round(rate * n)), n), op, limit) != "undecided"
+
+    low = high = max(trials + 1, 2)
+    while not passes(high):  # an upper bound, growing geometrically ...
+        low = high
+        high = int(high * 1.25) + 1
+        if high >= cap:
+            return cap
+    while low < high:  # ... then the fewest between (the interval narrows with n: about monotone)
+        mid = (low + high) // 2
+        if passes(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return high

@@ -168,11 +168,13 @@ STATISTICS: dict[str, Statistic] = {s.name: s for s in (
     Statistic("conf", "conf", "", "the confidence both sides' detections are kept at", kind="option",
               limits=(0.0, 1.0), closed=("high",)),
     Statistic("iou", "IoU", "", "the IoU two detections match at", kind="option", limits=(0.0, 1.0), closed=("high",)),
-    Statistic("min_detections", "min detections", "", "the fewest reference detections a reduced-precision task "
-              "verdict rests on (default: from the binomial noise of its recall/precision rule; 0: no minimum)",
-              kind="option", limits=(0.0, math.inf), closed=("low",)),
-    Statistic("conf_margin", "conf margin", "", "how far below conf a candidate's detection may score and still "
-              "match", kind="option", limits=(0.0, 1.0), closed=("low",)),
+    Statistic("min_detections", "min detections", "", "decide a reduced precision's recall and precision on their "
+              "point figures over at least this many reference detections (the older rule; 0: no minimum) instead "
+              "of on their 95% intervals (the default)", kind="option", limits=(0.0, math.inf), closed=("low",)),
+    Statistic("conf_margin", "conf margin", "", "the band around conf within which a matched detection's two scores "
+              "may cross it as a threshold flip, deciding neither recall nor precision (default: measured from the "
+              "matched scores' shifts, at most 0.05; 0: the plain rule)", kind="option", limits=(0.0, 1.0),
+              closed=("low",)),
 )}
 
 #: parity statistics a tolerance can limit (``--tol rel_l2=...``, ``--tol scores.max_abs=...``)

@@ -48,7 +48,7 @@ class InstanceEvaluation:
 
     #: the operating point (Ultralytics predict's default confidence) and the threshold-flip margin
     #: (``compare.instances.instance_metrics``; 0 keeps the plain rule)
-    task_options = {"conf": 0.25, "conf_margin": 0.0}
+    task_options = {"conf": 0.25, "conf_margin": None}  # None: the band measured (compare.instances)
     task_gates = instance_gates("map50")
     #: against labels (verify --data): the loss of the task's own mAP50-95 (``mask_``, ``pose_`` for those tasks)
     label_gates = label_gates("map50_95")
@@ -89,7 +89,7 @@ class InstanceEvaluation:
         """``reference``/``candidate``: a batch of outputs, or a list of batches (photographs of different sizes)."""
         options = options or {}
         conf = options.get("conf", self.task_options["conf"])
-        margin = options.get("conf_margin", self.task_options.get("conf_margin", 0.0))
+        margin = options.get("conf_margin", self.task_options.get("conf_margin"))
         metrics, refs, cands = compare_instances(
             lambda outputs, c, max_det: self.decode_each(outputs, metadata, c, max_det=max_det), reference, candidate,
             similarity=self.similarity(metadata), conf=conf, margin=margin, prefix=self.metric_prefix,

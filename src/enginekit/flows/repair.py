@@ -19,8 +19,8 @@ from enginekit.verification.gate import Gates
 
 
 # Photographs each repair trial is judged on (the calibration folder's images it did not calibrate on, else the
-# embedded ones): enough detections for the share gates (22 for the 5% rule, compare.comparison.binomial_minimum)
-# on most detectors.
+# embedded ones): on most detectors enough detections for a share gate's interval to clear its limit (72 for the
+# 5% rule, compare.comparison.Gates.fewest_to_pass).
 REPAIR_PHOTOS = 16
 # Of those, the ones each node's effect is measured on (one ONNX Runtime session per quantized node): all of them.
 # On 4, a detector whose loss sits in two early layers (tests/test_one_verdict.py, at 160 px: few detections per
@@ -35,14 +35,14 @@ MEASURE = 12
 def _enough_evidence(gates, precision: str, task: dict, folder) -> None:
     """A repair searches for the nodes the task gates need: on too few reference detections one flip
     decides every trial, so it refuses (ParityError, as a failed gate) and says what would do."""
-    minimum = gates.sample_minimum(precision)
-    found = task.get("reference_detections", task.get("compared"))
+    minimum = gates.fewest_to_pass(precision)
+    found = task.get("decided_reference", task.get("reference_detections", task.get("compared")))
     if not minimum or found is None or found >= minimum:
         return
     where = f"{REPAIR_PHOTOS} images of {folder}" if folder else "the embedded photographs"
     raise ParityError(f"repair cannot judge the task gates: {found:g} reference detections on {where}, fewer than "
-                      f"the {minimum} the share gates need; calibrate on a folder of images of what the model sees "
-                      "(--calib-data DIR), which repair is judged on too")
+                      f"the {minimum} on which a share's 95% interval can clear its limit; calibrate on a folder of "
+                      "images of what the model sees (--calib-data DIR), which repair is judged on too")
 
 
 class TrialGraph:

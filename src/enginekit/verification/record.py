@@ -4,7 +4,9 @@ Each judgement is kept in the cache by what it judged (kind ``parity``: export's
 verdicts; kind ``verdict``: verify's, against the PyTorch reference or against labels), each keyed by the graph's
 content, its evidence (the images or labels by digest) and its gates. The record of a graph is all of them: its
 verdict fails where any check failed, so a later pass on other evidence never erases an earlier failure; it passes
-only where some check passed and none failed. ``verify --recheck`` sets the earlier checks aside (removed from the
+only where some check passed and none failed. A judgement that decided nothing (each of its failed checks "not
+enough evidence": an interval that straddles its limit) fails its own run but is no failure of the graph: more
+evidence decides, and the record's verdict is what the decided checks say. ``verify --recheck`` sets the earlier checks aside (removed from the
 cache, and said) and judges from scratch. ``build``, ``verify``, ``deploy``, ``predict``, ``load``, ``cache ls``
 and ``cache push`` all read this one record, and say the failed check it holds in one line.
 """
@@ -15,6 +17,11 @@ from dataclasses import dataclass, field
 
 #: where a kind's check was made, when its key does not say
 _AT = {"parity": "export", "verdict": "verify"}
+
+
+#: what a check that decided nothing says (``compare.intervals``: its interval straddles the limit); a judgement whose
+#: every failed check says it is not a failure of the graph: more evidence decides, and a later decided check counts
+UNDECIDED = "not enough evidence"
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,8 @@ class Record:
 
     def summary(self) -> str:
         """Every check behind the verdict, one phrase each ("PASS build parity ...; FAIL verify --data ...")."""
-        return "; ".join(("FAIL " if c.passed is False else "PASS " if c.passed else "n/a ") + c.line()
+        return "; ".join(("FAIL " if c.passed is False else "PASS " if c.passed else
+                          "UNDECIDED " if c.failures else "n/a ") + c.line()
                          for c in self.checks)
 
 
@@ -127,9 +135,12 @@ def record_of(cache, graph: str, precision: str | None = None) -> Record:
             if precision is not None and parts.get("precision") not in (None, precision):
                 continue
             passed = manifest.get("passed") if kind == "parity" else _report_passed(manifest.get("report") or {})
+            failures = _failures(kind, manifest)
+            if passed is False and failures and all(UNDECIDED in f for f in failures):
+                passed = None  # it decided nothing (every failed check "not enough evidence"): no failure to keep
             found.append((str(manifest.get("created", "")), PastCheck(
                 kind, entry.key, str(parts.get("at") or _AT[kind]), parts.get("precision"),
-                passed if isinstance(passed, bool) or passed is None else None, _failures(kind, manifest),
+                passed if isinstance(passed, bool) or passed is None else None, failures,
                 _evidence(kind, parts))))
     found.sort(key=lambda pair: pair[0])
     return Record(graph, [c for _, c in found])

@@ -401,7 +401,7 @@ class YoloAdapter(_YoloInstances):
     task_gates = instance_gates("map50")
     # the operating point: Ultralytics predict's default confidence; conf_margin as every instance task
     # (a detection whose score crosses conf by less is a threshold flip, not lost or extra; 0: the plain rule)
-    task_options = {"conf": 0.25, "conf_margin": 0.0}
+    task_options = {"conf": 0.25, "conf_margin": None}  # None: the band measured (compare.instances)
     #: detectors only: seeded weights whose outputs depend on the image (``random_init.make_informative``). The
     #: other YOLO tasks keep Ultralytics' own random init: on it a classifier's FP32 graph differed from
     #: PyTorch by rel L2 5.9e-4 and a segmenter's FP32 masks flipped (mask mAP50 0.95), so their FP32 gates
@@ -452,7 +452,7 @@ class _YoloTaskInstances(_YoloInstances):
     # count as threshold flips, not as lost or extra instances (compare.instances.instance_metrics); 0 keeps
     # the plain rule. Lightly trained models score many instances near any threshold (the suite's segmenter:
     # 4 of its 7 instances at 0.25 on 8 held-out images lie within 0.005 of it): --tol conf_margin=0.02 there.
-    task_options = {"conf": 0.25, "conf_margin": 0.0}
+    task_options = {"conf": 0.25, "conf_margin": None}  # None: the band measured (compare.instances)
     photographs_of = "what the model sees"
 
     @property

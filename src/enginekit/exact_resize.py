@@ -18,6 +18,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from enginekit.lazy_kernels import LazyKernels, interpreted
+
 BITS = 11
 ONE = 1 << BITS
 #: the vertical pass's rounding: ``(hi(b0 * (s0 >> 4)) + hi(b1 * (s1 >> 4)) + ROUND) >> 2``
@@ -121,36 +123,17 @@ def letterbox(x, resized: tuple[int, int], padding: tuple[int, int, int, int], v
 # value ``boxed.to(float32).div_(255)`` gives, bit for bit). Triton's interpreter (``TRITON_INTERPRET=1``) runs the
 # same kernel on CPU tensors, which is how the suite checks it on a machine with no GPU.
 
-_KERNEL = None  # made on first use: importing Triton is slow and it may be missing
-_BROKEN: list[str] = []  # why the kernel could not run here (the torch operations above run instead)
 _LUTS: dict = {}
 
 
-def interpreted() -> bool:
-    """Triton's interpreter is on: the kernel runs on CPU tensors."""
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def kernel_usable(device) -> bool:
-    """Whether ``letterbox_into`` runs for tensors on ``device``: a CUDA device with Triton importable (or its
-    interpreter, on the CPU), and no earlier failure on this machine."""
-    if _BROKEN:
-        return False
-    if getattr(device, "type", str(device)) != "cuda" and not interpreted():
-        return False
-    try:
-        _kernel()
-    except Exception as exc:  # noqa: BLE001 - no Triton, or one that cannot build: torch's operations instead
-        _BROKEN.append(f"{type(exc).__name__}: {exc}")
-        return False
-    return True
+    """Whether ``letterbox_into`` runs for tensors on ``device`` (``lazy_kernels.LazyKernels.usable``)."""
+    return _KERNELS.usable(device)
 
 
 def kernel_failed(exc: BaseException) -> None:
-    """The kernel failed on this machine (compilation, an old driver): torch's operations from now on."""
-    _BROKEN.append(f"{type(exc).__name__}: {exc}")
+    """The kernel failed on this machine: torch's operations from now on."""
+    _KERNELS.failed(exc)
 
 
 def _lut(device):
@@ -164,10 +147,7 @@ def _lut(device):
     return found
 
 
-def _kernel():
-    global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
+def _make_kernel():
     import triton
     import triton.language as tl
 
@@ -205,8 +185,11 @@ def _kernel():
             v = tl.where(inside, v, fill)
             tl.store(out + ch * total + idx, tl.load(lut + v, mask=live, other=0.0), mask=live)
 
-    _KERNEL = letterbox_kernel
-    return _KERNEL
+    return letterbox_kernel
+
+
+_KERNELS = LazyKernels(_make_kernel)
+_BROKEN = _KERNELS.broken  # why the kernel does not run here (the torch operations above run instead)
 
 
 def _int_tables(src: int, dst: int, clamp: bool, device):
@@ -240,7 +223,7 @@ def letterbox_into(frame, out, resized: tuple[int, int], padding: tuple[int, int
     lut = _lut(frame.device)
     block = 65536 if interpreted() else 1024
     s_h, s_w, s_c = frame.stride()[:3]
-    kernel = _kernel()
+    kernel = _KERNELS.get()
     kernel[(triton_cdiv(oh * ow, block),)](frame, s_h, s_w, s_c, out, *rows, *cols, lut, oh, ow, top, left, uh, uw,
                                            int(value), int(rounding), SWAP=int(bool(swap)), BLOCK=block)
     return rows, cols, lut

@@ -19,45 +19,26 @@ on the CPU, which is how the suite checks them on a machine with no GPU.
 
 from __future__ import annotations
 
-import os
+from enginekit.lazy_kernels import LazyKernels, interpreted  # noqa: F401 - interpreted: the suite's check asks
 
 #: candidates per program of the pairwise kernel, and per tile of the fixed-point rounds
 ROWS = 16
 
-_KERNELS = None  # (suppression, keep), made on first use: importing Triton is slow and it may be missing
-_BROKEN: list[str] = []  # why the kernels could not run here (then torch's operations run instead)
-
-
-def interpreted() -> bool:
-    """Triton's interpreter is on: the kernels run on CPU tensors (the suite's check)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
 
 def usable(device, cap: int) -> bool:
-    """Whether the kernels run for tensors on ``device`` with ``cap`` candidates: a CUDA device with Triton importable
-    (or the interpreter, on the CPU), ``cap`` a power of two of at least ``ROWS`` (a block's size), and no earlier
-    failure."""
-    if _BROKEN or cap < ROWS or cap & (cap - 1):
+    """Whether the kernels run for tensors on ``device`` with ``cap`` candidates: where Triton runs
+    (``lazy_kernels.LazyKernels.usable``) and ``cap`` a power of two of at least ``ROWS`` (a block's size)."""
+    if cap < ROWS or cap & (cap - 1):
         return False
-    if getattr(device, "type", str(device)) != "cuda" and not interpreted():
-        return False
-    try:
-        _kernels()
-    except Exception as exc:  # noqa: BLE001 - no Triton, or one that cannot build: torch's operations instead
-        _BROKEN.append(f"{type(exc).__name__}: {exc}")
-        return False
-    return True
+    return _LAZY.usable(device)
 
 
 def failed(exc: BaseException) -> None:
     """The kernels failed on this machine (compilation, an old driver): torch's operations from now on."""
-    _BROKEN.append(f"{type(exc).__name__}: {exc}")
+    _LAZY.failed(exc)
 
 
-def _kernels():
-    global _KERNELS
-    if _KERNELS is not None:
-        return _KERNELS
+def _make_kernels():
     import triton
     import triton.language as tl
 
@@ -150,8 +131,15 @@ def _kernels():
         tl.store(out_ptr + 2, 1.0)  # settled: the loop ends only at the fixed point
         tl.store(out_ptr + 3, border.to(tl.float32))
 
-    _KERNELS = (suppression, keep)
-    return _KERNELS
+    return suppression, keep
+
+
+_LAZY = LazyKernels(_make_kernels)  # (suppression, keep), made on first use
+_BROKEN = _LAZY.broken  # why the kernels do not run here (then torch's operations run instead)
+
+
+def _kernels():
+    return _LAZY.get()
 
 
 def suppress_and_keep(x, score, cls, order, n, *, nc: int, k: int, cap: int, max_det: int, thr: float, border: float,

@@ -324,7 +324,7 @@ def test_a_verdict_of_not_enough_evidence_is_decided_by_more_images(trained_dete
     """FP16 of the suite's detector against labels: on 2 labelled images the mAP drop's interval straddles its limit
     ("not enough evidence", exit 1, the same in the JUnit report); on 48 the interval decides (exit 0), and the
     record keeps no failure from the undecided run (it decided nothing about the graph). The share gates against the
-    reference's detections likewise: 11 detections undecided, 180 decided."""
+    reference's detections likewise undecided on the 2 images (11 detections)."""
     from trained_detector import write_dataset
 
     shutil.copy2(trained_detector.weights, tmp_path / "best.pt")
@@ -345,9 +345,7 @@ def test_a_verdict_of_not_enough_evidence_is_decided_by_more_images(trained_dete
     assert "an earlier check" not in many.stderr and "val: 48 images" in " ".join(many.stderr.split())
     junit = ET.parse(tmp_path / "many.xml").getroot()
     assert not [tc for tc in junit.iter("testcase") if tc.find("failure") is not None]
-    # the share gates against the reference's detections, without labels: undecided on 2 images, decided on 40
+    # the share gates against the reference's detections, without labels: undecided on 2 images (decided on many:
+    # tests/test_gates.py)
     few = run_cli_module("verify", "best.pt", *flags, "--images", "data2/images/val", cwd=tmp_path, env=env)
-    line = assert_one_line_error(few, 1, "task recall: not enough evidence", "detection(s) of 2 image(s)")
-    enough = run_cli_module("verify", "best.pt", *flags, "--images", "data48/images/val", "--image-count", "40",
-                            cwd=tmp_path, env=env)
-    assert enough.code == 0, enough.stderr[-2000:]
+    assert_one_line_error(few, 1, "task recall: not enough evidence", "detection(s) of 2 image(s)")

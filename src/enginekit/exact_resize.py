@@ -192,20 +192,6 @@ _KERNELS = LazyKernels(_make_kernel)
 _BROKEN = _KERNELS.broken  # why the kernel does not run here (the torch operations above run instead)
 
 
-def _int_tables(src: int, dst: int, clamp: bool, device):
-    """``axis_coefficients`` as int32 tensors on ``device`` (``_tables``' cache)."""
-    import torch
-
-    key = (src, dst, clamp, str(device), "int32")
-    found = _DEVICE_TABLES.get(key)
-    if found is None:
-        found = tuple(torch.as_tensor(t.astype(np.int32), device=device) for t in axis_coefficients(src, dst, clamp))
-        if len(_DEVICE_TABLES) > 512:
-            _DEVICE_TABLES.clear()
-        _DEVICE_TABLES[key] = found
-    return found
-
-
 def letterbox_into(frame, out, resized: tuple[int, int], padding: tuple[int, int, int, int], *, swap: bool,
                    value: int = 114, rounding: int = ROUND):
     """``frame`` (H, W, 3) uint8 tensor -> ``out`` (3, h, w) float32 tensor on the same device, written in place:
@@ -218,16 +204,13 @@ def letterbox_into(frame, out, resized: tuple[int, int], padding: tuple[int, int
     oh, ow = uh + top + bottom, uw + left + right
     if tuple(out.shape) != (3, oh, ow) or not out.is_contiguous():
         raise ValueError(f"letterbox_into: out is {tuple(out.shape)}, not a contiguous (3, {oh}, {ow})")
-    rows = _int_tables(h, uh, False, frame.device)
-    cols = _int_tables(w, uw, True, frame.device)
+    rows = _tables(h, uh, False, frame.device)
+    cols = _tables(w, uw, True, frame.device)
     lut = _lut(frame.device)
     block = 65536 if interpreted() else 1024
     s_h, s_w, s_c = frame.stride()[:3]
     kernel = _KERNELS.get()
-    kernel[(triton_cdiv(oh * ow, block),)](frame, s_h, s_w, s_c, out, *rows, *cols, lut, oh, ow, top, left, uh, uw,
-                                           int(value), int(rounding), SWAP=int(bool(swap)), BLOCK=block)
+    kernel[(-(-oh * ow // block),)](frame, s_h, s_w, s_c, out, *rows, *cols, lut, oh, ow, top, left, uh, uw,
+                                   int(value), int(rounding), SWAP=int(bool(swap)), BLOCK=block)
     return rows, cols, lut
 
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)

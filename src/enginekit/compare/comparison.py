@@ -25,7 +25,7 @@ import numpy as np
 
 from enginekit.compare.metrics import STATISTICS, output_stats, passes
 from enginekit.compare.parts import OutputPart, Tolerance
-from enginekit.compare.intervals import (CONFIDENCE, Interval, decide, images_to_decide, rate_interval,
+from enginekit.compare.intervals import (CONFIDENCE, UNDECIDED, Interval, decide, images_to_decide, rate_interval,
                                         rate_trials_to_decide)
 from enginekit.compare.tolerances import Tolerances
 from enginekit.compare.metrics import GROUND_TRUTH_PART
@@ -204,16 +204,12 @@ class Gates:
         """The fewest detections on which a share gate of ``precision`` can pass at all: a perfect share's exact
         95% interval clears the strictest limit (72 for recall >= 0.95: 0.025 ** (1 / 72) = 0.950); the minimum the
         user set instead where there is one; 0 where shares are not decided on intervals."""
-        given = self.tolerances.get(precision, "min_detections", None)
-        if given is not None:
-            return int(math.ceil(given))
-        gates = self.task(precision)
-        limits = [limit for metric, (_, limit) in gates.items() if metric in RATE_GATES]
-        if not limits or precision not in PRECISIONS or not PRECISIONS[precision].reduced or max(limits) <= 0:
+        if self.tolerances.get(precision, "min_detections", None) is not None:
+            return self.sample_minimum(precision)
+        limits = [limit for metric, (_, limit) in self.task(precision).items() if metric in RATE_GATES]
+        if not limits or precision not in PRECISIONS or not PRECISIONS[precision].reduced or not 0 < max(limits) < 1:
             return 0
         tail = (1.0 - CONFIDENCE) / 2
-        if max(limits) >= 1.0:
-            return 0
         return int(math.ceil(math.log(tail) / math.log(max(limits)) - 1e-9))
 
     def ground_truth(self, precision: str) -> dict[str, float]:
@@ -493,10 +489,8 @@ def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_
         len(next(iter(photo_ref.values())))
     # one mechanism: a reduced precision's shares and mAPs are decided on their 95% intervals; a minimum count the
     # user sets (--tol min_detections=N, 0: none) asks for the older rule instead: point figures above N detections
-    given = gates.tolerances.get(precision, "min_detections", None)
-    by_interval = rated and given is None
-    minimum = gates.sample_minimum(precision) if given is not None and any(
-        m in RATE_GATES for m in result.task_gates) else 0
+    by_interval = rated and gates.tolerances.get(precision, "min_detections", None) is None
+    minimum = gates.sample_minimum(precision) if any(m in RATE_GATES for m in result.task_gates) else 0
     found = result.task.get("reference_detections", result.task.get("compared", 0.0))
     if minimum and found < minimum:
         wanted = int(math.ceil(images * minimum / found))
@@ -523,7 +517,7 @@ def _task_checks(result: Comparison, adapter, gates, precision, metadata, photo_
                 check.interval = rate_interval(*counts).to_json()
             elif None not in bounds:
                 check.interval = [float(bounds[0]), float(bounds[1])]
-        if not check.passed and "not enough evidence" in check.name and not require_task:
+        if not check.passed and UNDECIDED in check.name and not require_task:
             result.notes.append(f"{check.name} (not gated here)")
             continue
         result.checks.append(check)

@@ -25,6 +25,8 @@ import numpy as np
 #: bootstrap replicates per figure (the percentiles of 1000 replicates move by about 0.002 of a typical mAP drop)
 REPLICATES = 1000
 CONFIDENCE = 0.95
+#: what a check says where its interval straddles its limit (it decided nothing; ``verification.record`` reads it)
+UNDECIDED = "not enough evidence"
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from enginekit.compare.intervals import UNDECIDED
+
 #: where a kind's check was made, when its key does not say
 _AT = {"parity": "export", "verdict": "verify"}
 
 
-#: what a check that decided nothing says (``compare.intervals``: its interval straddles the limit); a judgement whose
-#: every failed check says it is not a failure of the graph: more evidence decides, and a later decided check counts
-UNDECIDED = "not enough evidence"
+# UNDECIDED: what a check that decided nothing says (its interval straddles the limit); a judgement whose every
+# failed check says it is not a failure of the graph: more evidence decides, and a later decided check counts
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ LEVELS: list[tuple[str, ...]] = [
     ("store",),
     ("manifest",),
     ("shapes", "images", "datasets", "calibration", "errors", "reporting", "gpu", "fsutil", "precisions", "results",
-     "engine_file", "hashing", "units", "_version", "latencies", "exact_resize", "lazy_kernels"),
+     "engine_file", "hashing", "units", "_version", "latencies", "exact_resize", "lazy_kernels", "conv_epilogue"),
 ]
 LEVEL = {name: depth for depth, names in enumerate(LEVELS) for name in names}
 

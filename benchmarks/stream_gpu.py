@@ -238,6 +238,9 @@ def main() -> int:
                         help="yolo: the detector alone (its goal only; no depth model loaded)")
     parser.add_argument("--letterbox", choices=("kernel", "ops"), default="kernel",
                         help="ops: the detector's GPU letterbox as torch operations, not the one kernel (before/after)")
+    parser.add_argument("--layout", choices=("fast", "plain"), default="fast",
+                        help="plain: the torch backend runs the module as given (not its channels-last copy with "
+                             "fused blocks), for before/after")
     args = parser.parse_args()
     if args.letterbox == "ops":
         from enginekit import exact_resize
@@ -259,6 +262,10 @@ def main() -> int:
         yolo = load(args.yolo, args, size)
         depth = load(args.depth, args, size) if args.only == "all" else None
         models = [p for p in (yolo, depth) if p is not None]
+        if args.layout == "plain":
+            for p in models:
+                if hasattr(p.session, "_fall_back"):
+                    p.session._fall_back()
         for p in models:
             print(f"{p.model}: {p.backend} on {p.device}, {p.precision} ({p.reason})", file=sys.stderr)
         if args.priority != "none":
@@ -284,7 +291,7 @@ def main() -> int:
     report = {"machine": {"gpu": str(gpu_info() or "none"), "cpu_count": os.cpu_count()},
               "settings": {"backend": yolo.backend, "device": yolo.device, "precision": args.precision, "input": size,
                            "priority": args.priority, "gpu_letterbox": args.gpu_letterbox,
-                           "letterbox": args.letterbox,
+                           "letterbox": args.letterbox, "layout": args.layout,
                            "video": f"{w}x{h}", "frames": frames, "repeat": len(repeats)},
               "runs": repeats[-1]["runs"], "goals": medians, "repeats": repeats}
     if len(repeats) > 1:

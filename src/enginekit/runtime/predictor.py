@@ -264,25 +264,30 @@ class Predictor:
         import torch
 
         tensors = []
+        # on a GPU whose preprocessing replays a graph, a host frame goes straight into the graph's own input (one
+        # copy, no frame-sized buffer on the device in between); elsewhere to the device first
+        into_graph = device.type == "cuda" and self.graph_preprocess
         for f in frames:
             if _is_torch(f):
                 t = f
             elif device.type == "cuda":
-                t = self._upload(f, device, stream)
+                t = self._upload(f, device, stream, host=into_graph)
             else:
                 f = np.asarray(f)
                 if f.dtype != np.uint8:
                     raise UsageError(f"expected uint8 images, got {f.dtype}")
                 t = torch.from_numpy(np.ascontiguousarray(f))
-            tensors.append(t if t.device == device else t.to(device, non_blocking=True))
+            tensors.append(t if t.device == device or (into_graph and t.device.type == "cpu")
+                           else t.to(device, non_blocking=True))
         return self._preprocess_gpu(tensors, hw, rgb, device)
 
-    def _upload(self, f, device, stream=None):
+    def _upload(self, f, device, stream=None, *, host: bool = False):
         """A host frame to the GPU on ``stream`` (default: the current one): where its decoder put it already (a
         stream's source), from the pinned buffer it was decoded into (one asynchronous copy), else straight from
         its own memory: CUDA stages pageable memory itself and returns once it has read the frame, so the array
         may change or go at once (measured on an H200 machine: faster per frame than a copy into a pinned buffer
-        first, 1.57 against 1.64 ms for a trained YOLOv8s on a 1080x810 photograph)."""
+        first, 1.57 against 1.64 ms for a trained YOLOv8s on a 1080x810 photograph). ``host``: such a frame is
+        given as a CPU tensor over its own memory, for the caller to copy where it goes (``_preprocess_gpu``)."""
         import torch
 
         f = np.asarray(f)
@@ -298,7 +303,8 @@ class Predictor:
             event.record(torch.cuda.current_stream(device))
             uploaded(lent, event)
             return on_device
-        return torch.from_numpy(np.ascontiguousarray(f)).to(device, non_blocking=True)
+        frame = torch.from_numpy(np.ascontiguousarray(f))
+        return frame if host else frame.to(device, non_blocking=True)
 
     def submit_gpu(self, frames: list, hw, rgb: bool = False, *, keep_outputs: bool = False) -> "GpuBatch":
         """Queue upload, preprocessing and the network for ``frames`` on the predictor's stream; returns
@@ -459,15 +465,18 @@ class Predictor:
         if entry is None:
             entry = self._pre_graphs[key] = self._capture_preprocess(tensors, hw, rgb, device)
         if entry is False:  # this processor's preprocessing could not be captured: run it as it is
+            tensors = [t.to(device, non_blocking=True) for t in tensors]
             return self._eager_preprocess(tensors, hw, rgb), False
         static_in, graph, static_out = entry
         for s, t in zip(static_in, tensors):
-            s.copy_(t, non_blocking=True)
+            s.copy_(t, non_blocking=True)  # from the device, or from a host frame's own memory (``_upload``)
         graph.replay()
         return static_out, True  # rewritten by the next replay, after the session has read it on this stream
 
     def _capture_preprocess(self, tensors: list, hw, rgb: bool, device):
-        static_in = [t.clone() for t in tensors]
+        import torch
+
+        static_in = [torch.empty(t.shape, dtype=t.dtype, device=device).copy_(t) for t in tensors]
         try:
             graph, static_out = capture_graph(lambda: self._eager_preprocess(static_in, hw, rgb), device)
         except RuntimeError:  # e.g. a host-to-device copy inside the preprocessing

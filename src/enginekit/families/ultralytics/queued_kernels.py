@@ -1,20 +1,26 @@
-"""The queued decode's suppression and compaction as two Triton kernels (``queued_nms`` runs them where it can).
+"""The queued decode as four Triton kernels (``queued_nms`` runs them where it can: ``decode``).
 
-Step for step what ``queued_nms.queue_image`` does with about sixty small torch operations, in two launches:
+Step for step what ``queued_nms.queue_image`` does with about eighty small torch operations and a sort, in four
+launches:
 
+- ``best_class`` (one program per ``ANCHORS`` anchors): each anchor's best class score and its class, as torch's
+  ``max`` over the classes (the first of equal maxima);
+- ``rank`` (likewise): each candidate's place in the stable sort by score, highest first, as the count of candidates
+  before it (a higher score, or as high and an earlier anchor), the first ``k`` places written; and their count;
 - ``suppression`` (one program per ``ROWS`` candidates): each pair's IoU with torchvision's arithmetic on the
   class-offset boxes, written as one byte per pair: bit 0 "i before j, both candidates, IoU above the threshold",
   bit 1 "IoU within ``border`` of the threshold";
 - ``keep`` (one program): greedy NMS as the fixed point of "kept = a candidate no kept candidate before it
   suppresses", iterated from "all kept" until a round changes nothing (each round settles at least one more
   candidate, so it ends), whether a kept candidate's IoU with a later one is near the threshold, then the first
-  ``max_det`` kept rows in score order (x1 y1 x2 y2 score class extra) and the four flags, written in place.
+  ``max_det`` kept rows in score order (x1 y1 x2 y2 score class extra), scaled to the frame as Ultralytics'
+  ``scale_boxes`` scales them on the tensor's device (on CUDA torch divides by a scalar as a multiplication by its
+  float32 reciprocal; on the CPU it divides), and the four flags, written in place.
 
-Candidates and their order (the best class score, a stable sort) stay torch's, and so does ``scale_boxes``, which
-must keep Ultralytics' own arithmetic on each device. The IoU's division may differ from torchvision's by an ulp or
-two: the ``border`` flag (1e-6, far wider) sends any pair that close to the threshold to ``kept_rows``, so the kept
-rows are the same. Triton compiles for CUDA devices; its interpreter (``TRITON_INTERPRET=1``) runs the same kernels
-on the CPU, which is how the suite checks them on a machine with no GPU.
+The IoU's division may differ from torchvision's by an ulp or two: the ``border`` flag (1e-6, far wider) sends any
+pair that close to the threshold to ``kept_rows``, so the kept rows are the same. Triton compiles for CUDA devices;
+its interpreter (``TRITON_INTERPRET=1``) runs the same kernels on the CPU, which is how the suite checks them on a
+machine with no GPU.
 """
 
 from __future__ import annotations
@@ -79,7 +85,8 @@ def _make_kernels():
 
     @triton.jit
     def keep(x_ptr, s_anchor, s_chan, score_ptr, cls_ptr, order_ptr, n_ptr, code_ptr, flag_ptr, out_ptr,
-             k, max_det, extra_at, extra, width, K: tl.constexpr, ROWS: tl.constexpr):
+             k, max_det, extra_at, extra, width, pad_x, pad_y, sx, sy, clip_w, clip_h, K: tl.constexpr,
+             ROWS: tl.constexpr, SCALE: tl.constexpr):
         r = tl.arange(0, K)
         n = tl.load(n_ptr).to(tl.int32)
         lim = tl.where(n > k, 0, n)
@@ -115,11 +122,22 @@ def _make_kernels():
         cy = tl.load(x_ptr + a * s_anchor + s_chan, mask=take, other=0.0)
         hw = tl.load(x_ptr + a * s_anchor + 2 * s_chan, mask=take, other=0.0) * 0.5
         hh = tl.load(x_ptr + a * s_anchor + 3 * s_chan, mask=take, other=0.0) * 0.5
+        x1, y1, x2, y2 = cx - hw, cy - hh, cx + hw, cy + hh
+        if SCALE == 1:  # scale_boxes on a CUDA tensor: the padding off, times the gain's float32 reciprocal, clipped
+            x1 = tl.minimum(tl.maximum((x1 - pad_x) * sx, 0.0), clip_w)
+            y1 = tl.minimum(tl.maximum((y1 - pad_y) * sy, 0.0), clip_h)
+            x2 = tl.minimum(tl.maximum((x2 - pad_x) * sx, 0.0), clip_w)
+            y2 = tl.minimum(tl.maximum((y2 - pad_y) * sy, 0.0), clip_h)
+        if SCALE == 2:  # on a CPU tensor (the interpreter): divided by the gain
+            x1 = tl.minimum(tl.maximum(tl.math.div_rn(x1 - pad_x, sx), 0.0), clip_w)
+            y1 = tl.minimum(tl.maximum(tl.math.div_rn(y1 - pad_y, sy), 0.0), clip_h)
+            x2 = tl.minimum(tl.maximum(tl.math.div_rn(x2 - pad_x, sx), 0.0), clip_w)
+            y2 = tl.minimum(tl.maximum(tl.math.div_rn(y2 - pad_y, sy), 0.0), clip_h)
         row = out_ptr + 4 + at * width
-        tl.store(row, cx - hw, mask=take)
-        tl.store(row + 1, cy - hh, mask=take)
-        tl.store(row + 2, cx + hw, mask=take)
-        tl.store(row + 3, cy + hh, mask=take)
+        tl.store(row, x1, mask=take)
+        tl.store(row + 1, y1, mask=take)
+        tl.store(row + 2, x2, mask=take)
+        tl.store(row + 3, y2, mask=take)
         tl.store(row + 4, tl.load(score_ptr + a, mask=take, other=0.0), mask=take)
         tl.store(row + 5, tl.load(cls_ptr + a, mask=take, other=0).to(tl.float32), mask=take)
         for e in range(0, extra):
@@ -131,36 +149,96 @@ def _make_kernels():
         tl.store(out_ptr + 2, 1.0)  # settled: the loop ends only at the fixed point
         tl.store(out_ptr + 3, border.to(tl.float32))
 
-    return suppression, keep
+    @triton.jit
+    def best_class(x_ptr, s_anchor, s_chan, score_ptr, cls_ptr, anchors, nc, BLOCK: tl.constexpr,
+                   CLASSES: tl.constexpr):
+        a = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        va = a < anchors
+        best = tl.full((BLOCK,), float("-inf"), tl.float32)
+        arg = tl.zeros((BLOCK,), tl.int32)
+        for c0 in range(0, nc, CLASSES):  # torch's max over the classes: the first of equal maxima
+            c = c0 + tl.arange(0, CLASSES)
+            v = tl.load(x_ptr + a[:, None] * s_anchor + (4 + c)[None, :] * s_chan,
+                        mask=va[:, None] & (c < nc)[None, :], other=float("-inf"))
+            m = tl.max(v, axis=1)
+            i = tl.argmax(v, axis=1, tie_break_left=True)
+            better = m > best
+            arg = tl.where(better, c0 + i, arg)
+            best = tl.where(better, m, best)
+        tl.store(score_ptr + a, best, mask=va)
+        tl.store(cls_ptr + a, arg, mask=va)
+
+    @triton.jit
+    def rank(score_ptr, order_ptr, n_ptr, anchors, conf, k, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        vi = i < anchors
+        si = tl.load(score_ptr + i, mask=vi, other=float("-inf"))
+        ci = vi & (si > conf)
+        ahead = tl.zeros((BLOCK,), tl.int32)  # candidates before each: a higher score, or as high and earlier
+        total = tl.zeros((BLOCK,), tl.int32)
+        for j0 in range(0, anchors, BLOCK):
+            j = j0 + tl.arange(0, BLOCK)
+            sj = tl.load(score_ptr + j, mask=j < anchors, other=float("-inf"))
+            cj = (j < anchors) & (sj > conf)
+            higher = sj[None, :] > si[:, None]
+            earlier = (sj[None, :] == si[:, None]) & (j[None, :] < i[:, None])
+            before = cj[None, :] & (higher | earlier)
+            ahead += tl.sum(before.to(tl.int32), axis=1)
+            total += cj.to(tl.int32)
+        tl.store(order_ptr + ahead, i.to(tl.int64), mask=ci & (ahead < k))  # the stable sort's place
+        if tl.program_id(0) == 0:
+            tl.store(n_ptr, tl.sum(total, axis=0).to(tl.int64))
+
+    return suppression, keep, best_class, rank
 
 
-_LAZY = LazyKernels(_make_kernels)  # (suppression, keep), made on first use
+_LAZY = LazyKernels(_make_kernels)  # (suppression, keep, best_class, rank), made on first use
 _BROKEN = _LAZY.broken  # why the kernels do not run here (then torch's operations run instead)
+#: anchors per program of ``best_class`` and ``rank``, and classes per step of ``best_class``
+ANCHORS, CLASSES = 128, 16
 
 
 def _kernels():
     return _LAZY.get()
 
 
-def suppress_and_keep(x, score, cls, order, n, *, nc: int, k: int, cap: int, max_det: int, thr: float, border: float,
-                      max_wh: int):
-    """Launch both kernels for one image: ``x`` (anchors, 4 + nc + extra) float32, ``score``/``cls`` its best class
-    per anchor, ``order`` the first ``k`` candidates in score order, ``n`` their count (a 0-d tensor). Returns the
-    packed tensor ``queue_image`` returns, before ``scale_boxes``: the four flags, then ``max_det`` rows (zeros past
-    the kept ones)."""
+def decode(x, *, nc: int, k: int, cap: int, max_det: int, conf: float, thr: float, border: float, max_wh: int,
+           scale=None):
+    """The whole queued decode of one image in four launches: ``x`` (anchors, 4 + nc + extra) float32. Each anchor's
+    best class (``best_class``: torch's ``max``), the candidates above ``conf`` in the stable sort's order by score
+    (``rank``: each candidate's place is the count of those before it, a higher score or as high and earlier; their
+    count), then ``suppression`` and ``keep``. ``scale``: ``queued_nms.box_scale``'s (pad x, pad y, gain x, gain y,
+    width, height), applied in ``keep`` with the arithmetic of ``scale_boxes`` on ``x``'s device (None: the rows
+    stay in the network's pixels). Returns the packed tensor ``queue_image`` returns."""
+    import numpy as np
     import torch
+    import triton
 
-    suppression, keep = _kernels()
-    width = x.shape[1] - nc + 2
-    extra = x.shape[1] - 4 - nc
+    suppression, keep, best_class, rank = _kernels()
+    anchors = x.shape[0]
+    width, extra = x.shape[1] - nc + 2, x.shape[1] - 4 - nc
+    score = torch.empty(anchors, dtype=torch.float32, device=x.device)
+    cls = torch.empty(anchors, dtype=torch.int32, device=x.device)
+    order = torch.empty(k, dtype=torch.int64, device=x.device)  # past the candidates: never read
+    n = torch.empty((), dtype=torch.int64, device=x.device)
+    s_anchor, s_chan = x.stride(0), x.stride(1)
+    grid = (triton.cdiv(anchors, ANCHORS),)
+    best_class[grid](x, s_anchor, s_chan, score, cls, anchors, nc, BLOCK=ANCHORS, CLASSES=CLASSES, num_warps=4)
+    rank[grid](score, order, n, anchors, conf, k, BLOCK=ANCHORS, num_warps=4)
     code = torch.empty((cap, cap), dtype=torch.uint8, device=x.device)
     flags = torch.empty(cap, dtype=torch.int32, device=x.device)
     out = torch.zeros(4 + max_det * width, dtype=torch.float32, device=x.device)
-    order = order.contiguous()
-    score, cls = score.contiguous(), cls.contiguous()
-    s_anchor, s_chan = x.stride(0), x.stride(1)
+    mode, values = 0, (0.0, 0.0, 1.0, 1.0, 0.0, 0.0)
+    if scale is not None:
+        pad_x, pad_y, gain_x, gain_y, w, h = scale
+        gx, gy = np.float32(gain_x), np.float32(gain_y)
+        if x.device.type == "cuda":  # torch's CUDA division by a scalar: times its float32 reciprocal
+            mode, gx, gy = 1, np.float32(1.0) / gx, np.float32(1.0) / gy
+        else:
+            mode = 2
+        values = (float(pad_x), float(pad_y), float(gx), float(gy), float(w), float(h))
     suppression[(cap // ROWS,)](x, s_anchor, s_chan, cls, order, n, code, k, thr, border, float(max_wh),
                                 K=cap, ROWS=ROWS, num_warps=8)
     keep[(1,)](x, s_anchor, s_chan, score, cls, order, n, code, flags, out, k, max_det, 4 + nc, extra, width,
-               K=cap, ROWS=ROWS, num_warps=8)
+               *values, K=cap, ROWS=ROWS, SCALE=mode, num_warps=8)
     return out

@@ -14,8 +14,9 @@ network still runs, and the first wait is for the last copy:
 - the first ``max_det`` kept rows, scaled to the frame by Ultralytics' ``scale_boxes``, copied to pinned memory
   with four flags in one copy.
 
-On a CUDA device with Triton, the suppression and compaction run as two Triton kernels (``queued_kernels``: the
-same rule, iterated until a round changes nothing) instead of about sixty small torch operations.
+On a CUDA device with Triton, the whole decode runs as four Triton kernels (``queued_kernels``: the same
+candidates and order, the same rule iterated until a round changes nothing, ``scale_boxes``' arithmetic) instead of
+about eighty small torch operations and a sort.
 
 The host then reads the flags and takes the rows, or, where the flags say this path could differ from
 ``kept_rows``, computes them by ``kept_rows`` itself: more candidates than ``cap``; no fixed point within
@@ -81,41 +82,77 @@ def pairwise_iou(boxes):
     return inter / (area[:, None] + area[None, :] - inter)
 
 
+#: (network h x w, frame h x w) -> ``box_scale``'s answer
+_SCALES: dict = {}
+
+
+def box_scale(hw: tuple, image_hw: tuple):
+    """``(pad_x, pad_y, gain_x, gain_y, width, height)``: what Ultralytics' ``scale_boxes(hw, boxes, image_hw)``
+    subtracts, divides by and clips to, each box side alone (its arithmetic as of 8.3: the letterbox's rounded sides,
+    one gain per axis), so that a kernel can apply it; None where the installed Ultralytics computes otherwise
+    (checked once per sizes on a probe of boxes inside the frame, against its own function on the CPU)."""
+    key = (tuple(hw), tuple(image_hw))
+    if key in _SCALES:
+        return _SCALES[key]
+    import torch
+    from ultralytics.utils.ops import scale_boxes
+
+    (h, w), (ih, iw) = key
+    gain = min(h / ih, w / iw)
+    new_h, new_w = (max(round(v * gain), 1) for v in (ih, iw))
+    gain_y, gain_x = new_h / ih, new_w / iw
+    pad_x, pad_y = round((w - new_w) / 2 - 0.1), round((h - new_h) / 2 - 0.1)
+    probe = torch.tensor([[pad_x + 0.75, pad_y + 1.25, w - pad_x - 1.5, h - pad_y - 0.5],
+                          [pad_x + 3.3, pad_y + 7.1, pad_x + 9.9, pad_y + 11.7],
+                          [pad_x - 2.0, pad_y - 3.0, w - pad_x + 4.0, h - pad_y + 1.0]], dtype=torch.float32)
+    theirs = scale_boxes(key[0], probe.clone(), key[1])
+    mine = torch.stack(((probe[:, 0] - pad_x) / gain_x, (probe[:, 1] - pad_y) / gain_y,
+                        (probe[:, 2] - pad_x) / gain_x, (probe[:, 3] - pad_y) / gain_y), 1)
+    mine = torch.minimum(torch.maximum(mine, torch.zeros(())), torch.tensor([iw, ih, iw, ih], dtype=torch.float32))
+    answer = (pad_x, pad_y, gain_x, gain_y, iw, ih) if torch.equal(theirs, mine) else None
+    if len(_SCALES) > 4096:
+        _SCALES.clear()
+    _SCALES[key] = answer
+    return answer
+
+
 def queue_image(x, conf: float, iou: float, *, nc: int, max_det: int, image_hw, hw, cap: int = CAP,
                 rounds: int = ROUNDS, max_wh: int = 7680, kernels: bool | None = None):
     """Queue one image's decode: ``x`` (anchors, 4 + nc + extra) float32 on its device. Returns the packed tensor
     on the device: FLAGS values, then ``max_det`` rows of x1 y1 x2 y2 (in ``image_hw``'s pixels) score class
-    extra. ``kernels``: suppression and compaction by ``queued_kernels``' two Triton kernels (iterated to the fixed
-    point: ``rounds`` does not apply) rather than torch's operations; default: where they run (a CUDA device with
-    Triton; ``cap`` a power of two)."""
+    extra. ``kernels``: the whole decode by ``queued_kernels``' four Triton kernels (the candidates, their order,
+    suppression iterated to the fixed point: ``rounds`` does not apply, compaction with ``scale_boxes``' arithmetic)
+    rather than torch's operations; default: where they run (a CUDA device with Triton; ``cap`` a power of two)."""
     import torch
     from ultralytics.utils.ops import scale_boxes, xywh2xyxy
 
     device = x.device
     anchors, width = x.shape[0], x.shape[1] - nc + 2
     k = min(anchors, cap)
-    score, cls = x[:, 4:4 + nc].max(1)
-    cand = score > conf
-    n = cand.sum()
-    ranked = torch.where(cand, score, torch.full_like(score, float("-inf")))
-    order = ranked.sort(descending=True, stable=True).indices[:k]
     thr = float(np.float32(iou))  # the threshold as float32, as torchvision's kernel
     from enginekit.families.ultralytics import queued_kernels
 
     if kernels is None:
         kernels = queued_kernels.usable(device, cap)
     if kernels:
+        scale = box_scale(tuple(hw), tuple(image_hw))
         try:
-            packed = queued_kernels.suppress_and_keep(x, score, cls, order, n, nc=nc, k=k, cap=cap, max_det=max_det,
-                                                      thr=thr, border=BORDER, max_wh=max_wh)
+            packed = queued_kernels.decode(x, nc=nc, k=k, cap=cap, max_det=max_det, conf=conf, thr=thr, border=BORDER,
+                                           max_wh=max_wh, scale=scale)
         except Exception as exc:  # noqa: BLE001 - Triton failed to build or run here: torch's operations instead
             if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
                 raise
             queued_kernels.failed(exc)
         else:
-            out_rows = packed[FLAGS:].view(max_det, width)
-            out_rows[:, :4] = scale_boxes(tuple(hw), out_rows[:, :4].clone(), tuple(image_hw))
+            if scale is None:  # an Ultralytics whose scale_boxes computes otherwise: its own function
+                out_rows = packed[FLAGS:].view(max_det, width)
+                out_rows[:, :4] = scale_boxes(tuple(hw), out_rows[:, :4].clone(), tuple(image_hw))
             return packed
+    score, cls = x[:, 4:4 + nc].max(1)
+    cand = score > conf
+    n = cand.sum()
+    ranked = torch.where(cand, score, torch.full_like(score, float("-inf")))
+    order = ranked.sort(descending=True, stable=True).indices[:k]
     ranks = torch.arange(k, device=device)
     valid = ranks < n
     s = score[order]

@@ -72,3 +72,34 @@ def test_the_fused_bias_and_silu_give_the_modules_outputs():
     assert float(dropped) > 1e-2, dropped
     assert float(kernel) < 1e-5, kernel
     assert same == "True"
+
+
+def test_the_torch_backends_fast_copy_leaves_the_module_and_pools_in_the_usual_layout():
+    """``backends.pytorch._fast_module`` (what the torch backend runs on a GPU) is a channels-last copy: the module
+    given keeps its layout and its own forwards (export traces it), the copy's max pooling runs on the usual layout
+    and gives channels-last back, and the copy's outputs are the module's (here on the CPU, where the fused kernel
+    does not run: only the layout differs)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("ultralytics")
+    from ultralytics.nn.tasks import DetectionModel
+
+    from enginekit import conv_epilogue
+    from enginekit.backends.pytorch import _fast_module
+
+    torch.manual_seed(0)
+    model = DetectionModel("yolov8n.yaml", nc=3, verbose=False).eval()
+    model.fuse()
+    fast = _fast_module(model)
+    assert fast is not model
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size != (1, 1)]
+    assert convs and all(m.weight.is_contiguous() for m in convs)  # the module as given
+    assert not any(hasattr(m, "_enginekit_forward") for m in model.modules())
+    assert sum(hasattr(m, "_enginekit_forward") for m in fast.modules()) >= 50
+    pool = next(m for m in fast.modules() if type(m) is torch.nn.MaxPool2d)
+    y = pool(torch.rand(1, 8, 20, 20).contiguous(memory_format=torch.channels_last))
+    assert y.is_contiguous(memory_format=torch.channels_last) and y.shape == (1, 8, 20, 20)
+    x = torch.rand(1, 3, 96, 160)
+    with torch.inference_mode():
+        want, got = model(x)[0], fast(x)[0]
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-5
+    assert conv_epilogue.unfuse_blocks(fast) >= 50

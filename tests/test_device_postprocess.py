@@ -333,3 +333,30 @@ def test_a_frame_copied_to_the_device_when_decoded_is_the_frame():
     b = pool.take((9, 11, 3))
     assert b.__array_interface__["data"][0] == address and on_device(b, device) is None
     pool.close()
+
+
+def test_the_kernels_box_scaling_is_ultralytics_own_or_declined(monkeypatch):
+    """``queued_nms.box_scale`` gives what the installed Ultralytics' ``scale_boxes`` subtracts, divides by and clips
+    to (the queued kernels apply it), and None where ``scale_boxes`` computes otherwise (an older release's single
+    gain): the decode then scales with that function itself."""
+    import ultralytics.utils.ops as ops
+
+    from enginekit.families.ultralytics import queued_nms
+
+    monkeypatch.setattr(queued_nms, "_SCALES", {})
+    for hw, frame in (((224, 384), (1080, 1920)), ((640, 480), (810, 1080)), ((384, 384), (720, 1281)),
+                      ((160, 160), (33, 47))):
+        scale = queued_nms.box_scale(hw, frame)
+        assert scale is not None, (hw, frame)
+        pad_x, pad_y, gain_x, gain_y, w, h = scale
+        assert (w, h) == (frame[1], frame[0]) and 0 <= pad_x < hw[1] and 0 <= pad_y < hw[0]
+    real = ops.scale_boxes
+
+    def single_gain(img1_shape, boxes, img0_shape, ratio_pad=None, padding=True, xywh=False):
+        gain = min(img1_shape[0] / img0_shape[0], img1_shape[1] / img0_shape[1])
+        pad = (img1_shape[1] - img0_shape[1] * gain) / 2, (img1_shape[0] - img0_shape[0] * gain) / 2
+        return real(img1_shape, boxes, img0_shape, ratio_pad=((gain, gain), pad), padding=padding, xywh=xywh)
+
+    monkeypatch.setattr(ops, "scale_boxes", single_gain)
+    monkeypatch.setattr(queued_nms, "_SCALES", {})
+    assert queued_nms.box_scale((160, 160), (33, 47)) is None  # 112.34 rows: the sides rounded or not

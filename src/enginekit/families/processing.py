@@ -126,7 +126,8 @@ class ImageProcessor:
         return output_tensor(outputs, self.info, index)
 
     def names_of(self, ids: np.ndarray) -> list[str]:
-        return [self.names.get(int(i), str(int(i))) for i in ids]
+        names = self.names
+        return [names[i] if i in names else str(i) for i in np.asarray(ids).tolist()]
 
 
 class TopClasses:

@@ -42,7 +42,7 @@ def on_device(frame, device, stream=None):
 
     if not isinstance(frame, np.ndarray):
         return None
-    entry = _LENT.get(frame.ctypes.data)
+    entry = _LENT.get(_address(frame))  # not ``frame.ctypes``: it makes a ctypes object per call
     if entry is None or entry[2] is None or entry[0].shape != frame.shape:
         return None
     copy, done = entry[2]

@@ -343,7 +343,7 @@ class Predictor:
                 v.record_stream(stream)  # made on the predictor's stream, read on this one
         else:
             stream = batch.stream
-        start, end = self._events(2)
+        start, = self._events(1)
         host_ms = 0.0
         with self._on(stream):
             start.record(stream)
@@ -351,17 +351,16 @@ class Predictor:
             # the end), so the host queues it while the network still runs; else step by step, waiting where it must
             queued = self._queue_postprocess(batch, stream)
             if queued is not None:
-                ready, build = queued
-                end.record(stream)  # the device's part ends here; the host's (the results) is timed apart
-                ready.synchronize()
+                end, build = queued  # the device's part ends with the copy of the results (a timing event)
+                end.synchronize()
                 t0 = time.perf_counter()
                 results = build()
-                host_ms = (time.perf_counter() - t0) * 1e3
-                self._timing_events.append(ready)
+                host_ms = (time.perf_counter() - t0) * 1e3  # the host's part, timed apart
             else:
                 results = self.processor.postprocess(batch.outputs, batch.shapes, batch.hw)
+                end, = self._events(1)
                 end.record(stream)
-        end.synchronize()
+                end.synchronize()
         pre, inf = (batch.events[i].elapsed_time(batch.events[i + 1]) for i in range(2))
         pre += batch.host_ms
         post = start.elapsed_time(end) + host_ms

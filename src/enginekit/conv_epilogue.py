@@ -122,7 +122,7 @@ def _fused_forward(conv, original):
             return original(x)
         y = F.conv2d(x, weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
         if not y.is_contiguous(memory_format=channels_last) or y.dtype != conv.bias.dtype:
-            return torch.nn.functional.silu(y.add_(conv.bias.view(1, -1, 1, 1)), inplace=True)
+            return F.silu(y.add_(conv.bias.view(1, -1, 1, 1)), inplace=True)
         bias_silu_(y, conv.bias)
         return y
 

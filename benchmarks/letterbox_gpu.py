@@ -95,7 +95,11 @@ def boxes_check(weights: str, items: list[tuple[str, np.ndarray]]) -> list[str]:
     model = YOLO(weights, task="detect")
     lines = [f"{Path(weights).name}: {predictor.backend} on {predictor.device}, {predictor.precision} ({predictor.reason})"]
     for name, bgr in items:
-        ours = predictor(bgr)
+        # the first call runs stage by stage, the next ones replay the step's own graph (``runtime.step_graph``)
+        calls = [predictor(bgr) for _ in range(3)]
+        ours = calls[-1]
+        same_calls = all(len(c.boxes) == len(ours.boxes) and np.array_equal(c.boxes, ours.boxes)
+                         and np.array_equal(c.scores, ours.scores) for c in calls)
         theirs = model.predict(bgr, device=0, conf=0.05, verbose=False)[0].boxes
         tb, ts, tc = (theirs.xyxy.cpu().numpy(), theirs.conf.cpu().numpy(), theirs.cls.cpu().numpy().astype(int))
         ob, os_, oc = ours.boxes, ours.scores, ours.class_ids
@@ -115,8 +119,9 @@ def boxes_check(weights: str, items: list[tuple[str, np.ndarray]]) -> list[str]:
         torch.cuda.synchronize()
         same_input = tuple(got.shape) == tuple(want.shape) and torch.equal(got, want.float())
         lines.append(f"  {name} {bgr.shape[1]}x{bgr.shape[0]}: {len(ob)} vs {len(tb)} boxes, worst IoU {worst:.6f}, "
-                     f"score diff {dscore:.2e}, input {'equal' if same_input else 'DIFFERS'} "
-                     f"{'ok' if ok and same_input else 'MISMATCH'}")
+                     f"score diff {dscore:.2e}, input {'equal' if same_input else 'DIFFERS'}, 3 calls "
+                     f"{'equal' if same_calls else 'DIFFER'}, step graphs {len(predictor._step_graphs)} "
+                     f"{'ok' if ok and same_input and same_calls else 'MISMATCH'}")
     return lines
 
 

@@ -213,9 +213,11 @@ def graphs(predictor) -> str:
     session = getattr(predictor, "session", None)
     if hasattr(session, "graphs"):  # ONNX Runtime CUDA: per input shape
         return f"{session.graphs} input shape(s) replay ONNX Runtime's CUDA graph"
+    steps = getattr(predictor, "_step_graphs", {})
+    whole = f", {sum(1 for g in steps.values() if g)} step graph(s) of the whole step" if steps else ""
     if getattr(session, "cuda_graph", None) is not None:
-        return f"CUDA graph: {'yes' if session.cuda_graph else 'no'}"
-    return "CUDA graph: not said"
+        return f"CUDA graph: {'yes' if session.cuda_graph else 'no'}{whole}"
+    return "CUDA graph: not said" + whole
 
 
 def main() -> int:
@@ -241,6 +243,9 @@ def main() -> int:
     parser.add_argument("--layout", choices=("fast", "plain"), default="fast",
                         help="plain: the torch backend runs the module as given (not its channels-last copy with "
                              "fused blocks), for before/after")
+    parser.add_argument("--step-graph", choices=("on", "off"), default="on",
+                        help="off: a step of one call runs its stages' own graphs (preprocessing, network, decode), "
+                             "not one graph of the whole step (runtime.step_graph), for before/after")
     args = parser.parse_args()
     if args.letterbox == "ops":
         from enginekit import exact_resize
@@ -266,6 +271,9 @@ def main() -> int:
             for p in models:
                 if hasattr(p.session, "_fall_back"):
                     p.session._fall_back()
+        if args.step_graph == "off":
+            for p in models:
+                p.session.forward_in_graph = None  # as a session that runs only its own graph
         for p in models:
             print(f"{p.model}: {p.backend} on {p.device}, {p.precision} ({p.reason})", file=sys.stderr)
         if args.priority != "none":
@@ -291,7 +299,7 @@ def main() -> int:
     report = {"machine": {"gpu": str(gpu_info() or "none"), "cpu_count": os.cpu_count()},
               "settings": {"backend": yolo.backend, "device": yolo.device, "precision": args.precision, "input": size,
                            "priority": args.priority, "gpu_letterbox": args.gpu_letterbox,
-                           "letterbox": args.letterbox, "layout": args.layout,
+                           "letterbox": args.letterbox, "layout": args.layout, "step_graph": args.step_graph,
                            "video": f"{w}x{h}", "frames": frames, "repeat": len(repeats)},
               "runs": repeats[-1]["runs"], "goals": medians, "repeats": repeats}
     if len(repeats) > 1:

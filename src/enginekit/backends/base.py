@@ -282,6 +282,11 @@ class Backend:
         into a buffer of its own (a captured graph's) may read ``x`` where it is instead. Default: ``infer``."""
         return self.infer(x)
 
+    #: where a session can run its network inside a caller's CUDA graph (``runtime.step_graph``): a method ``(x)`` ->
+    #: a function of no arguments giving the outputs by name as device work only (``x``: a CUDA tensor that stays
+    #: where it is), or None for that input; None here: this session runs otherwise (a library's session)
+    forward_in_graph = None
+
     def __call__(self, x) -> dict:
         return self.infer(x)
 

@@ -151,6 +151,20 @@ class Torch(Backend):
         graph's own at each call); any other tensor of that shape is copied in, as ``infer`` does."""
         return self._infer(x, fixed=True)
 
+    def forward_in_graph(self, x):
+        """The module on ``x`` where a graph of its shape was captured here already (so its forward makes no host copy
+        and no wait; the module as it runs then, fast copy or as given), for a caller's graph to capture."""
+        if not self.cuda_graph or not self._graphs.get(tuple(x.shape)):
+            return None
+        module, forward = self.module, self._forward
+
+        def run():
+            return forward(x)
+
+        # what the caller's graph reads stays with it (a later fall-back to the module as given drops the copy here)
+        run.keeps = (module, [(m.anchors, m.strides) for m in module.modules() if hasattr(m, "anchors")])
+        return run
+
     def _infer(self, x, *, fixed: bool):
         import numpy as np
 

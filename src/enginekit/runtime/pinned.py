@@ -36,7 +36,7 @@ def pinned_tensor(frame) -> object | None:
 
 
 def on_device(frame, device, stream=None):
-    """The copy of ``frame`` (a whole lent buffer) already queued to ``device`` by its decoder (``upload``), made safe
+    """The copy of ``frame`` (a whole lent buffer) already queued to ``device`` (``upload``), made safe
     to read on ``stream`` (default: the current one), which waits for the copy; None where there is none."""
     import torch
 
@@ -51,7 +51,7 @@ def on_device(frame, device, stream=None):
     if stream is None:
         stream = torch.cuda.current_stream(copy.device)
     stream.wait_event(done)
-    copy.record_stream(stream)  # made on the decoder's stream: not reused before this stream has read it
+    copy.record_stream(stream)  # made on the pool's stream: not reused before this stream has read it
     return copy
 
 
@@ -67,7 +67,7 @@ class PinnedFrames:
 
     def __init__(self, limit: int = 32, device=None):
         self.limit = limit
-        self.device = device  # where ``upload`` copies a frame as soon as it is decoded (None: nowhere)
+        self.device = device  # where ``upload`` copies a frame before its step (None: nowhere)
         self._stream = None
         self._free: dict[tuple, list] = {}  # shape -> pinned tensors not lent
         self._made: list = []
@@ -112,9 +112,10 @@ class PinnedFrames:
         return array
 
     def upload(self, frame: np.ndarray) -> None:
-        """Queue ``frame``'s copy to ``device`` (on a stream of the pool's own) as soon as it is decoded: a model that
-        takes the whole frame on the device then finds it there (``on_device``), its copy overlapped with the steps
-        before. Nothing for an array the pool did not lend."""
+        """Queue ``frame``'s copy to ``device`` (on a stream of the pool's own) while it waits for its step (a stream's
+        dispatching thread, once the step before is queued): a model that takes the whole frame on the device then
+        finds it there (``on_device``), its copy overlapped with the steps before. Nothing for an array the pool did
+        not lend, or one copied already."""
         import torch
 
         entry = _LENT.get(_address(frame)) if self.device is not None else None

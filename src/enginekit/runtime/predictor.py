@@ -17,6 +17,7 @@ from enginekit.families.registry import registered
 from enginekit.fsutil import refuse_special_file
 from enginekit.images import read_bgr
 from enginekit.runtime.pinned import on_device as decoded_on_device, pinned_tensor, uploaded
+from enginekit.runtime.step_graph import STEP_GRAPHS, capture_step
 from enginekit.runtime.stream import Stream
 
 
@@ -55,6 +56,7 @@ class GpuBatch:
     stream: Any
     kept: bool  # outputs copied out of the session's buffers
     host_ms: float = 0.0  # preprocessing on the host before the upload (Ultralytics' letterbox)
+    step: Any = None  # the step's own graph where it replayed one (``step_graph``): its events, outputs, decode
 
 
 #: queued-decode CUDA graphs a predictor keeps (one per output shapes and frame sizes)
@@ -84,6 +86,8 @@ class Predictor:
         self._pre_graphs: dict[tuple, object] = {}
         self._post_graphs: dict[tuple, object] = {}  # the queued decode's graphs (``_queue_postprocess``)
         self._post_seen: dict[tuple, int] = {}
+        self._step_graphs: dict[tuple, object] = {}  # whole steps as one graph (``step_graph``)
+        self._step_seen: dict[tuple, int] = {}
         self._timing_events: list = []  # CUDA events (timing) whose figures were read: reused, not made per frame
         self._device = None  # the session's torch.device, made once (torch makes one in about 8 us)
         self._serving = threading.local()  # ``serving``: this thread stays on the predictor's stream, inference mode
@@ -261,6 +265,11 @@ class Predictor:
     def _device_batch(self, frames: list, hw, rgb: bool, device, stream=None):
         """``(batch, fixed)``: the session's input on ``device`` and whether it is a replayed graph's own output
         (the same tensor at each call of its shape: ``Backend.infer_fixed``)."""
+        return self._preprocess_gpu(self._uploads(frames, device, stream), hw, rgb, device)
+
+    def _uploads(self, frames: list, device, stream=None) -> list:
+        """The frames as tensors for ``_preprocess_gpu`` (on ``device``, or host frames over their own memory where
+        the preprocessing graph copies them in itself)."""
         import torch
 
         tensors = []
@@ -279,7 +288,7 @@ class Predictor:
                 t = torch.from_numpy(np.ascontiguousarray(f))
             tensors.append(t if t.device == device or (into_graph and t.device.type == "cpu")
                            else t.to(device, non_blocking=True))
-        return self._preprocess_gpu(tensors, hw, rgb, device)
+        return tensors
 
     def _upload(self, f, device, stream=None, *, host: bool = False):
         """A host frame to the GPU on ``stream`` (default: the current one): where its decoder put it already (a
@@ -314,12 +323,15 @@ class Predictor:
 
         device = self.torch_device()
         stream = self.stream or torch.cuda.current_stream(device)
-        events = self._events(3)
         shapes = [tuple(f.shape[:2]) for f in frames]
         t0 = time.perf_counter()
         frames = self.host_frames(frames, hw)
         host_ms = (time.perf_counter() - t0) * 1e3
         with self._on(stream):
+            step = None if keep_outputs else self._step_graph(frames, shapes, tuple(hw), rgb, device, stream)
+            if step is not None:  # the whole step in one launch
+                return GpuBatch(shapes, tuple(hw), step.outputs, step.events, stream, False, host_ms, step)
+            events = self._events(3)
             events[0].record(stream)
             x, fixed = self._device_batch(frames, hw, rgb, device, stream)
             events[1].record(stream)
@@ -334,6 +346,8 @@ class Predictor:
         stream of its own, so the next batch's network runs meanwhile. Waits for the results."""
         import torch
 
+        if batch.step is not None:
+            return self._finish_step(batch)
         if batch.kept:
             if self._post_stream is None:
                 self._post_stream = torch.cuda.Stream(device=self.torch_device())
@@ -365,6 +379,61 @@ class Predictor:
         pre += batch.host_ms
         post = start.elapsed_time(end) + host_ms
         self._timing_events.extend((*batch.events, start, end))  # read: free to be recorded again
+        for r in results:
+            r.timings.share(pre, inf, post, len(results))
+        return results
+
+    def _step_graph(self, frames: list, shapes: list, hw: tuple, rgb: bool, device, stream):
+        """This step's own graph with the frames copied in and replayed (``step_graph``), where the session runs
+        inside one and the step could be captured; None: the stages run one by one (the first step of these
+        shapes, and wherever it cannot)."""
+        forward = getattr(self.session, "forward_in_graph", None)
+        if forward is None or not self.graph_preprocess or device.type != "cuda":
+            return None
+        key = (tuple([(f.shape, str(f.dtype)) for f in frames]), tuple(shapes), hw, rgb)
+        entry = self._step_graphs.get(key)
+        if entry is None:
+            if len(self._step_seen) > 4096:  # a stream of ever new sizes: forget the counts
+                self._step_seen.clear()
+            seen = self._step_seen[key] = self._step_seen.get(key, 0) + 1
+            if seen < 2:  # the first runs stage by stage: cuDNN's algorithms picked, the session's graph captured
+                return None
+            while len(self._step_graphs) >= STEP_GRAPHS:
+                self._step_graphs.pop(next(iter(self._step_graphs)))
+            tensors = self._uploads(frames, device, stream)
+            plan = getattr(self.processor, "queued_decode", None)
+            entry = self._step_graphs[key] = capture_step(
+                tensors, lambda static_in: self._eager_preprocess(static_in, hw, rgb), forward,
+                (lambda outputs: plan(outputs, shapes, hw)) if plan is not None else None, capture_graph, device) or False
+            if entry is not False:
+                entry.replay(tensors)
+            return entry or None
+        if entry is False:
+            return None
+        entry.replay(self._uploads(frames, device, stream))
+        return entry
+
+    def _finish_step(self, batch: "GpuBatch") -> list:
+        """``finish_gpu`` of a step that replayed its own graph: its stage times from the events inside it."""
+        step, stream = batch.step, batch.stream
+        host_ms = 0.0
+        if step.spec is not None:
+            step.done.synchronize()
+            t0 = time.perf_counter()
+            results = step.spec.results(step.arrays, step.outputs)
+            host_ms = (time.perf_counter() - t0) * 1e3
+            end = step.done
+        else:  # the processor's own postprocessing, after the graph, on its stream
+            end, = self._events(1)
+            with self._on(stream):
+                results = self.processor.postprocess(step.outputs, batch.shapes, batch.hw)
+                end.record(stream)
+            end.synchronize()
+            self._timing_events.append(end)
+        e = step.events
+        pre = e[0].elapsed_time(e[1]) + batch.host_ms
+        inf = e[1].elapsed_time(e[2])
+        post = e[2].elapsed_time(end) + host_ms
         for r in results:
             r.timings.share(pre, inf, post, len(results))
         return results

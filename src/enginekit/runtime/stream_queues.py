@@ -67,6 +67,11 @@ class DropQueue:
                 self._owed = True
             return item
 
+    def waiting(self) -> list:
+        """The frames waiting now, oldest first (a copy of the list)."""
+        with self.cond:
+            return list(self.items)
+
     def room(self) -> None:
         """Wake the decoder waiting for room, where a ``get(wake=False)`` has not yet."""
         with self.cond:

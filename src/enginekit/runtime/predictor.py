@@ -429,11 +429,12 @@ class Predictor:
                 results = self.processor.postprocess(step.outputs, batch.shapes, batch.hw)
                 end.record(stream)
             end.synchronize()
-            self._timing_events.append(end)
         e = step.events
         pre = e[0].elapsed_time(e[1]) + batch.host_ms
         inf = e[1].elapsed_time(e[2])
         post = e[2].elapsed_time(end) + host_ms
+        if end is not step.done:
+            self._timing_events.append(end)  # read: free to be recorded again
         for r in results:
             r.timings.share(pre, inf, post, len(results))
         return results

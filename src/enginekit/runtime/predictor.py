@@ -393,13 +393,9 @@ class Predictor:
         key = (tuple([(f.shape, str(f.dtype)) for f in frames]), tuple(shapes), hw, rgb)
         entry = self._step_graphs.get(key)
         if entry is None:
-            if len(self._step_seen) > 4096:  # a stream of ever new sizes: forget the counts
-                self._step_seen.clear()
-            seen = self._step_seen[key] = self._step_seen.get(key, 0) + 1
-            if seen < 2:  # the first runs stage by stage: cuDNN's algorithms picked, the session's graph captured
+            # the first runs stage by stage: cuDNN's algorithms picked, the session's graph captured
+            if not _second_sighting(self._step_seen, self._step_graphs, key, STEP_GRAPHS):
                 return None
-            while len(self._step_graphs) >= STEP_GRAPHS:
-                self._step_graphs.pop(next(iter(self._step_graphs)))
             tensors = self._uploads(frames, device, stream)
             plan = getattr(self.processor, "queued_decode", None)
             entry = self._step_graphs[key] = capture_step(
@@ -465,16 +461,8 @@ class Predictor:
         outputs = batch.outputs
         key = (spec.key, tuple((k, tuple(v.shape), v.dtype) for k, v in outputs.items()))
         entry = self._post_graphs.get(key)
-        if entry is None:
-            # captured from a key's second sighting (a camera's frames repeat their size; a folder of photographs of
-            # many sizes runs eagerly), and at most POST_GRAPHS kept (the oldest dropped)
-            if len(self._post_seen) > 4096:  # a stream of ever new sizes: forget the counts
-                self._post_seen.clear()
-            seen = self._post_seen[key] = self._post_seen.get(key, 0) + 1
-            if seen >= 2:
-                while len(self._post_graphs) >= POST_GRAPHS:
-                    self._post_graphs.pop(next(iter(self._post_graphs)))
-                entry = self._post_graphs[key] = self._capture_postprocess(spec, outputs)
+        if entry is None and _second_sighting(self._post_seen, self._post_graphs, key, POST_GRAPHS):
+            entry = self._post_graphs[key] = self._capture_postprocess(spec, outputs)
         if entry is None or entry is False:
             packed = spec.run(outputs)
             hosts = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in packed]
@@ -551,6 +539,20 @@ class Predictor:
         except RuntimeError:  # e.g. a host-to-device copy inside the preprocessing
             return False
         return static_in, graph, static_out
+
+
+def _second_sighting(seen: dict, graphs: dict, key, keep: int) -> bool:
+    """Whether a graph for ``key`` is captured now: from a key's second sighting (a camera's frames repeat their size;
+    a folder of photographs of many sizes runs eagerly), with room made in ``graphs`` for it (at most ``keep``, the
+    oldest dropped)."""
+    if len(seen) > 4096:  # a stream of ever new sizes: forget the counts
+        seen.clear()
+    count = seen[key] = seen.get(key, 0) + 1
+    if count < 2:
+        return False
+    while len(graphs) >= keep:
+        graphs.pop(next(iter(graphs)))
+    return True
 
 
 class _StreamMode:

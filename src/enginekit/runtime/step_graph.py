@@ -4,8 +4,10 @@ packed results to the host, replayed with one launch per step.
 Where a predictor's preprocessing replays a graph and its session can run its network inside a graph of the caller's
 (``Backend.forward_in_graph``: the torch backend), a step of one call with nothing queued behind it (one step in
 flight, a direct call) replays this graph instead of three (preprocessing, network, decode) with timing events and
-copies queued between them: on the machines measured, each CUDA call through torch costs 10 to 40 us of host time,
-and before the network starts the GPU waits for them. The stage times come from timing events recorded inside the
+copies queued between them. Measured on an H200 machine (benchmarks/stream_gpu.md, tenth session) this moves
+yolo12n's e2e/network ratio by about 0.01 only: the one replay and the frame's copy into its input cost the host
+about what the three launches did (each torch call 20 to 46 us there), and the network starts when either is
+queued; the device's own preprocessing time falls from 0.13 to 0.01 ms. The stage times come from timing events recorded inside the
 graph (external events: event-record nodes), so each stage is still timed apart on the device. A step's graph is
 captured on the second step of its shapes (the first runs stage by stage, which picks cuDNN's algorithms and shows
 the outputs' shapes); where torch or the driver cannot capture it, the stages replay their own graphs as before.
@@ -40,8 +42,7 @@ class StepGraph:
 
     def replay(self, tensors: list) -> None:
         for s, t in zip(self.static_in, tensors):
-            if s is not t:
-                s.copy_(t, non_blocking=True)  # from the device, or a host frame from its own memory
+            s.copy_(t, non_blocking=True)  # from the device, or a host frame from its own memory
         self.graph.replay()
 
     @property

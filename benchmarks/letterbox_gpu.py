@@ -130,6 +130,13 @@ def main() -> int:
     ap.add_argument("--weights", action="append", default=[])
     ap.add_argument("--frames", nargs="*", default=[])
     args = ap.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("letterbox_gpu.py needs a CUDA GPU")
+    missing = [f for f in [*args.weights, *args.frames] if not Path(f).is_file()]
+    if missing:
+        raise SystemExit(f"error: not found: {', '.join(missing)}")
     same, total = bytes_check()
     print(f"bytes: letterbox_into and letterbox on the GPU equal OpenCV's on {same} of {total} (frame, channel order)")
     items = frames(args.frames)

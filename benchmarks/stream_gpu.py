@@ -73,12 +73,19 @@ def prioritize(predictor) -> str:
     return f"{predictor.model}: stream priority {high} (range {low} to {high})"
 
 
+#: ``--bind off`` / ``--pace``: set by main
+SETTINGS = {"bind": True, "pace": None, "first": "yolo"}
+
+
 def stream(predictors, video: Path, frames: int, in_flight: int, names):
     from enginekit.runtime.sources import open_source
     from enginekit.runtime.stream import Stream, StreamOptions
 
-    s = Stream(predictors, [open_source(str(video), max_frames=frames)], StreamOptions(in_flight=in_flight),
-               names=names)
+    if SETTINGS["first"] == "depth" and len(predictors) == 2:  # the pair's depth model dispatched first
+        predictors, names = predictors[::-1], names[::-1]
+    s = Stream(predictors, [open_source(str(video), max_frames=frames)],
+               StreamOptions(in_flight=in_flight, pace=SETTINGS["pace"]), names=names)
+    s.bind_ahead = SETTINGS["bind"]
     return s.run().to_json()
 
 
@@ -246,7 +253,21 @@ def main() -> int:
     parser.add_argument("--step-graph", choices=("on", "off"), default="on",
                         help="off: a step of one call runs its stages' own graphs (preprocessing, network, decode), "
                              "not one graph of the whole step (runtime.step_graph), for before/after")
+    parser.add_argument("--bind", choices=("on", "off"), default="on",
+                        help="off: the next step's frame is not copied into its step graph's input ahead of the step "
+                             "(it goes to the device on its own, then into the graph's input at the step), for "
+                             "before/after")
+    parser.add_argument("--pace", type=float, default=None,
+                        help="frames per second the video's frames arrive at (a live camera: no frame waits for its "
+                             "step); default: as fast as they are decoded")
+    parser.add_argument("--first", choices=("yolo", "depth"), default="yolo",
+                        help="the pair's model whose step is queued first on the dispatching thread")
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help="the interpreter's thread switch interval, seconds (default: Python's, 0.005)")
     args = parser.parse_args()
+    SETTINGS.update(bind=args.bind == "on", pace=args.pace, first=args.first)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     if args.letterbox == "ops":
         from enginekit import exact_resize
 
@@ -300,6 +321,8 @@ def main() -> int:
               "settings": {"backend": yolo.backend, "device": yolo.device, "precision": args.precision, "input": size,
                            "priority": args.priority, "gpu_letterbox": args.gpu_letterbox,
                            "letterbox": args.letterbox, "layout": args.layout, "step_graph": args.step_graph,
+                           "bind": args.bind, "pace": args.pace, "first": args.first,
+                           "switch_interval": sys.getswitchinterval(),
                            "video": f"{w}x{h}", "frames": frames, "repeat": len(repeats)},
               "runs": repeats[-1]["runs"], "goals": medians, "repeats": repeats}
     if len(repeats) > 1:

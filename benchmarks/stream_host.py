@@ -1,14 +1,17 @@
 """Where a GPU step's time goes on the host, in a stream: yolo12n (or depth) alone, one step in flight, a 1080p video.
 
     python benchmarks/stream_host.py [--model yolo12n|depth] [--frames 1000] [--video-hw 1080x1920] [--step-graph off]
+                                     [--bind off]
 
 The stream's own calls are timed where they start and end (wrappers around ``_Worker.send``,
-``Predictor.submit_gpu``, ``host_frames``, ``_uploads``, the step graph's copy and replay, ``_gpu_finish``,
-the decode's ``results``, ``_Worker._answer``), each as milliseconds after the step's dispatch (medians over the
-steps of the second of two runs), with the step's latency and network p50 as the stream reports them; and the
-decoding thread's time between two reads of the video (``cv2.VideoCapture.read`` timed), whether it overlaps a
-step's dispatch or its last 0.4 ms, and the latency p50 of the steps it overlaps and of the others. Then, alone on
-this thread with nothing else running, the host time of one copy into the step graph's input and of its replay.
+``Predictor.submit_gpu``, ``host_frames``, ``_uploads``, ``_step_graph`` and within it the step graph's copy and
+replay, or its replay alone where the frame was copied into its input ahead (``bind_ahead``, timed too, after the
+step before), ``_gpu_finish``, the decode's ``results``, ``_Worker._answer``), each as milliseconds after the
+step's dispatch (medians over the steps of the second of two runs), with the step's latency and network p50 as the
+stream reports them; and the decoding thread's time between two reads of the video (``cv2.VideoCapture.read`` timed),
+whether it overlaps a step's dispatch or its last 0.4 ms, and the latency p50 of the steps it overlaps and of the
+others. Then, alone on this thread with nothing else running, the host time of one copy into the step graph's input
+and of its replay.
 The wrappers cost a microsecond or two each: the figures are where the time goes, not the stream's goals
 (``stream_gpu.py``). Needs a CUDA GPU and the torch backend.
 """
@@ -71,6 +74,8 @@ def instrument() -> None:
     for cls, name, tag in ((stream_worker._Worker, "send", "send"), (predictor.Predictor, "submit_gpu", "submit"),
                            (predictor.Predictor, "host_frames", "host_frames"),
                            (predictor.Predictor, "_uploads", "uploads"),
+                           (predictor.Predictor, "_step_graph", "step graph"),
+                           (predictor.Predictor, "bind_ahead", "bind ahead"),
                            (stream_worker._Worker, "_gpu_finish", "finish"),
                            (yolo_runtime.QueuedDecode, "results", "results"),
                            (stream_worker._Worker, "_answer", "answer")):
@@ -81,11 +86,33 @@ def instrument() -> None:
         for s, t in zip(self.static_in, tensors):
             s.copy_(t, non_blocking=True)
         t1 = clock()
-        self.graph.replay()
+        getattr(self.graph, "graph", self.graph).replay()  # the CUDA graph itself (not the wrapper below)
         LOG.setdefault("copy", []).append((t0, t1))
         LOG.setdefault("replay", []).append((t1, clock()))
 
     step_graph.StepGraph.replay = replay
+
+    bound_replays = []
+
+    class Graph:  # around a step graph's CUDA graph: its replays with no copy before them
+        def __init__(self, graph):
+            self.graph = graph
+
+        def replay(self):
+            t0 = clock()
+            self.graph.replay()
+            bound_replays.append((t0, clock()))
+
+    real_capture = step_graph.capture_step
+
+    def capture(*a, **k):
+        entry = real_capture(*a, **k)
+        if entry is not None:
+            entry.graph = Graph(entry.graph)
+        return entry
+
+    predictor.capture_step = capture
+    LOG["bound replay"] = bound_replays
 
 
 def ms(values) -> float:
@@ -99,6 +126,7 @@ def main() -> int:
     ap.add_argument("--video-hw", default="1080x1920")
     ap.add_argument("--size", type=int, default=384)
     ap.add_argument("--step-graph", choices=("on", "off"), default="on")
+    ap.add_argument("--bind", choices=("on", "off"), default="on")
     args = ap.parse_args()
     instrument()
     import torch
@@ -123,6 +151,7 @@ def main() -> int:
             READS.clear()
             s = Stream([p], [open_source(str(video), max_frames=args.frames)], StreamOptions(in_flight=1),
                        names=[p.model])
+            s.bind_ahead = args.bind == "on"
             rows = [(st.times[p.model].latency, st.results[p.model][0].timings.infer, st.dispatched)
                     for st in s]  # the steps not kept: a frame kept keeps its pinned buffer from the pool
     n = len(rows)
@@ -130,8 +159,18 @@ def main() -> int:
     out = {"model": p.model, "steps": n, "latency p50": round(float(np.median(latency)), 3),
            "network p50": round(float(np.median(infer)), 3),
            "ratio": round(float(np.median(latency) / np.median(infer)), 3)}
-    for tag in ("send", "submit", "host_frames", "uploads", "copy", "replay", "finish", "results", "answer"):
+    starts = np.sort(dispatched)
+    for tag in ("send", "submit", "host_frames", "uploads", "step graph", "copy", "replay", "bound replay",
+                "bind ahead", "finish", "results", "answer"):
         marks = LOG.get(tag, [])
+        if tag in ("copy", "replay", "bound replay", "bind ahead"):  # not every step has one: by its step's dispatch
+            marks = [m for m in marks if m[0] >= starts[0]]
+            if not marks:
+                continue
+            a = np.array(marks)
+            since = a[:, 0] - starts[np.searchsorted(starts, a[:, 0], side="right") - 1]
+            out[f"{tag}: steps, start, duration"] = (len(a), ms(since), ms(a[:, 1] - a[:, 0]))
+            continue
         if len(marks) < n:
             continue
         a = np.array(marks[-n:])  # the timed steps' (the warm-up's calls come first)

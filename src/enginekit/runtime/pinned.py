@@ -16,7 +16,7 @@ import weakref
 import numpy as np
 
 #: address of a lent buffer's memory -> [its pinned tensor, the event of the last copy that read it, its copy on the
-#: device already made (``PinnedFrames.upload``: (device tensor, event)) or None]
+#: device already made (``PinnedFrames.upload``: (device tensor, event)) or None, how many times it was lent]
 _LENT: dict[int, list] = {}
 _LOCK = threading.Lock()
 
@@ -33,6 +33,19 @@ def pinned_tensor(frame) -> object | None:
     if entry is None or tuple(entry[0].shape) != frame.shape or frame.dtype != np.uint8:
         return None
     return entry[0]
+
+
+def token(frame) -> tuple | None:
+    """What tells this lending of a whole lent buffer from any other (its address and how many times it was lent):
+    a frame copied somewhere ahead of its step is known again by it (``PinnedFrames.copy_into``); None for any
+    other array."""
+    if not isinstance(frame, np.ndarray):
+        return None
+    address = _address(frame)
+    entry = _LENT.get(address)
+    if entry is None or entry[0].shape != frame.shape:
+        return None
+    return address, entry[3]
 
 
 def on_device(frame, device, stream=None):
@@ -105,8 +118,10 @@ class PinnedFrames:
             tensor = torch.empty(shape, dtype=torch.uint8).pin_memory()
             with _LOCK:
                 self._made.append(tensor)
-                _LENT[tensor.data_ptr()] = [tensor, None, None]
-        _LENT[tensor.data_ptr()][2] = None  # its device copy was of the frame before
+                _LENT[tensor.data_ptr()] = [tensor, None, None, 0]
+        entry = _LENT[tensor.data_ptr()]
+        entry[2] = None  # its device copy was of the frame before
+        entry[3] += 1
         array = tensor.numpy()
         weakref.finalize(array, self._give_back, shape, tensor)
         return array
@@ -134,6 +149,28 @@ class PinnedFrames:
             done = torch.cuda.Event()
             done.record(self._stream)
         entry[1], entry[2] = done, (copy, done)
+
+    def copy_into(self, frame: np.ndarray, dest, after=None):
+        """Queue ``frame``'s copy (a whole lent buffer) into ``dest`` (a tensor of its shape on ``device``, a CUDA
+        graph's own input) on the pool's stream, once ``after`` (an event: where the last reader of ``dest`` is done
+        with it) has happened. Returns the event that ends the copy (the caller's stream waits for it), or None
+        where ``frame`` is not such a buffer; the buffer is not lent again before the copy has read it."""
+        import torch
+
+        entry = _LENT.get(_address(frame)) if self.device is not None else None
+        if entry is None or entry[0].shape != frame.shape or tuple(dest.shape) != frame.shape:
+            return None
+        with self._cuda:
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=self.device)
+            if after is not None:
+                self._stream.wait_event(after)
+            with torch.cuda.stream(self._stream), torch.inference_mode():  # a graph's input: an inference tensor
+                dest.copy_(entry[0], non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(self._stream)
+            entry[1] = done
+        return done
 
     def _give_back(self, shape: tuple, tensor) -> None:
         with _LOCK:

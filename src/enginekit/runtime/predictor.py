@@ -16,8 +16,8 @@ from enginekit.backends.pytorch import capture_graph
 from enginekit.families.registry import registered
 from enginekit.fsutil import refuse_special_file
 from enginekit.images import read_bgr
-from enginekit.runtime.pinned import on_device as decoded_on_device, pinned_tensor, uploaded
-from enginekit.runtime.step_graph import STEP_GRAPHS, capture_step
+from enginekit.runtime.pinned import on_device as decoded_on_device, pinned_tensor, token, uploaded
+from enginekit.runtime.step_graph import STEP_GRAPHS, capture_step, shares_memory
 from enginekit.runtime.stream import Stream
 
 
@@ -59,6 +59,19 @@ class GpuBatch:
     step: Any = None  # the step's own graph where it replayed one (``step_graph``): its events, outputs, decode
 
 
+@dataclass
+class PreGraph:
+    """The preprocessing of one frame shape captured as a CUDA graph: it reads ``static_in`` (each call's frames
+    are copied in first, or were ahead: ``bound``) and writes ``static_out``."""
+
+    static_in: list
+    graph: Any
+    static_out: Any
+    bindable: bool = True  # ``static_out`` is not a view of ``static_in``
+    read_done: Any = None  # the event after its last replay (on the predictor's stream): ``static_in`` is free
+    bound: Any = None  # ``pinned.token`` of the frames ``Predictor.bind_ahead`` copied into ``static_in``, or None
+
+
 #: queued-decode CUDA graphs a predictor keeps (one per output shapes and frame sizes)
 POST_GRAPHS = 8
 
@@ -83,7 +96,9 @@ class Predictor:
         # on a GPU, preprocessing is captured as one CUDA graph per frame shape and replayed (a camera's
         # frames repeat their shape): one launch instead of a dozen small kernels per frame
         self.graph_preprocess = bool(getattr(processor, "gpu_graphable", False))
-        self._pre_graphs: dict[tuple, object] = {}
+        self._pre_graphs: dict[tuple, object] = {}  # key -> PreGraph, or False where it could not be captured
+        self._pre_replayed = None  # the PreGraph the call being submitted replayed (its ``read_done`` set after)
+        self._pre_bound = 0  # PreGraphs holding frames copied in ahead (``bind_ahead``): none, no lookup
         self._post_graphs: dict[tuple, object] = {}  # the queued decode's graphs (``_queue_postprocess``)
         self._post_seen: dict[tuple, int] = {}
         self._step_graphs: dict[tuple, object] = {}  # whole steps as one graph (``step_graph``)
@@ -137,6 +152,8 @@ class Predictor:
             return contextlib.nullcontext()
         import torch
 
+        if torch.is_inference_mode_enabled():  # a stream's dispatching thread with several models: only the stream
+            return torch.cuda.stream(stream)
         return _StreamMode(torch.cuda.stream(stream), torch.inference_mode())
 
     # -- inputs ---------------------------------------------------------------------------------
@@ -262,14 +279,31 @@ class Predictor:
         torch.cuda.current_stream(device).wait_stream(stream)
         return x
 
-    def _device_batch(self, frames: list, hw, rgb: bool, device, stream=None):
+    def _device_batch(self, frames: list, hw, rgb: bool, device, stream=None, lent=None):
         """``(batch, fixed)``: the session's input on ``device`` and whether it is a replayed graph's own output
-        (the same tensor at each call of its shape: ``Backend.infer_fixed``)."""
-        return self._preprocess_gpu(self._uploads(frames, device, stream), hw, rgb, device)
+        (the same tensor at each call of its shape: ``Backend.infer_fixed``). Frames copied into the preprocessing
+        graph's input ahead of the call (``bind_ahead``) are not copied again."""
+        entry = self._pre_graphs.get(self._pre_key(frames, hw, rgb)) if self._pre_bound else None
+        if entry:
+            bound, entry.bound = entry.bound, None
+            self._pre_bound -= bound is not None
+            if bound is not None and bound == tuple([token(f) for f in frames]):
+                entry.graph.replay()  # its input holds these frames already, and this stream waited for the copy
+                self._pre_replayed = entry
+                return entry.static_out, True
+        return self._preprocess_gpu(self._uploads(frames, device, stream, lent), hw, rgb, device)
 
-    def _uploads(self, frames: list, device, stream=None) -> list:
+    def _pre_key(self, frames: list, hw, rgb: bool):
+        """The preprocessing graph's key for host frames (uint8) as ``_preprocess_gpu`` makes it of their tensors."""
+        import torch
+
+        return (tuple([(torch.Size(f.shape), torch.uint8) for f in frames]), tuple(hw), rgb)
+
+    def _uploads(self, frames: list, device, stream=None, lent: list | None = None) -> list:
         """The frames as tensors for ``_preprocess_gpu`` (on ``device``, or host frames over their own memory where
-        the preprocessing graph copies them in itself)."""
+        the preprocessing graph copies them in itself). ``lent``: where given, a frame in a pinned buffer a stream
+        lent also goes to the graph's input in one copy, straight from that buffer, and its tensor is added here:
+        the caller marks it ``uploaded`` once the copy is queued."""
         import torch
 
         tensors = []
@@ -280,7 +314,7 @@ class Predictor:
             if _is_torch(f):
                 t = f
             elif device.type == "cuda":
-                t = self._upload(f, device, stream, host=into_graph)
+                t = self._upload(f, device, stream, host=into_graph, lent=lent)
             else:
                 f = np.asarray(f)
                 if f.dtype != np.uint8:
@@ -290,13 +324,14 @@ class Predictor:
                            else t.to(device, non_blocking=True))
         return tensors
 
-    def _upload(self, f, device, stream=None, *, host: bool = False):
+    def _upload(self, f, device, stream=None, *, host: bool = False, lent: list | None = None):
         """A host frame to the GPU on ``stream`` (default: the current one): where its decoder put it already (a
         stream's source), from the pinned buffer it was decoded into (one asynchronous copy), else straight from
         its own memory: CUDA stages pageable memory itself and returns once it has read the frame, so the array
         may change or go at once (measured on an H200 machine: faster per frame than a copy into a pinned buffer
         first, 1.57 against 1.64 ms for a trained YOLOv8s on a 1080x810 photograph). ``host``: such a frame is
-        given as a CPU tensor over its own memory, for the caller to copy where it goes (``_preprocess_gpu``)."""
+        given as a CPU tensor over its own memory, for the caller to copy where it goes (``_preprocess_gpu``), and so
+        is a pinned one where ``lent`` collects them (``_uploads``)."""
         import torch
 
         f = np.asarray(f)
@@ -305,12 +340,15 @@ class Predictor:
         early = decoded_on_device(f, device, stream)
         if early is not None:  # its decoder copied it to the device already (a stream's source)
             return early
-        lent = pinned_tensor(f)
-        if lent is not None:  # decoded into pinned memory (a stream's source): one copy, straight from it
-            on_device = lent.to(device, non_blocking=True)
+        pinned = pinned_tensor(f)
+        if pinned is not None and host and lent is not None:  # into the graph's input from it, one copy
+            lent.append(pinned)
+            return pinned
+        if pinned is not None:  # decoded into pinned memory (a stream's source): one copy, straight from it
+            on_device = pinned.to(device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(device))
-            uploaded(lent, event)
+            uploaded(pinned, event)
             return on_device
         frame = torch.from_numpy(np.ascontiguousarray(f))
         return frame if host else frame.to(device, non_blocking=True)
@@ -327,14 +365,20 @@ class Predictor:
         t0 = time.perf_counter()
         frames = self.host_frames(frames, hw)
         host_ms = (time.perf_counter() - t0) * 1e3
+        lent: list = []  # pinned frames copied straight into a graph's input
         with self._on(stream):
-            step = None if keep_outputs else self._step_graph(frames, shapes, tuple(hw), rgb, device, stream)
+            step = None if keep_outputs else self._step_graph(frames, shapes, tuple(hw), rgb, device, stream, lent)
             if step is not None:  # the whole step in one launch
+                _mark_uploaded(lent, stream)
                 return GpuBatch(shapes, tuple(hw), step.outputs, step.events, stream, False, host_ms, step)
             events = self._events(3)
             events[0].record(stream)
-            x, fixed = self._device_batch(frames, hw, rgb, device, stream)
+            self._pre_replayed = None
+            x, fixed = self._device_batch(frames, hw, rgb, device, stream, lent)
             events[1].record(stream)
+            if self._pre_replayed is not None:  # its input is free once this event has happened (``bind_ahead``)
+                self._pre_replayed.read_done, self._pre_replayed = events[1], None
+            _mark_uploaded(lent, stream)
             outputs = self.session.infer_fixed(x) if fixed else self.session(x)
             if keep_outputs:
                 outputs = {k: v.clone() for k, v in outputs.items()}
@@ -383,31 +427,79 @@ class Predictor:
             r.timings.share(pre, inf, post, len(results))
         return results
 
-    def _step_graph(self, frames: list, shapes: list, hw: tuple, rgb: bool, device, stream):
+    def _step_key(self, frames: list, shapes: list, hw: tuple, rgb: bool):
+        """Which step graph a call of ``frames`` replays (None: none, on this session or device)."""
+        if getattr(self.session, "forward_in_graph", None) is None or not self.graph_preprocess:
+            return None
+        return (tuple([(f.shape, str(f.dtype)) for f in frames]), tuple(shapes), hw, rgb)
+
+    def _step_graph(self, frames: list, shapes: list, hw: tuple, rgb: bool, device, stream, lent=None):
         """This step's own graph with the frames copied in and replayed (``step_graph``), where the session runs
         inside one and the step could be captured; None: the stages run one by one (the first step of these
-        shapes, and wherever it cannot)."""
-        forward = getattr(self.session, "forward_in_graph", None)
-        if forward is None or not self.graph_preprocess or device.type != "cuda":
+        shapes, and wherever it cannot). Frames copied into its input ahead of the step (``bind_ahead``) are
+        not copied again."""
+        key = self._step_key(frames, shapes, hw, rgb) if device.type == "cuda" else None
+        if key is None:
             return None
-        key = (tuple([(f.shape, str(f.dtype)) for f in frames]), tuple(shapes), hw, rgb)
         entry = self._step_graphs.get(key)
         if entry is None:
             # the first runs stage by stage: cuDNN's algorithms picked, the session's graph captured
             if not _second_sighting(self._step_seen, self._step_graphs, key, STEP_GRAPHS):
                 return None
-            tensors = self._uploads(frames, device, stream)
+            tensors = self._uploads(frames, device, stream, lent)
             plan = getattr(self.processor, "queued_decode", None)
             entry = self._step_graphs[key] = capture_step(
-                tensors, lambda static_in: self._eager_preprocess(static_in, hw, rgb), forward,
+                tensors, lambda static_in: self._eager_preprocess(static_in, hw, rgb), self.session.forward_in_graph,
                 (lambda outputs: plan(outputs, shapes, hw)) if plan is not None else None, capture_graph, device) or False
             if entry is not False:
                 entry.replay(tensors)
             return entry or None
         if entry is False:
             return None
-        entry.replay(self._uploads(frames, device, stream))
+        bound, entry.bound = entry.bound, None
+        if bound is not None and bound == tuple([token(f) for f in frames]):
+            entry.graph.replay()  # its input holds these frames already (``bind_ahead``), and this stream waited
+        else:
+            entry.replay(self._uploads(frames, device, stream, lent))
         return entry
+
+    def bind_ahead(self, frames: list, hw, rgb: bool, pool, *, keep_outputs: bool = False) -> bool:
+        """Copy ``frames`` (a stream's next call for this predictor, each a whole buffer lent by ``pool``) straight
+        into the input of the graph that call will replay first (the step's own graph, else the preprocessing's),
+        now, while the step before runs: on the pool's stream, once that graph's last replay has read its input
+        (the event after its preprocessing), with this predictor's stream made to wait for the copy. The call then
+        replays the graph with no copy and no wait of its own (its frames known by ``pinned.token``; other frames
+        are copied over as before). False (nothing done) where there is no such graph yet."""
+        if not self.info.on_gpu or not self.graph_preprocess:
+            return False
+        hw = tuple(hw)
+        host = getattr(self.processor, "host_step", None)
+        if host is not None and any(host(tuple(f.shape[:2]), hw) for f in frames):
+            return False  # these frames are brought to hw on the host first: not what the graph reads
+        key = None if keep_outputs else self._step_key(frames, [tuple(f.shape[:2]) for f in frames], hw, rgb)
+        entry = self._step_graphs.get(key) if key is not None else None
+        pre = not entry
+        if pre:
+            entry = self._pre_graphs.get(self._pre_key(frames, hw, rgb))
+        if not entry or not entry.bindable or entry.read_done is None:
+            return False
+        tokens = tuple([token(f) for f in frames])
+        if any(t is None for t in tokens):
+            return False
+        import torch
+
+        stream = self.stream or torch.cuda.current_stream(self.torch_device())
+        if entry.bound is not None:
+            entry.bound = None
+            self._pre_bound -= pre
+        for f, dest in zip(frames, entry.static_in):
+            done = pool.copy_into(f, dest, entry.read_done)
+            if done is None:
+                return False
+            stream.wait_event(done)
+        entry.bound = tokens
+        self._pre_bound += pre
+        return True
 
     def _finish_step(self, batch: "GpuBatch") -> list:
         """``finish_gpu`` of a step that replayed its own graph: its stage times from the events inside it."""
@@ -524,11 +616,14 @@ class Predictor:
         if entry is False:  # this processor's preprocessing could not be captured: run it as it is
             tensors = [t.to(device, non_blocking=True) for t in tensors]
             return self._eager_preprocess(tensors, hw, rgb), False
-        static_in, graph, static_out = entry
-        for s, t in zip(static_in, tensors):
+        if entry.bound is not None:  # frames copied in ahead, not these: copied over, after that copy on this stream
+            entry.bound = None
+            self._pre_bound -= 1
+        for s, t in zip(entry.static_in, tensors):
             s.copy_(t, non_blocking=True)  # from the device, or from a host frame's own memory (``_upload``)
-        graph.replay()
-        return static_out, True  # rewritten by the next replay, after the session has read it on this stream
+        entry.graph.replay()
+        self._pre_replayed = entry
+        return entry.static_out, True  # rewritten by the next replay, after the session has read it on this stream
 
     def _capture_preprocess(self, tensors: list, hw, rgb: bool, device):
         import torch
@@ -538,7 +633,19 @@ class Predictor:
             graph, static_out = capture_graph(lambda: self._eager_preprocess(static_in, hw, rgb), device)
         except RuntimeError:  # e.g. a host-to-device copy inside the preprocessing
             return False
-        return static_in, graph, static_out
+        return PreGraph(static_in, graph, static_out, bindable=not any(shares_memory(static_out, t) for t in static_in))
+
+
+def _mark_uploaded(lent: list, stream) -> None:
+    """The pinned frames in ``lent`` were copied on ``stream`` (queued): not lent again before the copies are done."""
+    if lent:
+        import torch
+
+        event = torch.cuda.Event()
+        event.record(stream)
+        for t in lent:
+            uploaded(t, event)
+        lent.clear()
 
 
 def _second_sighting(seen: dict, graphs: dict, key, keep: int) -> bool:

@@ -12,6 +12,10 @@ graph (external events: event-record nodes), so each stage is still timed apart 
 captured on the second step of its shapes (the first runs stage by stage, which picks cuDNN's algorithms and shows
 the outputs' shapes); where torch or the driver cannot capture it, the stages replay their own graphs as before.
 
+A stream's next frame may be copied into the graph's input ahead of its step (``Predictor.bind_ahead``), once the
+replay before has read it: the event after the preprocessing, recorded inside the graph, says when (each launch of
+a graph records its event nodes anew, and a stream's wait is on the launch made last).
+
 What the graph writes (its outputs, the packed rows' pinned host buffers, its events) is rewritten by its next
 replay: a step is finished (``Predictor.finish_gpu``) before the next of its shapes is submitted, as a step that does
 not keep its outputs already must be.
@@ -39,11 +43,18 @@ class StepGraph:
     hosts: list = field(default_factory=list)  # pinned buffers of the decode's packed tensors
     arrays: list = field(default_factory=list)  # NumPy views of ``hosts`` (made once)
     keeps: Any = None  # the session's function the graph ran (with what it reads: weights, anchors)
+    bindable: bool = True  # nothing after the preprocessing reads ``static_in`` (``Predictor.bind_ahead`` may write it)
+    bound: Any = None  # ``pinned.token`` of the frames copied into ``static_in`` ahead of their step, or None
 
     def replay(self, tensors: list) -> None:
         for s, t in zip(self.static_in, tensors):
             s.copy_(t, non_blocking=True)  # from the device, or a host frame from its own memory
         self.graph.replay()
+
+    @property
+    def read_done(self):
+        """The event after the preprocessing, the last node that reads ``static_in``."""
+        return self.events[1]
 
     @property
     def done(self):
@@ -80,6 +91,7 @@ def capture_step(tensors: list, preprocess: Callable, forward_in_graph: Callable
         if capturing:
             events[0].record()
         x = preprocess(static_in)
+        made["shares"] = any(shares_memory(x, s) for s in static_in)
         run = forward_in_graph(x)
         if run is None:
             raise RuntimeError("the session does not run inside a graph of the caller's")
@@ -109,4 +121,12 @@ def capture_step(tensors: list, preprocess: Callable, forward_in_graph: Callable
     spec = made.get("spec")
     hosts = made.get("hosts", []) if spec is not None else []
     return StepGraph(static_in, graph, outputs, events if spec is not None else events[:3], spec, hosts,
-                     [h.numpy() for h in hosts], made["run"])
+                     [h.numpy() for h in hosts], made["run"], bindable=not made["shares"])
+
+
+def shares_memory(a, b) -> bool:
+    """Whether tensors ``a`` and ``b`` are views of one memory (a preprocessing that gives its input back)."""
+    try:
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    except (AttributeError, RuntimeError):
+        return True

@@ -56,6 +56,7 @@ class _Worker:
         self.turn = turn or contextlib.nullcontext()  # models on the CPU infer in turns (each uses every core)
         self.inbox: queue.Queue = queue.Queue(maxsize=options.in_flight)
         self.seen: set = set()  # input shapes warmed up on
+        self._bindable: set = set()  # the image shapes of steps warmed up on (``bind_ahead`` takes no other)
         self._chunks: dict = {}  # frame shapes -> the predictor's chunks of them
         self.threads: list[threading.Thread] = []
 
@@ -117,6 +118,19 @@ class _Worker:
             item = failed
         return _put(self.inbox, item, self.stop)
 
+    def bind_ahead(self, images: list, pool) -> bool:
+        """Copy the next step's ``images`` (waiting in the queues) straight into the input of the graph this model's
+        step will replay (``Predictor.bind_ahead``), on the dispatching thread while the step before runs; False
+        where it will not replay one (a new shape still to warm up on, a step of several calls)."""
+        p = self.predictor
+        if not p.info.on_gpu or tuple(tuple(i.shape) for i in images) not in self._bindable:
+            return False
+        chunks = self.chunks(images)
+        if len(chunks) != 1:
+            return False
+        hw, idx = chunks[0]
+        return p.bind_ahead([images[i] for i in idx], hw, self.options.rgb, pool, keep_outputs=self._keep(chunks))
+
     def warm(self, step: StepResult) -> bool:
         """Untimed runs on ``step``'s input shapes when this model has not met them: ``--warmup`` of them, and
         at least the runs its backend needs before it shares the GPU (``capture_runs``); True when it ran."""
@@ -135,6 +149,7 @@ class _Worker:
                 else:
                     p.run_chunk(chunk, hw, self.options.rgb)
         self.seen.add(key)
+        self._bindable.add(tuple(tuple(i.shape) for i in images))
         return runs > 0
 
     # -- CPU: a thread per stage -------------------------------------------------------------------------

@@ -227,6 +227,17 @@ def graphs(predictor) -> str:
     return "CUDA graph: not said" + whole
 
 
+def _positive(text: str) -> float:
+    """An argument that is a number above 0 (argparse says so in one line otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=None, help="cuda:N (default) or cpu (small sizes)")
@@ -257,12 +268,12 @@ def main() -> int:
                         help="off: the next step's frame is not copied into its step graph's input ahead of the step "
                              "(it goes to the device on its own, then into the graph's input at the step), for "
                              "before/after")
-    parser.add_argument("--pace", type=float, default=None,
+    parser.add_argument("--pace", type=_positive, default=None,
                         help="frames per second the video's frames arrive at (a live camera: no frame waits for its "
                              "step); default: as fast as they are decoded")
     parser.add_argument("--first", choices=("yolo", "depth"), default="yolo",
                         help="the pair's model whose step is queued first on the dispatching thread")
-    parser.add_argument("--switch-interval", type=float, default=None,
+    parser.add_argument("--switch-interval", type=_positive, default=None,
                         help="the interpreter's thread switch interval, seconds (default: Python's, 0.005)")
     args = parser.parse_args()
     SETTINGS.update(bind=args.bind == "on", pace=args.pace, first=args.first)

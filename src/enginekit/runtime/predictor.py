@@ -98,7 +98,7 @@ class Predictor:
         self.graph_preprocess = bool(getattr(processor, "gpu_graphable", False))
         self._pre_graphs: dict[tuple, object] = {}  # key -> PreGraph, or False where it could not be captured
         self._pre_replayed = None  # the PreGraph the call being submitted replayed (its ``read_done`` set after)
-        self._pre_bound = 0  # PreGraphs holding frames copied in ahead (``bind_ahead``): none, no lookup
+        self._pre_binding = False  # a PreGraph was given frames ahead (``bind_ahead``): calls look for theirs
         self._post_graphs: dict[tuple, object] = {}  # the queued decode's graphs (``_queue_postprocess``)
         self._post_seen: dict[tuple, int] = {}
         self._step_graphs: dict[tuple, object] = {}  # whole steps as one graph (``step_graph``)
@@ -283,10 +283,9 @@ class Predictor:
         """``(batch, fixed)``: the session's input on ``device`` and whether it is a replayed graph's own output
         (the same tensor at each call of its shape: ``Backend.infer_fixed``). Frames copied into the preprocessing
         graph's input ahead of the call (``bind_ahead``) are not copied again."""
-        entry = self._pre_graphs.get(self._pre_key(frames, hw, rgb)) if self._pre_bound else None
+        entry = self._pre_graphs.get(self._pre_key(frames, hw, rgb)) if self._pre_binding else None
         if entry:
             bound, entry.bound = entry.bound, None
-            self._pre_bound -= bound is not None
             if bound is not None and bound == tuple([token(f) for f in frames]):
                 entry.graph.replay()  # its input holds these frames already, and this stream waited for the copy
                 self._pre_replayed = entry
@@ -489,16 +488,14 @@ class Predictor:
         import torch
 
         stream = self.stream or torch.cuda.current_stream(self.torch_device())
-        if entry.bound is not None:
-            entry.bound = None
-            self._pre_bound -= pre
+        entry.bound = None
         for f, dest in zip(frames, entry.static_in):
             done = pool.copy_into(f, dest, entry.read_done)
             if done is None:
                 return False
             stream.wait_event(done)
         entry.bound = tokens
-        self._pre_bound += pre
+        self._pre_binding = self._pre_binding or pre
         return True
 
     def _finish_step(self, batch: "GpuBatch") -> list:
@@ -616,9 +613,7 @@ class Predictor:
         if entry is False:  # this processor's preprocessing could not be captured: run it as it is
             tensors = [t.to(device, non_blocking=True) for t in tensors]
             return self._eager_preprocess(tensors, hw, rgb), False
-        if entry.bound is not None:  # frames copied in ahead, not these: copied over, after that copy on this stream
-            entry.bound = None
-            self._pre_bound -= 1
+        entry.bound = None  # frames copied in ahead, if any, were not these: copied over, after that copy
         for s, t in zip(entry.static_in, tensors):
             s.copy_(t, non_blocking=True)  # from the device, or from a host frame's own memory (``_upload``)
         entry.graph.replay()

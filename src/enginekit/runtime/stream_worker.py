@@ -56,7 +56,6 @@ class _Worker:
         self.turn = turn or contextlib.nullcontext()  # models on the CPU infer in turns (each uses every core)
         self.inbox: queue.Queue = queue.Queue(maxsize=options.in_flight)
         self.seen: set = set()  # input shapes warmed up on
-        self._bindable: set = set()  # the image shapes of steps warmed up on (``bind_ahead`` takes no other)
         self._chunks: dict = {}  # frame shapes -> the predictor's chunks of them
         self.threads: list[threading.Thread] = []
 
@@ -94,7 +93,9 @@ class _Worker:
         return chunks
 
     def shape_key(self, step: StepResult) -> tuple:
-        images = [f.image for f in step.frames]
+        return self._images_key([f.image for f in step.frames])
+
+    def _images_key(self, images: list) -> tuple:
         return tuple((tuple(hw), tuple(tuple(images[i].shape) for i in idx)) for hw, idx in self.chunks(images))
 
     def send(self, step: StepResult) -> bool:
@@ -123,7 +124,7 @@ class _Worker:
         step will replay (``Predictor.bind_ahead``), on the dispatching thread while the step before runs; False
         where it will not replay one (a new shape still to warm up on, a step of several calls)."""
         p = self.predictor
-        if not p.info.on_gpu or tuple(tuple(i.shape) for i in images) not in self._bindable:
+        if not p.info.on_gpu or self._images_key(images) not in self.seen:
             return False
         chunks = self.chunks(images)
         if len(chunks) != 1:
@@ -149,7 +150,6 @@ class _Worker:
                 else:
                     p.run_chunk(chunk, hw, self.options.rgb)
         self.seen.add(key)
-        self._bindable.add(tuple(tuple(i.shape) for i in images))
         return runs > 0
 
     # -- CPU: a thread per stage -------------------------------------------------------------------------

@@ -73,8 +73,8 @@ def prioritize(predictor) -> str:
     return f"{predictor.model}: stream priority {high} (range {low} to {high})"
 
 
-#: ``--bind off`` / ``--pace``: set by main
-SETTINGS = {"bind": True, "pace": None, "first": "yolo"}
+#: ``--bind``, ``--pace``, ``--first``, ``--dispatch``: set by main
+SETTINGS = {"bind": True, "pace": None, "first": "yolo", "dispatch": "launch"}
 
 
 def stream(predictors, video: Path, frames: int, in_flight: int, names):
@@ -85,7 +85,7 @@ def stream(predictors, video: Path, frames: int, in_flight: int, names):
         predictors, names = predictors[::-1], names[::-1]
     s = Stream(predictors, [open_source(str(video), max_frames=frames)],
                StreamOptions(in_flight=in_flight, pace=SETTINGS["pace"]), names=names)
-    s.bind_ahead = SETTINGS["bind"]
+    s.bind_ahead, s.dispatch = SETTINGS["bind"], SETTINGS["dispatch"]
     return s.run().to_json()
 
 
@@ -273,10 +273,15 @@ def main() -> int:
                              "step); default: as fast as they are decoded")
     parser.add_argument("--first", choices=("yolo", "depth"), default="yolo",
                         help="the pair's model whose step is queued first on the dispatching thread")
+    parser.add_argument("--dispatch", choices=("launch", "after", "each"), default="launch",
+                        help="how a step is given to its models (Stream.dispatch): launch (default: the graphs that "
+                             "hold the step's frames already launched first, then each model's work queued, then "
+                             "their threads woken), after (no launch first), each (each model's work queued and its "
+                             "thread woken in turn), for before/after")
     parser.add_argument("--switch-interval", type=_positive, default=None,
                         help="the interpreter's thread switch interval, seconds (default: Python's, 0.005)")
     args = parser.parse_args()
-    SETTINGS.update(bind=args.bind == "on", pace=args.pace, first=args.first)
+    SETTINGS.update(bind=args.bind == "on", pace=args.pace, first=args.first, dispatch=args.dispatch)
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     if args.letterbox == "ops":

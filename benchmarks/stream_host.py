@@ -36,15 +36,18 @@ LOG: dict[str, list] = {}
 READS: list = []
 
 
-def timed(cls, name: str, tag: str) -> None:
+def timed(cls, name: str, tag: str, log: dict | None = None, key=None) -> None:
+    """``cls.name`` wrapped: each call's start and end in ``log`` (default ``LOG``) under ``tag``, or under
+    ``(tag, key(self))``."""
     f = getattr(cls, name)
+    log = LOG if log is None else log
 
     def call(self, *a, **k):
         t0 = clock()
         try:
             return f(self, *a, **k)
         finally:
-            LOG.setdefault(tag, []).append((t0, clock()))
+            log.setdefault(tag if key is None else (tag, key(self)), []).append((t0, clock()))
 
     setattr(cls, name, call)
 

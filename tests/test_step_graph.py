@@ -260,6 +260,34 @@ def test_a_frame_bound_ahead_replays_its_step_graph_with_no_copy_and_any_other_f
         assert not p.bind_ahead([frame], (8, 8), False, pool)
 
 
+def test_a_graph_launched_ahead_of_its_call_is_not_replayed_again_by_it():
+    p, entry, calls = _binding_predictor()
+    p._serving.stream = p.stream  # a thread serving the predictor: no stream context to enter
+    cuda = types.SimpleNamespace(type="cuda")
+    frame, other = np.full((4, 6, 3), 7, np.uint8), np.full((4, 6, 3), 9, np.uint8)
+    pool = types.SimpleNamespace(copy_into=lambda f, dest, after: "done")
+    with _Lent(frame, other) as lent:
+        assert not p.launch_bound([frame]), "nothing bound: nothing launched"
+        assert p.bind_ahead([frame], (8, 8), False, pool)
+        calls.clear()
+        assert p.launch_bound([frame]) and calls == [("replay",)]
+        assert p._step_graph([frame], [(4, 6)], (8, 8), False, cuda, None, []) is entry
+        assert calls == [("replay",)], "its call gives the step launched: no second replay"
+        assert not p.launch_bound([frame]), "launched once"
+        p._step_graph([frame], [(4, 6)], (8, 8), False, cuda, None, [])
+        assert calls[-1][0] == "copy+replay", "the next call copies its frame in and replays"
+        assert p.bind_ahead([frame], (8, 8), False, pool)
+        calls.clear()
+        assert not p.launch_bound([other]) and calls == [], "not the frame bound: nothing launched"
+        p._step_graph([other], [(4, 6)], (8, 8), False, cuda, None, [])
+        assert calls == [("copy+replay", [lent.tensors[1].data_ptr()])]
+        assert p.bind_ahead([frame], (8, 8), False, pool)
+        calls.clear()
+        assert p.launch_bound([frame])
+        p._step_graph([other], [(4, 6)], (8, 8), False, cuda, None, [])  # launched for a frame its call does not bring
+        assert calls == [("replay",), ("copy+replay", [lent.tensors[1].data_ptr()])], "replayed again on its own frame"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a step's graph replays on a CUDA GPU")
 def test_on_a_gpu_the_steps_graph_gives_the_stage_by_stage_results(tmp_path):
     import cv2

@@ -493,3 +493,59 @@ def test_the_python_api_predicts_what_the_command_does(run_cli, tmp_path):
     assert [d["class_id"] for d in found["detections"]] == [d["class_id"] for d in theirs]
     assert np.allclose([d["box"] for d in found["detections"]], [d["box"] for d in theirs], atol=0.01)
     assert outcome.events and outcome.document["frames"][0]["results"]["yolo12n"]["found"] == found["found"]
+
+
+class _GpuStandIn(FakePredictor):
+    """A predictor that looks like one on a GPU: ``submit_gpu`` (the dispatching thread) and ``finish_gpu`` (the
+    model's own) log their step in ``log``; a submission takes ``submit_s``."""
+
+    def __init__(self, model, log, submit_s=0.0):
+        from enginekit.backends.base import SessionInfo
+
+        super().__init__(model)
+        self.info = SessionInfo("fake", "cuda:0", "x", ("y",), (None, 3, 8, 8), np.float32, None)
+        self.log, self.submit_s = log, submit_s
+
+    def submit_gpu(self, frames, hw, rgb=False, *, keep_outputs=False):
+        time.sleep(self.submit_s)
+        value = int(frames[0][0, 0, 0])
+        self.log.append(("submit", self.model, value))
+        return value
+
+    def launch_bound(self, frames):
+        self.log.append(("launch", self.model, int(frames[0][0, 0, 0])))
+        return True
+
+    def finish_gpu(self, value):
+        self.log.append(("finish", self.model, value))
+        return [_Result(value)]
+
+
+@pytest.mark.parametrize("dispatch", ["launch", "after", "each"])
+def test_on_a_gpu_every_models_step_is_queued_before_any_models_thread_is_woken(monkeypatch, dispatch):
+    """A model's thread woken while the dispatching thread still queues the next model's step takes the interpreter
+    from it (the next network starts later): the step goes to the models' threads once all are queued, and (``launch``)
+    each graph that holds the step's frames already is launched before any submission; the caller's thread is woken
+    once per step, when every model has answered. ``each`` (the way before, kept for before/after measurements) shows
+    the comparison sees the other order."""
+    import enginekit.runtime.stream as stream_module
+
+    monkeypatch.setattr(stream_module, "pool_for", lambda predictors: None)  # no pinned memory on any machine
+    log: list = []
+    first, second = _GpuStandIn("a", log), _GpuStandIn("b", log, submit_s=0.03)
+    stream = Stream([first, second], [frames(4)], StreamOptions(in_flight=1, warmup=0, hold_gc=False))
+    stream.dispatch = dispatch
+    woken: list = []
+    put = stream.done.put
+    stream.done.put = lambda item: (woken.append(item), put(item))[1]
+    steps = list(stream)
+    assert sorted(i for i in woken if isinstance(i, int)) == [0, 1, 2, 3], "the caller woken once a step, when complete"
+    assert [values(s, "a") for s in steps] == [[i] for i in range(4)]
+    assert [values(s, "b") for s in steps] == [[i] for i in range(4)]
+    for i in range(4):
+        order = [(what, model) for what, model, value in log if value == i]
+        launches = [("launch", "a"), ("launch", "b")] if dispatch == "launch" else []
+        assert sorted(order) == [("finish", "a"), ("finish", "b"), *launches, ("submit", "a"), ("submit", "b")]
+        assert order[:len(launches)] == launches, "the graphs holding the step's frames launched before any submission"
+        queued_first = order.index(("submit", "b")) < order.index(("finish", "a"))
+        assert queued_first is (dispatch != "each"), (i, order)

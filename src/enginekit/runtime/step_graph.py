@@ -45,6 +45,7 @@ class StepGraph:
     keeps: Any = None  # the session's function the graph ran (with what it reads: weights, anchors)
     bindable: bool = True  # nothing after the preprocessing reads ``static_in`` (``Predictor.bind_ahead`` may write it)
     bound: Any = None  # ``pinned.token`` of the frames copied into ``static_in`` ahead of their step, or None
+    launched: Any = None  # ``bound`` once replayed ahead of its call's bookkeeping (``Predictor.launch_bound``)
 
     def replay(self, tensors: list) -> None:
         for s, t in zip(self.static_in, tensors):

@@ -142,6 +142,10 @@ class Stream:
         self.started_at = self.ended_at = 0.0
         self._pinned = None  # pinned frame buffers the decoders read into (a model on a GPU)
         self.bind_ahead = True  # the next step's frames copied into the graphs' inputs ahead (``_upload_ahead``)
+        # how a step is given to its models (``_give``): "launch" (bound graphs launched, then every model's work
+        # queued, then their threads woken), "after" (no launch first), "each" (each model's work queued and its
+        # thread woken in turn: the way before, for before/after measurements)
+        self.dispatch = "launch"
         self._whole: dict[tuple, bool] = {}  # frame shape -> some GPU model takes such frames whole to the device
 
     def _cadence(self, names: list[str]) -> dict[str, int]:
@@ -314,9 +318,8 @@ class Stream:
                 if not due:  # no model's turn (cadences): the step is done as it is
                     self.done.put(index)
                 try:
-                    for w in self._workers:
-                        if w.predictor.model in due and not w.send(step):
-                            return
+                    if not self._give(step, [w for w in self._workers if w.predictor.model in due]):
+                        return
                 finally:
                     for q in self.queues:  # the decoders go on now: the step's GPU work is queued
                         q.room()
@@ -332,6 +335,19 @@ class Stream:
                 _put(w.inbox, _STOP_WORKER, self.stop)
             self._ended.set()
             self.done.put(_END)
+
+    def _give(self, step: StepResult, takers: list) -> bool:
+        """Give ``step`` to the models due on it (``dispatch``): on a GPU, every graph that holds the step's frames
+        already is launched first, then each model's work queued, then each model's thread woken (a thread woken
+        between two submissions takes the interpreter from this one while it queues the next model's network).
+        False when the stream stopped."""
+        if self.dispatch == "each":
+            return all(w.send(step) for w in takers)
+        if self.dispatch == "launch":
+            for w in takers:
+                w.launch(step)
+        items = [(w, w.submit(step)) for w in takers]
+        return all(w.hand(item) for w, item in items)
 
     def _upload_ahead(self, index: int) -> None:
         """The frames waiting in the queues, copied to the GPU now, while the step just queued runs there. The next
@@ -374,8 +390,11 @@ class Stream:
             step.results[model] = results
             step.times[model] = times
             step.done = max(step.done, done)
-            self._due[step.index].discard(model)
-        self.done.put(step.index)
+            due = self._due[step.index]
+            due.discard(model)
+            complete = not due
+        if complete:  # the caller's thread woken once the step is complete, not by each model: a thread woken for
+            self.done.put(step.index)  # nothing takes the interpreter while another model still finishes the step
 
     def __iter__(self) -> Iterator[StepResult]:
         if self._started:

@@ -99,13 +99,17 @@ class _Worker:
         return tuple((tuple(hw), tuple(tuple(images[i].shape) for i in idx)) for hw, idx in self.chunks(images))
 
     def send(self, step: StepResult) -> bool:
-        """Give ``step`` to this model (on the dispatching thread). A GPU model's work is queued on the GPU here,
-        at once: its thread is woken only to finish it (postprocessing), while the GPU runs the network; the
-        frame's way to the network takes no hand-over between threads. Every session call of a GPU model,
-        warm-ups included, is made from this one thread: ONNX Runtime's CUDA provider keeps a captured graph per
-        thread. False when the stream stopped."""
+        """Give ``step`` to this model: ``hand(submit(step))``. False when the stream stopped."""
+        return self.hand(self.submit(step))
+
+    def submit(self, step: StepResult):
+        """What this model's thread is to be given for ``step`` (on the dispatching thread). A GPU model's work is
+        queued on the GPU here, at once: its thread is woken (``hand``) only to finish it (postprocessing), while
+        the GPU runs the network; the frame's way to the network takes no hand-over between threads. Every session
+        call of a GPU model, warm-ups included, is made from this one thread: ONNX Runtime's CUDA provider keeps a
+        captured graph per thread. A model on the CPU: the step itself (its threads do the rest)."""
         if not self.predictor.info.on_gpu:
-            return _put(self.inbox, step, self.stop)
+            return step
         p, o = self.predictor, self.options
         images = [f.image for f in step.frames]
         times = ModelTimes()
@@ -113,10 +117,27 @@ class _Worker:
             with _on_step(step):
                 chunks = self.chunks(images)
                 keep = self._keep(chunks)
-                item = (step, times, [(idx, p.submit_gpu([images[i] for i in idx], hw, o.rgb, keep_outputs=keep))
+                return (step, times, [(idx, p.submit_gpu([images[i] for i in idx], hw, o.rgb, keep_outputs=keep))
                                       for hw, idx in chunks])
         except _StepFailed as failed:  # raised by the model's thread once the steps before it are finished
-            item = failed
+            return failed
+
+    def launch(self, step: StepResult) -> None:
+        """Replay now the graph of this model's step whose input holds the step's frames already (bound ahead:
+        ``Predictor.launch_bound``), ahead of ``submit``, which then does the rest; nothing where there is none."""
+        p = self.predictor
+        if not p.info.on_gpu:
+            return
+        images = [f.image for f in step.frames]
+        chunks = self.chunks(images)
+        if len(chunks) == 1:
+            try:
+                p.launch_bound([images[i] for i in chunks[0][1]])
+            except Exception:  # noqa: BLE001 - ``submit`` meets it again and gives it with its step
+                pass
+
+    def hand(self, item) -> bool:
+        """Give ``submit``'s item to this model's thread(s); False when the stream stopped."""
         return _put(self.inbox, item, self.stop)
 
     def bind_ahead(self, images: list, pool) -> bool:

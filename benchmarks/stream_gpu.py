@@ -21,9 +21,12 @@ then each goal's median over the repeats (what the goals are judged by: one run 
 The goals, checked on the figures above (per model alone, ``budget``: network p50 by CUDA events, e2e p50 the
 frame's latency, their ratio):
   yolo alone e2e p50 <= 1.3 x its network p50; depth alone e2e p50 <= 1.25 x its network p50;
-  pair p50 <= 1.1 x (the slower model's network p50 in the pair, the two networks side by side, by CUDA events,
-  + that model's way around its network alone: its e2e p50 alone - its network p50 alone): what the runtime adds
-  around networks that share the GPU, not how fast the GPU runs two networks at once;
+  pair p50 <= 1.1 x (the two networks side by side: per step of the pair, from the first network's start to the
+  last one's end on the GPU, by the CUDA events around each network; their p50) + the slower model's way around its
+  network alone (its e2e p50 alone - its network p50 alone; the slower: the larger e2e p50 alone): what the runtime
+  adds around networks that share the GPU, not how fast the GPU runs two networks at once. Where no such events
+  are read (no step on a GPU), the bound is the slower model's own network p50 in the pair + its way alone (the
+  reading before, also printed as a row that is not judged);
   pair p99 <= 1.3 x pair p50; the stream's frames/s (pair stream) >= 0.95 x 1000 / pair p50.
 Models: random weights by default (timing does not depend on them), or graphs/engines given with --yolo and
 --depth (e.g. FP16 graphs exported on a CPU machine: enginekit export yolo12n --random-init --fp16
@@ -77,16 +80,77 @@ def prioritize(predictor) -> str:
 SETTINGS = {"bind": True, "pace": None, "first": "yolo", "dispatch": "launch"}
 
 
+class Spans:
+    """The two networks side by side, per step of a pair with one step in flight: from the first network's start to
+    the last one's end on the GPU (ms), read from the CUDA events each model's step recorded around its network
+    (``GpuBatch.events`` 1 and 2: a step graph's own, or those queued around the session's call).
+
+    Each predictor's ``finish_gpu`` is wrapped to keep its batch's two events; the stream's answer that completes a
+    step reads them (three ``elapsed_time`` calls on that model's thread, before the caller is woken: a few
+    microseconds added to that step, never taken off) before the next step can record them again."""
+
+    def __init__(self, s, predictors):
+        self.spans: list[float] = []
+        self.missed = 0
+        self._last: dict = {}
+        self._undo = []
+        for p in predictors:
+            real = p.finish_gpu
+
+            def finish(batch, _real=real, _p=p):
+                out = _real(batch)
+                self._last[id(_p)] = (batch.events[1], batch.events[2])
+                return out
+
+            p.finish_gpu = finish
+            self._undo.append(p)
+        real_answer = s._answer
+
+        def answer(step, model, results, times):
+            with s._lock:
+                last = s._due.get(step.index) == {model}
+            if last:
+                self._read(predictors)
+            real_answer(step, model, results, times)
+
+        s._answer = answer
+
+    def _read(self, predictors) -> None:
+        pairs = [self._last.pop(id(p), None) for p in predictors]
+        if any(pair is None for pair in pairs):
+            self.missed += 1
+            return
+        ref = pairs[0][0]
+        starts = [0.0] + [ref.elapsed_time(start) for start, _ in pairs[1:]]
+        ends = [ref.elapsed_time(end) for _, end in pairs]
+        self.spans.append(max(ends) - min(starts))
+
+    def close(self) -> None:
+        for p in self._undo:
+            del p.finish_gpu  # the instance's wrapper: the class's method again
+
+
 def stream(predictors, video: Path, frames: int, in_flight: int, names):
     from enginekit.runtime.sources import open_source
-    from enginekit.runtime.stream import Stream, StreamOptions
+    from enginekit.runtime.stream import Stream, StreamOptions, percentiles
 
     if SETTINGS["first"] == "depth" and len(predictors) == 2:  # the pair's depth model dispatched first
         predictors, names = predictors[::-1], names[::-1]
     s = Stream(predictors, [open_source(str(video), max_frames=frames)],
                StreamOptions(in_flight=in_flight, pace=SETTINGS["pace"]), names=names)
     s.bind_ahead, s.dispatch = SETTINGS["bind"], SETTINGS["dispatch"]
-    return s.run().to_json()
+    gpu = all(p.info.on_gpu for p in predictors)
+    spans = Spans(s, predictors) if len(predictors) > 1 and in_flight == 1 and gpu else None
+    try:
+        out = s.run().to_json()
+    finally:
+        if spans is not None:
+            spans.close()
+    if spans is not None and spans.spans:
+        warm = spans.spans[-frames:]  # the timed steps (the stream's warm-up steps come first)
+        out["networks_span_ms"] = percentiles(warm)
+        out["networks_span_steps"] = {"read": len(warm), "missed": spans.missed}
+    return out
 
 
 def before(predictors, video: Path, frames: int, warmup: int = 5) -> dict:
@@ -140,9 +204,16 @@ def budget(run: dict) -> dict:
 E2E_LIMITS = {"yolo alone": 1.3, "depth alone": 1.25}
 
 
-def pair_bound(runs: dict) -> tuple[float, str]:
-    """(bound, model): the slower model's network p50 in the pair (side by side, CUDA events) plus its way around
-    its network alone (e2e p50 alone - network p50 alone), for the model that makes this largest."""
+def slower_way(runs: dict) -> tuple[float, str]:
+    """(way, model): the way around its network alone (e2e p50 - network p50) of the model whose e2e p50 alone is
+    the larger."""
+    alone = max((budget(runs[name]) for name in ("yolo alone", "depth alone")), key=lambda b: b["e2e_p50"])
+    return round(alone["e2e_p50"] - alone["network_p50"], 3), alone["model"]
+
+
+def per_model_bound(runs: dict) -> tuple[float, str]:
+    """(bound, model): a model's own network p50 in the pair (CUDA events) plus its way around its network alone,
+    for the model that makes this largest (the reading before the two networks' span)."""
     pair_models = runs["pair"].get("models") or {}
     best = (float("nan"), "")
     for name in ("yolo alone", "depth alone"):
@@ -156,6 +227,21 @@ def pair_bound(runs: dict) -> tuple[float, str]:
     return best
 
 
+def pair_goal(runs: dict) -> dict:
+    """The pair's first goal: p50 <= 1.1 x the two networks side by side (their span's p50) + the slower model's
+    way around its network alone; where no span was read, 1.1 x the per-model bound."""
+    pair50 = runs["pair"]["frame_ms"]["p50"]
+    span = (runs["pair"].get("networks_span_ms") or {}).get("p50")
+    if span is None:
+        bound, model = per_model_bound(runs)
+        return {"goal": f"pair p50 / ({model} network p50 in the pair + its way around it alone)",
+                "value": round(pair50 / bound, 3), "limit": "<= 1.1", "met": pair50 <= 1.1 * bound}
+    way, model = slower_way(runs)
+    limit = 1.1 * span + way
+    return {"goal": f"pair p50 / (1.1 x the two networks side by side p50 + {model}'s way around its network alone)",
+            "value": round(pair50 / limit, 3), "limit": "<= 1.0", "met": pair50 <= limit}
+
+
 def goals(runs: dict) -> list[dict]:
     if "pair" not in runs:  # --only yolo: the detector's own goal
         b = budget(runs["yolo alone"])
@@ -163,7 +249,6 @@ def goals(runs: dict) -> list[dict]:
         return [{"goal": f"{b['model']} alone e2e p50 / network p50", "value": b["ratio"], "limit": f"<= {limit}",
                  "met": b["ratio"] <= limit}]
     pair50, pair99 = runs["pair"]["frame_ms"]["p50"], runs["pair"]["frame_ms"]["p99"]
-    bound, slower_model = pair_bound(runs)
     fps = runs["pair stream"]["fps"]
     out = []
     for name, limit in E2E_LIMITS.items():
@@ -171,12 +256,21 @@ def goals(runs: dict) -> list[dict]:
         out.append({"goal": f"{b['model']} alone e2e p50 / network p50", "value": b["ratio"], "limit": f"<= {limit}",
                      "met": b["ratio"] <= limit})
     return out + [
-        {"goal": f"pair p50 / ({slower_model} network p50 in the pair + its way around it alone)",
-         "value": round(pair50 / bound, 3), "limit": "<= 1.1", "met": pair50 <= 1.1 * bound},
+        pair_goal(runs),
         {"goal": "pair p99 / pair p50", "value": round(pair99 / pair50, 3), "limit": "<= 1.3", "met": pair99 <= 1.3 * pair50},
         {"goal": "stream frames/s / (1000 / pair p50)", "value": round(fps / (1000.0 / pair50), 3), "limit": ">= 0.95",
          "met": fps >= 0.95 * 1000.0 / pair50},
     ]
+
+
+def readings(runs: dict) -> list[dict]:
+    """Figures shown beside the goals, not judged: the pair's p50 against the per-model bound (the reading before)."""
+    if "pair" not in runs or not (runs["pair"].get("networks_span_ms") or {}):
+        return []
+    bound, model = per_model_bound(runs)
+    pair50 = runs["pair"]["frame_ms"]["p50"]
+    return [{"reading": f"pair p50 / ({model} network p50 in the pair + its way around it alone)",
+             "value": round(pair50 / bound, 3), "was_limit": "<= 1.1"}]
 
 
 def median_goals(each: list[list[dict]]) -> list[dict]:
@@ -211,8 +305,17 @@ def show(runs: dict, index: int) -> None:
         b = budget(runs[name])
         print(f"  budget {b['model']} alone: network p50 {b['network_p50']:.2f} ms, e2e p50 {b['e2e_p50']:.2f} ms, "
               f"ratio {b['ratio']:.2f}")
+    span = runs.get("pair", {}).get("networks_span_ms")
+    if span:
+        way, model = slower_way(runs)
+        seen = runs["pair"]["networks_span_steps"]
+        print(f"  pair: the two networks side by side p50 {span['p50']:.3f} ms (p99 {span['p99']:.3f}; "
+              f"{seen['read']} steps read, {seen['missed']} missed), {model}'s way around its network alone "
+              f"{way:.3f} ms: bound {1.1 * span['p50'] + way:.3f} ms")
     for g in goals(runs):
         print(f"  goal {g['goal']}: {g['value']} ({g['limit']}) {'met' if g['met'] else 'NOT met'}")
+    for r in readings(runs):
+        print(f"  not judged: {r['reading']}: {r['value']} (the goal's reading before: {r['was_limit']})")
 
 
 def graphs(predictor) -> str:
@@ -325,7 +428,7 @@ def main() -> int:
                 "pair stream": stream([yolo, depth], video, frames, 2, names),
                 "pair, before": before([yolo, depth], video, frames),
             }
-            repeats.append({"runs": runs, "goals": goals(runs)})
+            repeats.append({"runs": runs, "goals": goals(runs), "readings": readings(runs)})
             show(runs, len(repeats))
             if len(repeats) == 1:
                 for p in models:
@@ -346,6 +449,13 @@ def main() -> int:
     for g in medians:
         print(f"goal {g['goal']}: {g['value']} ({g['limit']}) {'met' if g['met'] else 'NOT met'}"
               + (f"  (each: {', '.join(str(v) for v in g['each'])})" if len(repeats) > 1 else ""))
+    if repeats[0]["readings"]:
+        import statistics
+
+        for i, r in enumerate(repeats[0]["readings"]):
+            values = [rep["readings"][i]["value"] for rep in repeats if len(rep["readings"]) > i]
+            print(f"not judged: {r['reading']}: {round(statistics.median(values), 3)} (the goal's reading before: "
+                  f"{r['was_limit']})" + (f"  (each: {', '.join(str(v) for v in values)})" if len(values) > 1 else ""))
     if not args.json:
         print(json.dumps(report))
     if args.json:
